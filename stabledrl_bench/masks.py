@@ -1,0 +1,63 @@
+"""Attention patterns shared by samplers, estimators and trainers.
+
+All masks are boolean with True = "may attend", shaped [B, 1, Q, K] (or [B, K] for key padding).
+
+Block diffusion (SDAR/TraDo style) numbers the response blocks 0, 1, ... from the first response position and
+the prompt blocks -1, -2, ... backwards from the end of the prompt (blocks aligned to the end of the prompt,
+as dLLM-RL does), so left padding never changes which tokens share a block. A query attends to every key whose
+block index is at most its own: bidirectional inside a block, causal across blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def block_index(total_len: int, prompt_len: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
+    """Block id of every position of a [prompt | response] row: floor((pos - prompt_len) / block_size)."""
+    pos = torch.arange(total_len, device=device)
+    return torch.div(pos - prompt_len, block_size, rounding_mode="floor")
+
+
+def block_causal_mask(key_valid: torch.Tensor, prompt_len: int, block_size: int) -> torch.Tensor:
+    """[B, 1, T, T] block-causal mask for rows [prompt (left-padded, length prompt_len) | response].
+
+    ``key_valid`` [B, T] is False at padding positions, which no query may attend to.
+    """
+    total = key_valid.shape[1]
+    blk = block_index(total, prompt_len, block_size, key_valid.device)
+    allowed = blk[None, :] <= blk[:, None]  # [Q, K]
+    return allowed[None, None] & key_valid[:, None, None, :].bool()
+
+
+def staircase_mask(prompt_valid: torch.Tensor, response_len: int, block_size: int) -> torch.Tensor:
+    """[B, 1, P+2L, P+2L] mask for the staircase input [prompt | clean response | noisy response].
+
+    * prompt rows and clean-response rows: block-causal over [prompt | clean], exactly the context the
+      block-diffusion sampler builds;
+    * noisy block b: the prompt, the clean blocks strictly before b, and its own noisy block (bidirectional).
+
+    One forward pass then yields log p(y_b | x, y_<b, z_b) for every block b at once, with no leakage from
+    later blocks (StableDRL's staircase attention; the BD3-LM / SDAR training mask).
+    """
+    batch, p_len = prompt_valid.shape
+    dev = prompt_valid.device
+    l_len = response_len
+    ctx_blk = block_index(p_len + l_len, p_len, block_size, dev)  # prompt + clean
+    noisy_blk = torch.div(torch.arange(l_len, device=dev), block_size, rounding_mode="floor")
+    total = p_len + 2 * l_len
+    allowed = torch.zeros(total, total, dtype=torch.bool, device=dev)
+    ctx = slice(0, p_len + l_len)
+    noisy = slice(p_len + l_len, total)
+    allowed[ctx, ctx] = ctx_blk[None, :] <= ctx_blk[:, None]
+    allowed[noisy, ctx] = ctx_blk[None, :] < noisy_blk[:, None]
+    allowed[noisy, noisy] = noisy_blk[None, :] == noisy_blk[:, None]
+    key_valid = torch.cat((prompt_valid.bool(), torch.ones(batch, 2 * l_len, dtype=torch.bool, device=dev)), dim=1)
+    return allowed[None, None] & key_valid[:, None, None, :]
+
+
+def staircase_position_ids(prompt_valid: torch.Tensor, response_len: int) -> torch.Tensor:
+    """Position ids for [prompt | clean | noisy]: the noisy copy reuses the clean response's positions."""
+    ctx_pos = torch.arange(prompt_valid.shape[1] + response_len, device=prompt_valid.device)
+    noisy_pos = ctx_pos[prompt_valid.shape[1] :]
+    return torch.cat((ctx_pos, noisy_pos)).expand(prompt_valid.shape[0], -1)
