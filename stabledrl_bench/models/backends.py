@@ -134,6 +134,16 @@ def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> TinyBackend:
     )
 
 
+TINY_SPECS = {"tiny": "full", "tiny-block": "block"}
+
+
+def load_model_spec(spec: str, *, seed: int = 0, **tiny_overrides: object) -> DiffusionLM:
+    """``tiny`` / ``tiny-block`` build a fresh tiny model (seeded); anything else is a checkpoint to load."""
+    if spec in TINY_SPECS:
+        return build_tiny(attention=TINY_SPECS[spec], seed=seed, **tiny_overrides)
+    return load_diffusion_lm(spec)
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
@@ -229,5 +239,6 @@ __all__ = [
     "KVCache",
     "build_tiny",
     "load_diffusion_lm",
+    "load_model_spec",
     "save_diffusion_lm",
 ]

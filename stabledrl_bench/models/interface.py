@@ -8,6 +8,7 @@ trained with (``full`` bidirectional like LLaDA, or ``block`` causal-across-bloc
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -57,6 +58,12 @@ class DiffusionLM:
         self.attention = attention
         self.block_size = block_size
         self.name = name
+
+    def with_model(self, model: nn.Module) -> DiffusionLM:
+        """The same backend around another module (a DDP/FSDP wrapper, a frozen reference copy)."""
+        clone = copy.copy(self)
+        clone.model = model
+        return clone
 
     # ------------------------------------------------------------------ forward passes
     def _forward(

@@ -1,0 +1,302 @@
+"""Leaderboard: layout, averages, bootstrap, budget refusal, measured/published separation, published numbers."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from test_results import BUDGET, store
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.leaderboard import (
+    ROW_COLUMNS,
+    bootstrap_mean_ci,
+    build_leaderboard,
+    load_published,
+    write_leaderboard,
+)
+from stabledrl_bench.results import budget_hash
+
+TABLE1_HEADERS = [
+    f"{task} {sub}" for task in ("GSM8K", "MATH500", "Countdown", "Sudoku") for sub in ("128", "256", "512", "avg")
+] + ["Overall avg"]
+TABLE2_HEADERS = [f"{task} {mode}" for task in ("MATH500", "AIME 2024", "GSM8K") for mode in ("static", "dynamic")]
+MEASURED_CELL = re.compile(r"^(–|\d+\.\d \[\d+\.\d, \d+\.\d\])$")
+PUBLISHED_CELL = re.compile(r"^(–|\d+\.\d \([PCSD]\))$")
+NO_PUBLISHED = {"schema": "stabledrl-bench/published/v1"}
+
+
+def parse_tables(markdown: str) -> list[tuple[str, list[dict[str, str]]]]:
+    """Every markdown table with the kind of block it sits in ('measured' or 'published'), rows as dicts."""
+    found: list[tuple[str, list[list[str]]]] = []
+    kind, previous = "", ""
+    for line in markdown.splitlines():
+        if line.startswith("**Measured"):
+            kind = "measured"
+        elif line.startswith("**Published"):
+            kind = "published"
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+            if not previous.startswith("|"):
+                found.append((kind, []))
+            found[-1][1].append(cells)
+        previous = line
+    return [(kind, [dict(zip(rows[0], row, strict=True)) for row in rows[2:]]) for kind, rows in found]
+
+
+def measured_tables(markdown: str) -> list[list[dict[str, str]]]:
+    return [rows for kind, rows in parse_tables(markdown) if kind == "measured"]
+
+
+def store_cells(results_dir: Path, cells: dict[tuple[str, int], list[int]], **overrides: Any) -> None:
+    for (task, length), correct in cells.items():
+        store(results_dir, [bool(flag) for flag in correct], task=task, length=length, **overrides)
+
+
+def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
+    store(tmp_path, [True, False], baseline="test_rl_b")
+    store(tmp_path, [True], baseline="sft", budget=None)
+    store(tmp_path, [False], baseline="test_rl_a")
+    store(tmp_path, [True, True], baseline="base", budget=None)
+    markdown = build_leaderboard(tmp_path)
+    assert markdown.startswith("# stabledrl-bench leaderboard")
+    assert "python -m stabledrl_bench leaderboard" in markdown
+    assert markdown.index("## Table 1") < markdown.index("## Table 2")
+    (kind, rows), (published_kind, published_rows), *rest = parse_tables(markdown)
+    assert kind == "measured" and published_kind == "published"
+    assert list(rows[0]) == [*ROW_COLUMNS, *TABLE1_HEADERS]
+    assert [row["Baseline"] for row in rows] == ["base", "sft", "test_rl_a", "test_rl_b"]
+    assert rows[0]["Model"] == "tiny-dlm" and rows[0]["Preset"] == "tiny" and rows[0]["Hardware"] == "CPU ×2"
+    assert rows[0]["Budget"] == "–" and rows[2]["Budget"] == f"`{budget_hash(BUDGET)}`"
+    assert list(published_rows[0]) == ["Model", *TABLE1_HEADERS, "Source"]
+    assert [row["Model"] for row in published_rows][:2] == [
+        "LLaDA-8B-Instruct (SPG's evaluation)",
+        "d1 / diffu-GRPO, no SFT (reproduced by SPG)",
+    ]
+    # Table 2 has no measured rows here: only its published block.
+    assert [kind for kind, _ in rest] == ["published"]
+    assert list(rest[0][1][0]) == ["Model", *TABLE2_HEADERS, "Source"]
+
+
+def test_average_columns_from_hand_made_results(tmp_path: Path) -> None:
+    # GSM8K only: 2/4, 3/4, 1/8 -> average (0.5 + 0.75 + 0.125) / 3 = 45.83 %
+    store_cells(tmp_path, {("gsm8k", 128): [1, 1, 0, 0], ("gsm8k", 256): [1, 1, 1, 0], ("gsm8k", 512): [1] + [0] * 7})
+    (row,) = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    assert row["GSM8K 128"].startswith("50.0 [")
+    assert row["GSM8K 512"].startswith("12.5 [")
+    assert row["GSM8K avg"].startswith("45.8 [")
+    assert row["MATH500 avg"] == "–" and row["Overall avg"] == "–"  # missing tasks: no overall average
+
+
+def test_overall_average_is_mean_of_twelve_cells(tmp_path: Path) -> None:
+    hits = {"gsm8k": (1, 2, 3), "math500": (0, 1, 1), "countdown": (4, 4, 3), "sudoku": (1, 0, 0)}  # out of 4
+    cells = {
+        (task, length): [1] * k + [0] * (4 - k)
+        for task, ks in hits.items()
+        for length, k in zip((128, 256, 512), ks, strict=True)
+    }
+    store_cells(tmp_path, cells)
+    (row,) = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    assert [row[f"{t} avg"].split(" ")[0] for t in ("GSM8K", "MATH500", "Countdown", "Sudoku")] == [
+        "50.0",  # 6/12
+        "16.7",  # 2/12
+        "91.7",  # 11/12
+        "8.3",  # 1/12
+    ]
+    assert row["Overall avg"].startswith("41.7 [")  # 20/48
+
+
+def test_bootstrap_deterministic_contains_mean_and_narrows() -> None:
+    small = np.array([1.0] * 6 + [0.0] * 4)
+    large = np.tile(small, 40)
+    first, again = bootstrap_mean_ci([small]), bootstrap_mean_ci([small])
+    assert first == again
+    assert first.mean == pytest.approx(0.6)
+    assert first.low < first.mean < first.high
+    wide, narrow = first.high - first.low, bootstrap_mean_ci([large]).high - bootstrap_mean_ci([large]).low
+    assert narrow < wide / 3  # 40x the samples: ~sqrt(40) = 6.3x narrower
+    # Width against the normal approximation 2 * 1.96 * sqrt(p (1 - p) / n) = 0.0960 for p = 0.6, n = 400.
+    assert narrow == pytest.approx(2 * 1.96 * np.sqrt(0.24 / 400), rel=0.15)
+    # Average of groups: each resampled on its own; mean of means 0.5, sd sqrt(sum p(1-p)/n) / 3.
+    groups = [np.tile([1.0, 0.0], 100), np.tile([1.0, 1.0, 1.0, 0.0], 50), np.tile([1.0, 0.0, 0.0, 0.0], 50)]
+    averaged = bootstrap_mean_ci(groups)
+    assert averaged.mean == pytest.approx((0.5 + 0.75 + 0.25) / 3)
+    expected_sd = np.sqrt(0.25 / 200 + 0.1875 / 200 + 0.1875 / 200) / 3
+    assert averaged.high - averaged.low == pytest.approx(2 * 1.96 * expected_sd, rel=0.15)
+    assert bootstrap_mean_ci([np.ones(5)]) == bootstrap_mean_ci([np.ones(5)], seed=1)  # degenerate: [1, 1]
+    with pytest.raises(ValueError):
+        bootstrap_mean_ci([np.array([])])
+
+
+def test_seeds_are_pooled_and_listed(tmp_path: Path) -> None:
+    store(tmp_path, [True, True, True, True], seed=1)
+    store(tmp_path, [False, False], seed=7)
+    (row,) = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    assert row["Seeds"] == "1, 7"
+    pooled = bootstrap_mean_ci([np.array([1.0, 1, 1, 1, 0, 0])])
+    assert row["GSM8K 128"] == f"66.7 [{100 * pooled.low:.1f}, {100 * pooled.high:.1f}]"
+
+
+def test_mixed_budgets_are_refused(tmp_path: Path) -> None:
+    first = store(tmp_path, [True], baseline="test_rl_a")
+    second = store(tmp_path, [False], baseline="test_rl_b", budget={**BUDGET, "steps": 20})
+    with pytest.raises(UserError, match="mixes RL training budgets") as info:
+        build_leaderboard(tmp_path, NO_PUBLISHED)
+    assert str(first) in str(info.value) and str(second) in str(info.value)
+
+
+def test_reference_rows_are_exempt_from_the_budget_rule(tmp_path: Path) -> None:
+    store(tmp_path, [True], baseline="test_rl_a")
+    store(tmp_path, [True], baseline="base", budget=None)
+    store(tmp_path, [True], baseline="sft", budget={"sft_steps": 5})
+    store(tmp_path, [True], baseline="test_rl_b", budget=BUDGET, comparison="other", seed=1)  # other comparison
+    tables = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))
+    assert [[row["Baseline"] for row in rows] for rows in tables] == [["base", "sft", "test_rl_a"], ["test_rl_b"]]
+
+
+def test_measured_and_published_cells_never_mix_markers(tmp_path: Path) -> None:
+    store_cells(tmp_path, {("gsm8k", 128): [1, 0], ("sudoku", 512): [1]})
+    store(tmp_path, [True], table="table2", task="aime24", sampling="dynamic", length=2000, actual_gen_length=64)
+    markdown = build_leaderboard(tmp_path)
+    kinds = {"measured": MEASURED_CELL, "published": PUBLISHED_CELL}
+    seen = set()
+    for kind, rows in parse_tables(markdown):
+        for row in rows:
+            for header, cell in row.items():
+                if header in TABLE1_HEADERS or header in TABLE2_HEADERS:
+                    assert kinds[kind].match(cell), (kind, header, cell)
+                    seen.add((kind, cell != "–"))
+    assert seen == {("measured", True), ("measured", False), ("published", True), ("published", False)}
+
+
+def test_packaged_published_numbers_have_grades_and_no_grade_u() -> None:
+    raw = yaml.safe_load(resources.files("stabledrl_bench").joinpath("published.yaml").read_text("utf-8"))
+
+    def cells(node: Any) -> list[dict[str, Any]]:
+        if isinstance(node, dict):
+            own = [node] if "grade" in node else []
+            return own + [cell for value in node.values() for cell in cells(value)]
+        return [cell for value in node for cell in cells(value)] if isinstance(node, list) else []
+
+    graded = cells(raw)
+    assert len(graded) > 150
+    assert {cell["grade"] for cell in graded} == {"P", "S", "D"}
+    assert all(cell["source"] and isinstance(cell["value"], float) for cell in graded)
+    assert load_published() == raw
+    broken = copy.deepcopy(raw)
+    broken["table2"]["rows"][0]["cells"]["math500"]["static"]["grade"] = "U"
+    with pytest.raises(UserError, match="grade-U"):
+        load_published(broken)
+
+
+def test_published_averages_agree_with_their_cells() -> None:
+    """Averages (D, or P from SPG Table 10) equal the mean of the lengths; overall = mean of cells (D)."""
+    for row in load_published()["table1"]["rows"]:
+        groups = {task: cells for task, cells in row["cells"].items() if task != "overall"}
+        for cells in groups.values():
+            lengths = [cells[length]["value"] for length in (128, 256, 512) if length in cells]
+            if "avg" in cells and len(lengths) == 3:
+                assert cells["avg"]["value"] == pytest.approx(sum(lengths) / 3, abs=0.05 + 1e-9), row["label"]
+        if "overall" in row["cells"]:
+            assert row["cells"]["overall"]["grade"] == "D"
+            per_length = [c[n]["value"] for c in groups.values() for n in (128, 256, 512) if n in c]
+            averages = [c["avg"]["value"] for c in groups.values()]
+            expected = sum(per_length) / 12 if len(per_length) == 12 else sum(averages) / 4
+            assert row["cells"]["overall"]["value"] == pytest.approx(expected, abs=0.05 + 1e-9), row["label"]
+
+
+def test_published_spot_values() -> None:
+    published = load_published()
+
+    def cell(table: str, label: str, *path: Any) -> tuple[float, str]:
+        (row,) = [row for row in published[table]["rows"] if row["label"] == label]
+        node = row["cells"]
+        for key in path:
+            node = node[key]
+        return node["value"], node["grade"]
+
+    assert cell("table1", "SPG w/ Mixture", "sudoku", 256) == (94.0, "P")
+    assert cell("table1", "StableDRL, full-parameter", "gsm8k", "avg") == (84.2, "S")
+    assert cell("table1", "ESPO", "math500", "avg") == (39.5, "S")
+    assert cell("table2", "TraDo-8B-Instruct (TraceRL)", "aime24", "static") == (13.3, "P")
+    assert cell("table2", "StableDRL, SDAR-8B + staircase attention", "aime24", "dynamic") == (13.3, "S")
+
+
+def test_tiny_caption_states_scaled_lengths(tmp_path: Path) -> None:
+    store_cells(tmp_path, {("gsm8k", 128): [1]}, actual_gen_length=32)
+    store_cells(tmp_path, {("gsm8k", 256): [1]}, actual_gen_length=64)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    assert "actual generated tokens: 128 → 32, 256 → 64." in markdown
+    store_cells(tmp_path, {("math500", 128): [1]}, actual_gen_length=40)  # same nominal length, other actual
+    with pytest.raises(UserError, match="different actual lengths"):
+        build_leaderboard(tmp_path, NO_PUBLISHED)
+
+
+def test_table2_shows_aime25_only_when_measured(tmp_path: Path) -> None:
+    common = {"table": "table2", "length": 2000, "actual_gen_length": 2000}
+    store(tmp_path, [True, False], task="aime25", sampling="static", **common)
+    store(tmp_path, [True], task="math500", sampling="dynamic", **common)
+    markdown = build_leaderboard(tmp_path)
+    table2 = parse_tables(markdown[markdown.index("## Table 2") :])
+    (measured_kind, (row,)), (published_kind, published_rows) = table2
+    assert (measured_kind, published_kind) == ("measured", "published")
+    assert list(row)[len(ROW_COLUMNS) :] == [*TABLE2_HEADERS, "AIME 2025 static", "AIME 2025 dynamic"]
+    assert row["AIME 2025 static"].startswith("50.0 [") and row["MATH500 dynamic"].startswith("100.0 [")
+    assert "AIME 2025 static" not in published_rows[0]
+    assert "Lengths are scaled" not in markdown  # nothing scaled here
+
+
+def test_empty_results_directory_shows_published_blocks_only(tmp_path: Path) -> None:
+    markdown = build_leaderboard(tmp_path)
+    assert markdown.count("**Measured by this code**: no results for this table yet.") == 2
+    assert [kind for kind, _ in parse_tables(markdown)] == ["published", "published"]
+
+
+def test_duplicate_evaluation_is_refused(tmp_path: Path) -> None:
+    path = store(tmp_path, [True])
+    copy_dir = tmp_path / "copy"
+    copy_dir.mkdir()
+    for file in path.parent.iterdir():
+        shutil.copy(file, copy_dir / file.name)
+    with pytest.raises(UserError, match="stored twice"):
+        build_leaderboard(tmp_path, NO_PUBLISHED)
+
+
+def test_corrupt_file_stops_the_leaderboard(tmp_path: Path) -> None:
+    path = store(tmp_path, [True])
+    path.write_text("{")
+    with pytest.raises(UserError, match=re.escape(str(path))):
+        build_leaderboard(tmp_path, NO_PUBLISHED)
+
+
+def test_extra_sections_are_appended(tmp_path: Path) -> None:
+    store(tmp_path, [True])
+    calls = []
+
+    def stability(results_dir: Path) -> str:
+        calls.append(results_dir)
+        return "## Stability\n\nstress tests here\n"
+
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED, extra_sections=[stability, lambda _: None])
+    assert calls == [tmp_path]
+    assert markdown.rstrip().endswith("## Stability\n\nstress tests here")
+
+
+def test_write_leaderboard_with_plots(tmp_path: Path) -> None:
+    results_dir = tmp_path / "results"
+    store(results_dir, [True, False])
+    store(results_dir, [True], baseline="base", budget=None)
+    out = tmp_path / "docs" / "LEADERBOARD.md"
+    write_leaderboard(results_dir, out, plots_dir=tmp_path / "docs" / "plots", published=NO_PUBLISHED)
+    text = out.read_text()
+    assert "![table1 cmp](plots/table1__cmp.png)" in text
+    assert (tmp_path / "docs" / "plots" / "table1__cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["LEADERBOARD.md", "plots"]
+    assert not list(tmp_path.rglob("*.tmp"))

@@ -1,0 +1,280 @@
+"""Result records: round trip, validation, file naming, atomic writes, environment info.
+
+``make_record`` / ``store`` build small synthetic records and are shared with ``test_leaderboard.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stabledrl_bench import results
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.registry import Baseline, register_baseline
+from stabledrl_bench.results import (
+    ENV_PACKAGES,
+    atomic_write_text,
+    budget_hash,
+    environment_info,
+    load_results,
+    load_samples,
+    model_short_name,
+    result_exists,
+    result_path,
+    write_result,
+)
+
+
+@register_baseline("test_rl_a")
+class _TestRLA(Baseline):
+    """Stand-in RL method: results may only name registered baselines."""
+
+
+@register_baseline("test_rl_b")
+class _TestRLB(Baseline):
+    """Second stand-in RL method."""
+
+
+ENV: dict[str, Any] = {
+    "python": "3.11.2",
+    "hardware": {"platform": "test", "machine": "x86_64", "cpu_count": 2, "gpus": []},
+    "packages": {},
+    "git": {"commit": None, "dirty": None},
+    "argv": [],
+}
+BUDGET: dict[str, Any] = {"steps": 10, "prompts_per_step": 2, "completions_per_prompt": 4}
+TINY = {"family": "tiny", "name": "tiny-dlm", "checkpoint": None, "parameters": 1234}
+
+
+def make_record(**overrides: Any) -> dict[str, Any]:
+    """A valid Table 1 record without metrics (``store`` adds them from the samples)."""
+    record = {
+        "preset": "tiny",
+        "comparison": "cmp",
+        "table": "table1",
+        "baseline": "test_rl_a",
+        "task": "gsm8k",
+        "length": 128,
+        "actual_gen_length": 32,
+        "protocol": "d1",
+        "seed": 0,
+        "model": TINY,
+        "budget": BUDGET,
+        "settings": {"steps": 16, "block_length": 8},
+        "environment": ENV,
+    }
+    record.update(overrides)
+    return record
+
+
+def make_samples(correct: list[bool]) -> list[dict[str, Any]]:
+    return [
+        {
+            "doc_id": i,
+            "prompt": f"question {i}",
+            "completion": "answer",
+            "correct": flag,
+            "score": float(flag),
+            "extracted": "42" if flag else None,
+            "details": {},
+        }
+        for i, flag in enumerate(correct)
+    ]
+
+
+def store(results_dir: Path, correct: list[bool], **overrides: Any) -> Path:
+    """Write one synthetic evaluation whose accuracy is the mean of ``correct``."""
+    record = make_record(**overrides)
+    record["metrics"] = {"accuracy": sum(correct) / len(correct), "n": len(correct)}
+    return write_result(results_dir, record, make_samples(correct))
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = store(tmp_path, [True, False, True, True])
+    (record,) = load_results(tmp_path)
+    assert record["_path"] == str(path)
+    assert record["metrics"] == {"accuracy": 0.75, "n": 4}
+    assert record["budget_hash"] == budget_hash(BUDGET)
+    assert record["schema"] == "stabledrl-bench/result/v1" and record["kind"] == "measured"
+    assert record["sampling"] is None
+    assert "per_sample_correct" not in json.loads(path.read_text())
+    assert path.with_name(path.name.removesuffix(".json") + ".samples.jsonl").exists()
+    samples = load_samples(record)
+    assert [s["correct"] for s in samples] == [True, False, True, True]
+    assert samples[0] == make_samples([True])[0]
+
+
+def test_file_name_and_result_exists(tmp_path: Path) -> None:
+    key = make_record(seed=3, task="sudoku", length=256)
+    assert not result_exists(tmp_path, key)
+    path = store(tmp_path, [True], seed=3, task="sudoku", length=256)
+    assert path == result_path(tmp_path, key)
+    assert path.parent == tmp_path / "cmp"
+    assert path.name.startswith("table1__tiny__test_rl_a__sudoku__L256__d1__s3__tiny-dlm-")
+    assert result_exists(tmp_path, key)
+    assert not result_exists(tmp_path, make_record(seed=4, task="sudoku", length=256))
+    path.with_name(path.name.removesuffix(".json") + ".samples.jsonl").unlink()
+    assert not result_exists(tmp_path, key)  # samples gone: not done
+
+
+def test_result_path_distinguishes_checkpoints_with_same_short_name(tmp_path: Path) -> None:
+    first = make_record(model={**TINY, "checkpoint": "x/run/final"})
+    second = make_record(model={**TINY, "checkpoint": "y/run/final"})
+    assert result_path(tmp_path, first) != result_path(tmp_path, second)
+    assert model_short_name(first["model"]) == "run-final"
+    assert model_short_name({"name": "GSAI-ML/LLaDA-8B-Instruct", "checkpoint": None}) == "LLaDA-8B-Instruct"
+
+
+def test_budget_hash_is_canonical_sha256_prefix() -> None:
+    expected = hashlib.sha256(b'{"a":1,"b":[1,2]}').hexdigest()[:12]
+    assert budget_hash({"b": [1, 2], "a": 1}) == expected
+    assert budget_hash({"a": 1, "b": [1, 2]}) == expected
+    assert budget_hash({"a": 2, "b": [1, 2]}) != expected
+    with pytest.raises(UserError):
+        budget_hash({"a": float("nan")})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"table": "table3"}, "'table'"),
+        ({"task": "aime24"}, "not a column of table1"),
+        ({"length": 100}, "'length'"),
+        ({"table": "table2", "task": "aime24", "length": 2000}, "'sampling'"),
+        ({"baseline": "not_a_method"}, "not registered"),
+        ({"budget": None}, "needs a 'budget'"),
+        ({"budget_hash": "0123456789ab"}, "does not match"),
+        ({"model": {"name": "m"}}, "'model'"),
+        ({"unexpected": 1}, "unknown field"),
+        ({"seed": "0"}, "'seed'"),
+    ],
+)
+def test_write_rejects_invalid_records(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        store(tmp_path, [True, False], **overrides)
+    assert not list(tmp_path.rglob("*.json*"))  # nothing written
+
+
+def test_write_rejects_metrics_that_disagree_with_samples(tmp_path: Path) -> None:
+    record = make_record()
+    record["metrics"] = {"accuracy": 0.9, "n": 2}
+    with pytest.raises(UserError, match=r"samples give 0\.5"):
+        write_result(tmp_path, record, make_samples([True, False]))
+    record["metrics"] = {"accuracy": 50.0, "n": 2}  # a percentage, not a fraction
+    with pytest.raises(UserError, match=r"fraction in \[0, 1\]"):
+        write_result(tmp_path, record, make_samples([True, False]))
+    record = make_record()
+    del record["protocol"]
+    record["metrics"] = {"accuracy": 0.5, "n": 2}
+    with pytest.raises(UserError, match="result key is missing field"):
+        write_result(tmp_path, record, make_samples([True, False]))
+
+
+def test_reference_rows_need_no_budget(tmp_path: Path) -> None:
+    store(tmp_path, [True], baseline="base", budget=None)
+    (record,) = load_results(tmp_path)
+    assert record["budget"] is None and record["budget_hash"] is None
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda text: text[: len(text) // 2], "unreadable result file"),
+        (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "task"}), "missing field"),
+        (lambda text: text.replace('"accuracy": 0.5', '"accuracy": 1.5'), "fraction"),
+    ],
+)
+def test_corrupt_result_file_names_the_file(tmp_path: Path, corrupt: Any, message: str) -> None:
+    path = store(tmp_path, [True, False])
+    path.write_text(corrupt(path.read_text()))
+    with pytest.raises(UserError, match=message) as info:
+        load_results(tmp_path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_tampered_samples_are_detected(tmp_path: Path) -> None:
+    path = store(tmp_path, [True, False])
+    samples_path = path.with_name(path.name.removesuffix(".json") + ".samples.jsonl")
+    samples_path.write_text(samples_path.read_text().replace("true", "false"))
+    (record,) = load_results(tmp_path)
+    with pytest.raises(UserError, match="sha256") as info:
+        load_samples(record)
+    assert str(samples_path) in str(info.value)
+
+
+def test_stability_folder_is_ignored_but_other_json_is_not(tmp_path: Path) -> None:
+    store(tmp_path, [True])
+    (tmp_path / "stability").mkdir()
+    (tmp_path / "stability" / "run.json").write_text("{not a result")
+    assert len(load_results(tmp_path)) == 1
+    (tmp_path / "notes.json").write_text("{}")
+    with pytest.raises(UserError, match=r"notes\.json"):
+        load_results(tmp_path)
+    with pytest.raises(UserError, match="does not exist"):
+        load_results(tmp_path / "missing")
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
+    target = tmp_path / "out.txt"
+    atomic_write_text(target, "one")
+    atomic_write_text(target, "two")
+    assert target.read_text() == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_interrupted_atomic_write_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "out.txt"
+    atomic_write_text(target, "previous")
+
+    def interrupted(descriptor: int) -> None:
+        assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the temporary file exists by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_interrupted_overwrite_never_leaves_an_inconsistent_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupt the second file (the JSON) of an overwrite: the result is 'not done', never old JSON + new samples."""
+    store(tmp_path, [True, True])
+    calls = []
+    real_replace = os.replace
+
+    def replace_then_fail_on_json(source: str, destination: str) -> None:
+        calls.append(destination)
+        if str(destination).endswith(".json"):
+            raise KeyboardInterrupt
+        real_replace(source, destination)
+
+    monkeypatch.setattr(results.os, "replace", replace_then_fail_on_json)
+    with pytest.raises(KeyboardInterrupt):
+        store(tmp_path, [False, False])
+    monkeypatch.undo()
+    assert [Path(c).suffix for c in calls] == [".jsonl", ".json"]
+    assert load_results(tmp_path) == []
+    assert not result_exists(tmp_path, make_record())
+    assert not list(tmp_path.rglob("*.tmp"))
+    store(tmp_path, [False, True])  # the rerun completes it
+    assert load_results(tmp_path)[0]["metrics"]["accuracy"] == 0.5
+
+
+def test_environment_info_keys() -> None:
+    info = environment_info()
+    assert set(info) >= {"python", "hardware", "packages", "git"}
+    assert set(info["hardware"]) >= {"platform", "cpu_count", "gpus"}
+    assert set(info["packages"]) == set(ENV_PACKAGES)
+    assert info["packages"]["stabledrl_bench"] is not None
+    assert set(info["git"]) == {"commit", "dirty"}
+    commit = info["git"]["commit"]
+    assert commit is None or (len(commit) == 40 and isinstance(info["git"]["dirty"], bool))
+    json.dumps(info)  # stored inside every record
