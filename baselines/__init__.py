@@ -1,1 +1,31 @@
-y = 2
+"""Built-in baselines: importing this package registers every one of them (``stabledrl_bench.registry``).
+
+One file per method, each = a pure loss function with the official formula in its docstring + a small
+registered ``Baseline`` subclass (Config, estimator, advantages, loss):
+
+==========================  ===================  ===============================================================
+name                        file                 in one line
+==========================  ===================  ===============================================================
+``grpo``                    ``grpo.py``          d1: token-level conditional PPO clip, k3 KL to the reference
+``spg``                     ``spg.py``           SPG: REINFORCE on the ELBO/EUBO sandwich, no ratio
+``espo``                    ``espo.py``          ESPO: sequence-level PPO clip on exp(dELBO / L), k2 KL
+``trado``                   ``trado.py``         TraceRL: token PPO clip on trajectory replay, k3 KL vs old
+``stabledrl``               ``stabledrl.py``     StableDRL: SPG sandwich x clipped, self-normalised IS weights
+``stabledrl_clip_only``     ``ablations.py``     ablation: clip, fixed 1/G normalisation
+``stabledrl_selfnorm_only`` ``ablations.py``     ablation: self-normalisation, no clip
+==========================  ===================  ===============================================================
+
+Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
+``loss``; ``ratio_mean`` / ``ratio_max`` / ``ratio_var`` of the unclipped importance ratios (per valid token or
+per sequence); ``clip_frac`` (fraction of ratios whose clip is active: the zero-gradient branch of a
+conditional clip, or outside the range of an unconditional one); ``drift`` = mean |log rho| against the rollout
+policy (= mean |Delta ELBO| for StableDRL); ``kl`` (the KL penalty before beta, where there is one);
+``weight_max`` (StableDRL family); ``adv_abs_mean``.
+"""
+
+from importlib import import_module
+
+BUILTIN_MODULES = ("grpo", "spg", "espo", "trado", "stabledrl", "ablations")  # registration (= listing) order
+
+for _module in BUILTIN_MODULES:
+    import_module(f"{__name__}.{_module}")

@@ -30,6 +30,10 @@ from .estimators import Estimate
 
 ENTRY_POINT_GROUP = "stabledrl_bench.baselines"
 
+# Sequence-level ELBO estimators and the scale of their staircase counterpart for block-diffusion models:
+# SPG/StableDRL use a per-masked-token average, ESPO a 1/t-weighted sum.
+_STAIRCASE_SCALE = {"spg_block": "mean", "espo_elbo": "sum"}
+
 
 @dataclass
 class LossInputs:
@@ -77,6 +81,24 @@ class Baseline:
     def estimator_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the estimator (e.g. MC samples, prompt-mask probability)."""
         return {}
+
+    def estimator_for(self, attention: str) -> tuple[str, dict[str, Any]]:
+        """Estimator name and kwargs for a model whose attention is ``full`` or ``block``.
+
+        Block-diffusion models need leakage-free per-block likelihoods, so sequence-level ELBO estimators switch
+        to the staircase-attention ELBO (StableDRL's extension to block diffusion) with the same number of MC
+        samples; token-level estimators (d1 one-step, TraceRL replay) handle block attention themselves.
+        """
+        kwargs = self.estimator_kwargs()
+        if attention == "block" and self.estimator in _STAIRCASE_SCALE:
+            staircase = {
+                "num_mc": kwargs.get("num_t", kwargs.get("num_mc", 1)),
+                "scale": _STAIRCASE_SCALE[self.estimator],
+            }
+            if "eubo_beta" in kwargs:
+                staircase["eubo_beta"] = kwargs["eubo_beta"]
+            return "staircase_elbo", staircase
+        return self.estimator, kwargs
 
     def advantages(
         self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None

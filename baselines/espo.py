@@ -1,0 +1,100 @@
+"""ESPO, ELBO-based Sequence-level Policy Optimization (``ML-GSAI/ESPO``, ``espo/espo_trainer.py: compute_loss``).
+
+Sequence-level PPO on the summed ELBO, normalised per token by the *maximum* generation length
+(algorithms.md §6)::
+
+    rho_i = exp((E_theta_i - E_old_i) / L)                         (L = completion_mask.shape[1], coupled masks)
+    L     = -(1/b) sum_i min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps) A_i)
+            + beta (1/(b L)) sum_i 0.5 (E_theta_i - E_ref_i)^2      (k2 KL on the ELBO difference)
+    A_i   = r_i - mean_{j != i} r_j                                 (leave-one-out, no std)
+
+Defaults from ``recipes/``: eps = 0.2, beta = 1e-3 (gsm8k/math; 3e-3 countdown, 1e-2 sudoku), num_mc = 2,
+reduce_var (antithetic complement mask) on. The ELBO counts post-EOS padding too (§10.4): that is the
+``espo_elbo`` estimator's business, not the loss's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from stabledrl_bench.advantages import leave_one_out_advantage
+from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
+
+from .grpo import conditional_clip, need, ratio_metrics
+
+
+def k2_kl(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Schulman's k2 estimator 0.5 (log pi_theta - log q)^2, here on sequence ELBOs."""
+    return 0.5 * log_ratio**2
+
+
+def espo_loss(
+    elbo: torch.Tensor,
+    old_elbo: torch.Tensor,
+    ref_elbo: torch.Tensor | None,
+    advantages: torch.Tensor,
+    *,
+    gen_length: int,
+    epsilon: float = 0.2,
+    beta: float = 1e-3,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """ESPO's sequence-level clipped loss (module docstring); all tensors [B], ``gen_length`` = L."""
+    elbo = elbo.float()
+    log_ratio = (elbo - old_elbo.float()) / gen_length
+    objective, clipped = conditional_clip(log_ratio, advantages.float(), epsilon)
+    loss = -objective.mean()
+    metrics: dict[str, float] = {}
+    if beta > 0:
+        if ref_elbo is None:
+            raise ValueError("espo with beta > 0 needs the reference ELBO")
+        kl = k2_kl(elbo - ref_elbo.float()).sum() / (elbo.numel() * gen_length)
+        loss = loss + beta * kl
+        metrics["kl"] = kl.item()
+    metrics |= {
+        "loss": loss.item(),
+        **ratio_metrics(log_ratio),
+        "clip_frac": clipped.float().mean().item(),
+        "adv_abs_mean": advantages.abs().mean().item(),
+    }
+    return loss, metrics
+
+
+@dataclass
+class ESPOConfig(BaselineConfig):
+    epsilon: float = 0.2  # sequence-level PPO clip range
+    beta: float = 1e-3  # k2 KL on the ELBO difference to the reference
+    num_mc: int = 2  # independent mask seeds per ELBO
+    reduce_var: bool = True  # antithetic complement mask
+
+
+@register_baseline("espo")
+class ESPO(Baseline):
+    """ESPO: sequence-level conditional PPO clip on ELBO ratios normalised by L, k2 KL, leave-one-out advantage."""
+
+    description: ClassVar[str] = "ESPO: sequence-level PPO clip (eps 0.2) on exp(dELBO / L), k2 KL, leave-one-out"
+    Config: ClassVar[type[BaselineConfig]] = ESPOConfig
+    estimator: ClassVar[str] = "espo_elbo"
+    needs_old: ClassVar[bool] = True
+    config: ESPOConfig
+
+    def estimator_kwargs(self) -> dict[str, Any]:
+        return {"num_mc": self.config.num_mc, "reduce_var": self.config.reduce_var}
+
+    def advantages(
+        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return leave_one_out_advantage(rewards, group_ids), torch.ones_like(group_ids, dtype=torch.bool)
+
+    def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        return espo_loss(
+            need(inputs.new, "elbo", self.name),
+            need(inputs.old, "elbo", self.name),
+            inputs.ref.elbo if inputs.ref is not None else None,
+            inputs.advantages,
+            gen_length=inputs.completion_mask.shape[1],
+            epsilon=self.config.epsilon,
+            beta=self.config.beta,
+        )

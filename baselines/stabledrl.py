@@ -1,0 +1,163 @@
+"""StableDRL (``JianyuanZhong/StableDRL``, ``networks/llada_svpo.py: compute_loss_spg``, the ``use_snis`` path).
+
+SPG's sandwiched REINFORCE with *unconditionally clipped, self-normalised, detached* sequence importance
+weights (algorithms.md §5.3-5.4; paper_tables.md §5.5)::
+
+    lambda_i = sg(E_theta_i - E_old_i)                            (per-token-averaged ELBO difference = log rho_i)
+    w_i      = softmax_{j in g(i)}(clamp(lambda_j, clip_low, clip_high))_i
+             = clip(rho_i) / sum_{j in g(i)} clip(rho_j)          (on the simplex of each group, no gradient)
+    L_g      = -sum_{i in g} w_i A_i bound_i                      (bound_i: SPG's sandwich, with gradient)
+    L        = mean over groups of L_g
+    A_i      = r_i - mean_group(r)                                (no std division)
+
+so grad L_g = -sum_i w_i A_i grad(bound_i) is a convex combination of the per-sample terms A_i grad(bound_i):
+its norm never exceeds max_i |A_i| ||grad bound_i||, whatever the ratios (the paper's "convex hull" claim).
+Compare GRPO, where min(rho A, clip(rho) A) lets rho A through for A < 0 and the update scales with rho.
+
+Clip range, in log space (``StableDRLConfig.clip_low`` / ``clip_high``):
+
+* ``mode="official"`` (default, the code): upper-only, clip(rho) = min(rho, C), C = ``clip_threshold`` = 5
+  (``ais_clip_iw``): (clip_low, clip_high) = (-inf, log C). The paper's epsilon ablation is
+  ``clip_threshold`` in {1, 5, 100, 1000}; C = 1 makes every clipped weight equal.
+* ``mode="paper"`` (third-party summary of the paper): two-sided, clip(rho) in [1 - eps, 1 + eps], eps = 0.2:
+  (clip_low, clip_high) = (log(1 - eps), log(1 + eps)).
+
+Official-code details kept: the old ELBO comes from an *independent* mask draw (``coupled=False``); NaN/inf in
+the estimates are replaced by 0 (the code does so for the bound and E_theta; we also do it for E_old so that a
+broken old estimate cannot turn every weight of its group into NaN; and a non-finite EUBO does not zero the
+bound of an A > 0 sample, which uses the ELBO only); the official code holds exactly one group
+per rank per micro-step, so its rank-local softmax is our per-group softmax. With coupled masks at the first
+inner step (E_theta == E_old) every w_i = 1/G and the loss is SPG with per-group mean aggregation (§10.10).
+Ablations (``baselines/ablations.py``) reuse ``importance_weights`` with one of its two ingredients removed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from stabledrl_bench.advantages import group_index, group_reduce
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.registry import BaselineConfig, LossInputs, register_baseline
+
+from .grpo import need, ratio_metrics
+from .spg import SPG, SPGConfig, sandwich_bound
+
+MODES = ("official", "paper")
+
+
+def importance_weights(
+    log_ratio: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    clip_low: float = -math.inf,
+    clip_high: float = math.log(5.0),
+    self_normalize: bool = True,
+) -> torch.Tensor:
+    """Detached sequence weights [B]: exp(clamp(log rho, clip_low, clip_high)) normalised per group.
+
+    ``self_normalize=True``: divide by the group's sum of clipped ratios (a group softmax, computed stably by
+    subtracting the group max). ``False`` (the clip-only ablation): divide by the fixed group size G instead.
+    """
+    clipped = log_ratio.detach().float().clamp(clip_low, clip_high)
+    index, num_groups = group_index(group_ids)
+    if self_normalize:
+        shifted = torch.exp(clipped - group_reduce(clipped, index, num_groups, "amax")[index])
+        return shifted / group_reduce(shifted, index, num_groups, "sum")[index]
+    size = torch.bincount(index, minlength=num_groups)[index]
+    return torch.exp(clipped) / size
+
+
+def stabledrl_loss(
+    elbo: torch.Tensor,
+    eubo: torch.Tensor | None,
+    old_elbo: torch.Tensor,
+    advantages: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    omega: float = 0.5,
+    logp_estimation: str = "mix",
+    clip_low: float = -math.inf,
+    clip_high: float = math.log(5.0),
+    self_normalize: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """StableDRL's loss (module docstring): per-sequence tensors [B]; ``elbo``/``eubo`` carry the gradient."""
+    finite = {"nan": 0.0, "posinf": 0.0, "neginf": 0.0}  # the official code's nan_to_num
+    elbo = elbo.float()
+    bound = sandwich_bound(elbo, eubo, advantages, omega=omega, logp_estimation=logp_estimation)
+    bound = torch.nan_to_num(bound, **finite)
+    log_ratio = (torch.nan_to_num(elbo, **finite) - torch.nan_to_num(old_elbo.float(), **finite)).detach()
+    weights = importance_weights(
+        log_ratio, group_ids, clip_low=clip_low, clip_high=clip_high, self_normalize=self_normalize
+    )
+    _, num_groups = group_index(group_ids)
+    loss = -(weights * advantages * bound).sum() / num_groups
+    stats = ratio_metrics(log_ratio)
+    metrics = {
+        "loss": loss.item(),
+        **stats,
+        "iw_mean": stats["ratio_mean"],  # the official code's log names for the unclipped ratio
+        "iw_max": stats["ratio_max"],
+        "clip_frac": ((log_ratio < clip_low) | (log_ratio > clip_high)).float().mean().item(),
+        "weight_max": weights.max().item(),
+        "adv_abs_mean": advantages.abs().mean().item(),
+    }
+    return loss, metrics
+
+
+@dataclass
+class StableDRLConfig(SPGConfig):
+    coupled: bool = False  # official: E_old from an independent mask draw at rollout time
+    mode: str = "official"  # official (upper-only clip at C) | paper (two-sided [1 - eps, 1 + eps])
+    clip_threshold: float = 5.0  # C = ais_clip_iw, official mode
+    epsilon: float = 0.2  # paper mode
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in MODES:
+            raise UserError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if not self.clip_threshold > 0:
+            raise UserError(f"clip_threshold must be > 0; got {self.clip_threshold}")
+        if not 0 < self.epsilon < 1:
+            raise UserError(f"epsilon must be in (0, 1); got {self.epsilon}")
+
+    @property
+    def clip_low(self) -> float:
+        """Lower clip of log rho: -inf (official) or log(1 - eps) (paper)."""
+        return math.log(1 - self.epsilon) if self.mode == "paper" else -math.inf
+
+    @property
+    def clip_high(self) -> float:
+        """Upper clip of log rho: log C (official) or log(1 + eps) (paper)."""
+        return math.log(1 + self.epsilon) if self.mode == "paper" else math.log(self.clip_threshold)
+
+
+@register_baseline("stabledrl")
+class StableDRL(SPG):
+    """StableDRL: SPG's sandwich weighted by clipped, group-self-normalised, detached ELBO importance ratios.
+
+    Inherits SPG's estimator (``spg_block``), its estimator options and its r - mean advantages.
+    """
+
+    description: ClassVar[str] = "StableDRL: SPG bound x detached clipped self-normalised IS weights (C = 5)"
+    Config: ClassVar[type[BaselineConfig]] = StableDRLConfig
+    needs_old: ClassVar[bool] = True
+    self_normalize: ClassVar[bool] = True  # False only in the clip-only ablation
+    config: StableDRLConfig
+
+    def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        return stabledrl_loss(
+            need(inputs.new, "elbo", self.name),
+            inputs.new.eubo,
+            need(inputs.old, "elbo", self.name),
+            inputs.advantages,
+            inputs.group_ids,
+            omega=self.config.omega,
+            logp_estimation=self.config.logp_estimation,
+            clip_low=self.config.clip_low,
+            clip_high=self.config.clip_high,
+            self_normalize=self.self_normalize,
+        )

@@ -1,0 +1,88 @@
+"""Group-relative advantages, as each method's official code computes them (pure functions of tensors).
+
+A *group* is the set of completions sampled for one prompt. Groups are identified by ``group_ids`` [B]: any
+integers, in any order, not necessarily contiguous. None of the methods divides by the reward std except
+TraceRL (algorithms.md §10.2), and the names say which is which:
+
+=============================  =========================================  ==========================
+function                       A_i                                        used by
+=============================  =========================================  ==========================
+``group_mean_advantage``       r_i - mean_{j in g} r_j                    d1/GRPO, SPG, StableDRL
+``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO
+``group_zscore_advantage``     (c_i - mean_g c) / std_g c (population)    TraceRL / TraDo
+=============================  =========================================  ==========================
+
+A singleton group has advantage 0 under every rule: there is nothing to compare against (for leave-one-out
+the mean over the empty set is undefined; 0 is the value that makes the sample contribute no gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Map arbitrary group ids [B] to dense indices 0..G-1 (``index`` [B]) and return ``(index, G)``."""
+    if group_ids.dim() != 1:
+        raise ValueError(f"group_ids must be 1-D [B], got shape {tuple(group_ids.shape)}")
+    _, index = torch.unique(group_ids, return_inverse=True)
+    return index, int(index.max().item()) + 1 if index.numel() else 0
+
+
+def group_reduce(values: torch.Tensor, index: torch.Tensor, num_groups: int, reduce: str = "sum") -> torch.Tensor:
+    """Per-group ``sum`` / ``amax`` / ``mean`` of ``values`` [B] (differentiable), shaped [G]."""
+    out = values.new_zeros(num_groups)
+    return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
+
+
+def _check(values: torch.Tensor, group_ids: torch.Tensor, what: str) -> None:
+    if values.dim() != 1 or values.shape != group_ids.shape:
+        raise ValueError(
+            f"{what} [B] and group_ids [B] must be 1-D of equal length, got {tuple(values.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+
+
+def group_mean_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """A_i = r_i - (1/G) sum_{j in g(i)} r_j  (d1, SPG, StableDRL: no std division)."""
+    _check(rewards, group_ids, "rewards")
+    index, num_groups = group_index(group_ids)
+    mean = group_reduce(rewards, index, num_groups, "mean")
+    return rewards - mean[index]
+
+
+def leave_one_out_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """A_i = r_i - (1/(G-1)) sum_{j in g(i), j != i} r_j  (ESPO, RLOO); 0 for a singleton group.
+
+    Written as (G r_i - S_g) / (G - 1) with S_g the group sum, which is the same number without a loop.
+    """
+    _check(rewards, group_ids, "rewards")
+    index, num_groups = group_index(group_ids)
+    total = group_reduce(rewards, index, num_groups, "sum")[index]
+    size = torch.bincount(index, minlength=num_groups)[index].to(rewards.dtype)
+    loo = (size * rewards - total) / (size - 1).clamp(min=1)
+    return torch.where(size > 1, loo, torch.zeros_like(rewards))
+
+
+def group_zscore_advantage(
+    correct: torch.Tensor, group_ids: torch.Tensor, keep_range: tuple[float, float] = (0.2, 0.8)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TraceRL (dLLM-RL ``reward/rl_reward.py``): z-score of binary correctness, plus its accuracy filter.
+
+    A_i = (c_i - p_g) / sigma_g with p_g the group accuracy and sigma_g the *population* std
+    (sqrt(p_g (1 - p_g)) for 0/1 values); A = 0 for every member when sigma_g = 0 (all equal).
+    ``keep`` [B] bool is False for every member of a group whose accuracy lies outside
+    ``[keep_range[0], keep_range[1]]`` (bounds inclusive, as ``p > 0.8 or p < 0.2`` drops a group).
+    The accuracy is compared in float64 so that e.g. 1/5 == 0.2 exactly as in the Python original.
+    """
+    _check(correct, group_ids, "correct")
+    c = correct.to(torch.float64)
+    if not bool(((c == 0) | (c == 1)).all()):
+        raise ValueError("correct must be binary (bool or 0/1 values)")
+    low, high = keep_range
+    index, num_groups = group_index(group_ids)
+    p = group_reduce(c, index, num_groups, "mean")[index]
+    std = group_reduce((c - p) ** 2, index, num_groups, "mean").sqrt()[index]
+    adv = torch.where(std > 0, (c - p) / std.clamp(min=torch.finfo(c.dtype).tiny), torch.zeros_like(c))
+    keep = (p >= low) & (p <= high)
+    return adv.to(torch.get_default_dtype()), keep

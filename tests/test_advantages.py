@@ -1,0 +1,71 @@
+"""Group advantages against hand-computed values and an independent per-group loop."""
+
+import math
+
+import pytest
+import torch
+
+from stabledrl_bench.advantages import group_mean_advantage, group_zscore_advantage, leave_one_out_advantage
+
+# Non-contiguous, unordered ids: group 3 = {0, 2, 4}, group 9 = {1, 3}, group 42 = {5} (a singleton).
+IDS = torch.tensor([3, 9, 3, 9, 3, 42])
+REWARDS = torch.tensor([1.0, 2.0, 0.0, 4.0, 2.0, 7.0])
+
+
+def test_group_mean_hand_values() -> None:
+    # group 3: mean 1 -> 0, -1, 1; group 9: mean 3 -> -1, 1; singleton -> 0
+    expected = torch.tensor([0.0, -1.0, -1.0, 1.0, 1.0, 0.0])
+    torch.testing.assert_close(group_mean_advantage(REWARDS, IDS), expected)
+
+
+def test_leave_one_out_hand_values() -> None:
+    # group 3: 1 - (0+2)/2 = 0, 0 - (1+2)/2 = -1.5, 2 - (1+0)/2 = 1.5; group 9: 2 - 4, 4 - 2; singleton -> 0
+    expected = torch.tensor([0.0, -2.0, -1.5, 2.0, 1.5, 0.0])
+    torch.testing.assert_close(leave_one_out_advantage(REWARDS, IDS), expected)
+
+
+def _loop_advantages(rewards: list[float], ids: list[int]) -> tuple[list[float], list[float]]:
+    mean_adv, loo_adv = [], []
+    for i, g in enumerate(ids):
+        members = [rewards[j] for j in range(len(ids)) if ids[j] == g]
+        others = [rewards[j] for j in range(len(ids)) if ids[j] == g and j != i]
+        mean_adv.append(rewards[i] - sum(members) / len(members))
+        loo_adv.append(rewards[i] - sum(others) / len(others) if others else 0.0)
+    return mean_adv, loo_adv
+
+
+def test_against_loop_on_random_groups() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        ids = torch.randint(-5, 5, (12,), generator=gen)
+        rewards = torch.randn(12, generator=gen, dtype=torch.float64)
+        mean_adv, loo_adv = _loop_advantages(rewards.tolist(), ids.tolist())
+        torch.testing.assert_close(group_mean_advantage(rewards, ids), torch.tensor(mean_adv, dtype=torch.float64))
+        torch.testing.assert_close(leave_one_out_advantage(rewards, ids), torch.tensor(loo_adv, dtype=torch.float64))
+
+
+def test_zscore_hand_values_and_accuracy_filter() -> None:
+    correct = torch.tensor(
+        [1, 0, 0, 0, 0]  # p = 0.2 (kept, bound inclusive), std 0.4: 0.8/0.4 = 2, -0.2/0.4 = -0.5
+        + [1, 1, 1, 1]  # p = 1: all equal -> 0, dropped
+        + [1, 1, 1, 1, 0]  # p = 0.8 (kept): 0.2/0.4 = 0.5, -0.8/0.4 = -2
+        + [1, 0, 0]  # p = 1/3, std sqrt(2)/3: sqrt(2), -1/sqrt(2)
+        + [1]
+        + [0] * 9,  # p = 0.1: dropped although its std > 0
+        dtype=torch.bool,
+    )
+    ids = torch.tensor([0] * 5 + [1] * 4 + [2] * 5 + [3] * 3 + [4] * 10)
+    adv, keep = group_zscore_advantage(correct, ids)
+    s2 = math.sqrt(2)
+    expected = [2, -0.5, -0.5, -0.5, -0.5] + [0] * 4 + [0.5] * 4 + [-2] + [s2, -1 / s2, -1 / s2] + [3] + [-1 / 3] * 9
+    torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float32))
+    assert keep.tolist() == [True] * 5 + [False] * 4 + [True] * 5 + [True] * 3 + [False] * 10
+
+
+def test_zscore_custom_range_and_bad_input() -> None:
+    _, keep = group_zscore_advantage(torch.tensor([1.0, 1.0]), torch.tensor([0, 0]), keep_range=(0.0, 1.0))
+    assert keep.all()
+    with pytest.raises(ValueError, match="binary"):
+        group_zscore_advantage(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="equal length"):
+        group_mean_advantage(torch.zeros(3), torch.zeros(2, dtype=torch.long))
