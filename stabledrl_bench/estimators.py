@@ -490,11 +490,13 @@ def trace_replay_plan(
     """
     n_seq, length = unmask_step.shape
     dev = unmask_step.device
-    steps = unmask_step.long() - unmask_step.min()
+    # Negative steps mark positions the sampler never decoded (EOS fill after an early stop): never targets.
+    decoded = unmask_step >= 0
+    steps = unmask_step.long().clamp(min=0)
     span = int(steps.max()) + 1
     block = _block_ids(length, block_size, dev)
     n_blocks = int(block.max()) + 1
-    eligible = torch.arange(length, device=dev) < (completion_mask.long().sum(-1, keepdim=True) + post_num)
+    eligible = decoded & (torch.arange(length, device=dev) < (completion_mask.long().sum(-1, keepdim=True) + post_num))
     # rank of a step among the unique eligible steps of its (sequence, block): searchsorted over sorted keys
     cell = torch.arange(n_seq, device=dev).unsqueeze(1) * n_blocks + block  # [B, L]
     keys = cell * span + steps

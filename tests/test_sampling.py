@@ -1,0 +1,544 @@
+"""Samplers against slow loop references written here (one row, one step, one position at a time).
+
+The tiny models run in float64 so that batched, cached, padded and per-row computations agree to ~1e-15 and
+argmax / confidence orderings are never decided by rounding. ``initializer_range=1.0`` makes their predictions
+peaked enough that confidence thresholds (dynamic decoding) actually matter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.models import build_tiny
+from stabledrl_bench.sampling import (
+    DecodeSettings,
+    block_diffusion_generate,
+    filter_logits,
+    generate,
+    llada_generate,
+    transfer_schedule,
+)
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+PROMPTS = ["What is 2+3?", "hi", "Count: 1 2 3"]
+NEG_INF = float("-inf")
+
+
+def _tiny(attention: str, seed: int = 0):
+    model = build_tiny(attention=attention, block_size=4, seed=seed, initializer_range=1.0, **TINY)
+    model.model.double().eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def full_model():
+    return _tiny("full")
+
+
+@pytest.fixture(scope="module")
+def block_model():
+    return _tiny("block")
+
+
+def _prompts(model, texts=PROMPTS):
+    return model.encode_prompts(texts, chat_template=False)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------- references
+def _schedule(masked: int, steps: int) -> list[int]:
+    base, extra = divmod(masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def _pick(candidates: list[tuple[float, int]], count: int) -> list[int]:
+    """The ``count`` positions of highest confidence; equal confidence -> lower position first."""
+    return [pos for _, pos in sorted(candidates, key=lambda c: (-c[0], c[1]))[:count]]
+
+
+def _probability(values: list[float], index: int) -> float:
+    """softmax(values)[index] in plain Python (values may hold -inf)."""
+    top = max(values)
+    total = sum(math.exp(v - top) for v in values if v != NEG_INF)
+    return math.exp(values[index] - top) / total
+
+
+def ref_llada(
+    model,
+    ids,
+    valid,
+    *,
+    gen_length,
+    block_length,
+    steps,
+    temperature=0.0,
+    remasking="low_confidence",
+    cfg_scale=0.0,
+    generator=None,
+):
+    """LLaDA generate.py, one row and one position at a time.
+
+    Randomness is drawn per step for the whole batch in the sampler's order (Gumbel uniforms [B, block, V],
+    then random confidences [B, block]), and the Gumbel-max uses LLaDA's own form exp(l) / (-log u)^tau.
+    """
+    batch, plen = ids.shape
+    rows = [ids[r].tolist() + [model.mask_id] * gen_length for r in range(batch)]
+    keys = [valid[r].tolist() + [True] * gen_length for r in range(batch)]
+    steps_of = [[-1] * gen_length for _ in range(batch)]
+    n_blocks = gen_length // block_length
+    n = steps // n_blocks
+    for j in range(n_blocks):
+        lo = plen + j * block_length
+        todo = [_schedule(sum(t == model.mask_id for t in row[lo : lo + block_length]), n) for row in rows]
+        for i in range(n):
+            u = rnd = None
+            if temperature > 0:
+                u = torch.rand((batch, block_length, model.vocab_size), generator=generator, dtype=torch.float64)
+            if remasking == "random":
+                rnd = torch.rand((batch, block_length), generator=generator, dtype=torch.float64)
+            for r in range(batch):
+                row_logits = _row_logits_full(model, rows[r], keys[r], plen, valid[r], cfg_scale)
+                candidates, proposal = [], {}
+                for k in range(block_length):
+                    pos = lo + k
+                    if rows[r][pos] != model.mask_id:
+                        continue
+                    logit = row_logits[pos].tolist()
+                    logit[model.mask_id] = NEG_INF
+                    if temperature == 0:
+                        token = max(range(len(logit)), key=lambda v: logit[v])
+                    else:
+                        weights = [
+                            0.0 if lv == NEG_INF else math.exp(lv) / (-math.log(u[r, k, v].item())) ** temperature
+                            for v, lv in enumerate(logit)
+                        ]
+                        token = max(range(len(weights)), key=lambda v: weights[v])
+                    conf = _probability(logit, token) if remasking == "low_confidence" else rnd[r, k].item()
+                    candidates.append((conf, pos))
+                    proposal[pos] = token
+                for pos in _pick(candidates, todo[r][i]):
+                    rows[r][pos] = proposal[pos]
+                    steps_of[r][pos - plen] = j * n + i
+    return torch.tensor(rows), torch.tensor(steps_of)
+
+
+def _row_logits_full(model, row, keys, plen, prompt_valid, cfg_scale):
+    """Logits [T, V] of one row under key padding; with CFG two separate forwards combined by hand."""
+    cond = model.logits(torch.tensor([row]), attention_mask=torch.tensor([keys]))[0]
+    if cfg_scale == 0:
+        return cond
+    uncond_row = [model.mask_id if p < plen and prompt_valid[p] else t for p, t in enumerate(row)]
+    uncond = model.logits(torch.tensor([uncond_row]), attention_mask=torch.tensor([keys]))[0]
+    return uncond + (cfg_scale + 1) * (cond - uncond)
+
+
+def _filtered(logit: list[float], top_k: int, top_p: float) -> list[float]:
+    """SDAR's filters in plain Python: keep scores >= the k-th largest, then the nucleus up to mass p."""
+    out = list(logit)
+    if 0 < top_k < len(out):
+        kth = sorted(out, reverse=True)[top_k - 1]
+        out = [v if v >= kth else NEG_INF for v in out]
+    if top_p < 1.0:
+        order = sorted(range(len(out)), key=lambda v: -out[v])
+        mass = 0.0
+        for v in order:
+            p = _probability(out, v) if out[v] != NEG_INF else 0.0
+            if mass > top_p:
+                out[v] = NEG_INF
+            mass += p
+    return out
+
+
+def ref_block(
+    model,
+    ids,
+    valid,
+    *,
+    gen_length,
+    steps_per_block,
+    strategy="static",
+    threshold=0.9,
+    top_k=0,
+    top_p=1.0,
+    stop_at_eos=False,
+):
+    """Greedy SDAR block diffusion for one row at a time, recomputing everything under a hand-built mask."""
+    batch, plen = ids.shape
+    bs = model.block_size
+    out_rows, out_steps = [], []
+    for r in range(batch):
+        row = ids[r].tolist() + [model.mask_id] * gen_length
+        keys = valid[r].tolist() + [True] * gen_length
+        steps_of = [-1] * gen_length
+        for j in range(gen_length // bs):
+            lo, hi = plen + j * bs, plen + (j + 1) * bs
+            quota = _schedule(bs, steps_per_block)
+            for i in range(steps_per_block):
+                masked = [p for p in range(lo, hi) if row[p] == model.mask_id]
+                if not masked:
+                    break
+                allowed = [[keys[k] and (k - plen) // bs <= (q - plen) // bs for k in range(hi)] for q in range(hi)]
+                logits = model.logits(
+                    torch.tensor([row[:hi]]),
+                    torch.tensor([[allowed]]),
+                    torch.arange(hi)[None],
+                )[0]
+                candidates, proposal = [], {}
+                for pos in masked:
+                    logit = logits[pos].tolist()
+                    logit[model.mask_id] = NEG_INF
+                    logit = _filtered(logit, top_k, top_p)
+                    token = max(range(len(logit)), key=lambda v: logit[v])
+                    candidates.append((_probability(logit, token), pos))
+                    proposal[pos] = token
+                count = min(quota[i], len(masked))
+                chosen = [pos for conf, pos in candidates if conf > threshold]
+                if strategy == "static" or len(chosen) < count:
+                    chosen = _pick(candidates, count)
+                for pos in chosen:
+                    row[pos] = proposal[pos]
+                    steps_of[pos - plen] = j * steps_per_block + i
+            if stop_at_eos and any(t in model.stop_ids for t in row[lo:hi]):
+                row[hi:] = [model.eos_id] * (len(row) - hi)
+                break
+        out_rows.append(row)
+        out_steps.append(steps_of)
+    return torch.tensor(out_rows), torch.tensor(out_steps)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _count_forwards(monkeypatch, model) -> list[int]:
+    """Record the batch size of every model forward."""
+    calls: list[int] = []
+    original = model._forward
+
+    def counting(input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[0])
+        return original(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "_forward", counting)
+    return calls
+
+
+def _check_trajectory(out, steps_per_block: int, block: int) -> None:
+    steps = out.unmask_step
+    assert bool((steps >= 0).all()), "every completion token has an unmask step"
+    first = torch.arange(steps.shape[1]) // block * steps_per_block
+    assert bool(((steps >= first) & (steps < first + steps_per_block)).all()), "steps stay in their block's range"
+
+
+def _replay(model, out, prompt_mask, plen: int, block_causal: bool) -> None:
+    """Mask every position committed at step >= s, predict: the argmax at the step-s positions is the token."""
+    seq, steps = out.sequences, out.unmask_step
+    keys = torch.cat((prompt_mask, torch.ones_like(steps, dtype=torch.bool)), dim=1)
+    for s in sorted(set(steps.flatten().tolist())):
+        state = seq.clone()
+        state[:, plen:][steps >= s] = model.mask_id
+        if block_causal:
+            total = seq.shape[1]
+            blk = (torch.arange(total) - plen).div(model.block_size, rounding_mode="floor")
+            mask = (blk[None, :] <= blk[:, None])[None, None] & keys[:, None, None, :]
+        else:
+            mask = keys
+        logits = model.logits(state, mask).double()
+        logits[..., model.mask_id] = NEG_INF
+        pred = logits.argmax(-1)[:, plen:]
+        now = steps == s
+        assert torch.equal(pred[now], seq[:, plen:][now]), f"replay differs at step {s}"
+
+
+# ---------------------------------------------------------------------------------------------- unit pieces
+def test_transfer_schedule_hand_values():
+    got = transfer_schedule(torch.tensor([8, 5, 3, 0]), 4)
+    assert got.tolist() == [[2, 2, 2, 2], [2, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]]
+
+
+def test_filter_logits_hand_values():
+    scores = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64).log()
+    top2 = filter_logits(scores, 2, 1.0)
+    assert torch.equal(top2[:2], scores[:2]) and bool(torch.isinf(top2[2:]).all())
+    # mass before each token: 0, 0.5, 0.8, 0.95 -> top_p 0.7 keeps 2 tokens, 0.85 keeps 3, 0.4 keeps 1
+    for top_p, kept in ((0.7, 2), (0.85, 3), (0.4, 1)):
+        assert int(torch.isfinite(filter_logits(scores, 0, top_p)).sum()) == kept
+    assert torch.equal(filter_logits(scores, 3, 0.85), filter_logits(scores, 0, 0.85))
+    # ties at the k-th value are all kept
+    assert int(torch.isfinite(filter_logits(torch.tensor([1.0, 2.0, 2.0, 0.0]), 1, 1.0)).sum()) == 2
+
+
+# ---------------------------------------------------------------------------------------------- LLaDA sampler
+@pytest.mark.parametrize(
+    ("gen_length", "block_length", "steps", "cfg_scale"),
+    [(12, 4, 9, 0.0), (8, 8, 8, 0.0), (8, 4, 4, 0.5)],
+)
+def test_llada_greedy_matches_reference(full_model, gen_length, block_length, steps, cfg_scale):
+    ids, mask = _prompts(full_model)
+    out = llada_generate(
+        full_model, ids, mask, gen_length=gen_length, block_length=block_length, steps=steps, cfg_scale=cfg_scale
+    )
+    seq, steps_of = ref_llada(
+        full_model, ids, mask, gen_length=gen_length, block_length=block_length, steps=steps, cfg_scale=cfg_scale
+    )
+    assert torch.equal(out.sequences, seq)
+    assert torch.equal(out.unmask_step, steps_of)
+    assert torch.equal(out.completion_ids, seq[:, ids.shape[1] :])
+    assert out.nfe == steps * (2 if cfg_scale else 1)
+
+
+@pytest.mark.parametrize(("temperature", "remasking"), [(2.0, "low_confidence"), (0.0, "random"), (1.3, "random")])
+def test_llada_sampled_matches_reference_with_shared_generator(full_model, temperature, remasking):
+    ids, mask = _prompts(full_model)
+    kwargs = {"gen_length": 8, "block_length": 4, "steps": 6, "temperature": temperature, "remasking": remasking}
+    out = llada_generate(full_model, ids, mask, generator=_gen(11), **kwargs)
+    seq, steps_of = ref_llada(full_model, ids, mask, generator=_gen(11), **kwargs)
+    assert torch.equal(out.sequences, seq)
+    assert torch.equal(out.unmask_step, steps_of)
+
+
+def test_llada_left_padded_batch_equals_single_rows(full_model):
+    ids, mask = _prompts(full_model)
+    assert not bool(mask.all()), "the batch must actually be padded"
+    out = llada_generate(full_model, ids, mask, gen_length=8, block_length=4, steps=4)
+    for r in range(ids.shape[0]):
+        alone = ids[r][mask[r]][None]
+        single = llada_generate(full_model, alone, None, gen_length=8, block_length=4, steps=4)
+        assert torch.equal(single.completion_ids[0], out.completion_ids[r])
+        assert torch.equal(single.unmask_step[0], out.unmask_step[r])
+
+
+def test_llada_trajectory_schedule_and_replay(full_model):
+    ids, mask = _prompts(full_model)
+    out = llada_generate(full_model, ids, mask, gen_length=12, block_length=4, steps=9)
+    _check_trajectory(out, steps_per_block=3, block=4)
+    per_step = torch.stack([(out.unmask_step == s).sum(1) for s in range(9)], dim=1)
+    assert per_step.tolist() == [[2, 1, 1] * 3] * 3
+    assert not bool((out.completion_ids == full_model.mask_id).any())
+    _replay(full_model, out, mask, ids.shape[1], block_causal=False)
+
+
+def test_llada_cfg_first_step_by_hand(full_model):
+    ids, mask = _prompts(full_model)
+    scale = 1.5
+    out = llada_generate(full_model, ids, mask, gen_length=4, block_length=4, steps=2, cfg_scale=scale)
+    plen = ids.shape[1]
+    x = torch.cat((ids, torch.full((3, 4), full_model.mask_id)), dim=1)
+    keys = torch.cat((mask, torch.ones(3, 4, dtype=torch.bool)), dim=1)
+    uncond = x.clone()
+    uncond[:, :plen] = torch.where(mask, full_model.mask_id, ids)
+    cond_l, uncond_l = full_model.logits(x, keys), full_model.logits(uncond, keys)
+    logits = (uncond_l + (scale + 1) * (cond_l - uncond_l))[:, plen:].double()
+    logits[..., full_model.mask_id] = NEG_INF
+    tokens = logits.argmax(-1)
+    conf = logits.softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    first = conf.topk(2, dim=1).indices
+    for r in range(3):
+        assert sorted(first[r].tolist()) == sorted((out.unmask_step[r] == 0).nonzero()[:, 0].tolist())
+        assert torch.equal(out.completion_ids[r, first[r]], tokens[r, first[r]])
+    assert out.nfe == 4
+
+
+def test_llada_nfe_counts_forwards(monkeypatch):
+    model = _tiny("full")
+    ids, mask = _prompts(model)
+    calls = _count_forwards(monkeypatch, model)
+    assert llada_generate(model, ids, mask, gen_length=8, block_length=4, steps=6).nfe == len(calls) == 6
+    calls.clear()
+    out = llada_generate(model, ids, mask, gen_length=8, block_length=4, steps=6, cfg_scale=0.3)
+    assert calls == [6] * 6 and out.nfe == 12  # both CFG halves in one forward of 2B rows
+
+
+# ---------------------------------------------------------------------------------------------- block diffusion
+@pytest.mark.parametrize(
+    ("strategy", "steps_per_block", "top_k", "top_p", "use_cache"),
+    [
+        ("static", 4, 0, 1.0, True),
+        ("static", 3, 0, 1.0, False),
+        ("static", 2, 5, 0.8, True),
+        ("dynamic", 4, 0, 1.0, True),
+        ("dynamic", 2, 0, 0.9, False),
+        ("dynamic", 6, 4, 1.0, True),
+    ],
+)
+def test_block_greedy_matches_reference(block_model, strategy, steps_per_block, top_k, top_p, use_cache):
+    ids, mask = _prompts(block_model)
+    kwargs = {"gen_length": 12, "steps_per_block": steps_per_block, "strategy": strategy, "threshold": 0.6}
+    kwargs |= {"top_k": top_k, "top_p": top_p}
+    out = block_diffusion_generate(block_model, ids, mask, use_cache=use_cache, **kwargs)
+    seq, steps_of = ref_block(block_model, ids, mask, **kwargs)
+    assert torch.equal(out.sequences, seq)
+    assert torch.equal(out.unmask_step, steps_of)
+    assert not bool((out.completion_ids == block_model.mask_id).any())
+    _check_trajectory(out, steps_per_block=steps_per_block, block=4)
+
+
+def test_block_dynamic_is_faster_and_static_follows_quota(block_model):
+    ids, mask = _prompts(block_model)
+    static = block_diffusion_generate(block_model, ids, mask, gen_length=16, steps_per_block=4)
+    dynamic = block_diffusion_generate(
+        block_model, ids, mask, gen_length=16, steps_per_block=4, strategy="dynamic", threshold=0.6
+    )
+    assert dynamic.nfe < static.nfe == 1 + 16 + 3
+    per_step = torch.stack([(static.unmask_step == s).sum(1) for s in range(16)], dim=1)
+    assert bool((per_step == 1).all())
+    uneven = block_diffusion_generate(block_model, ids, mask, gen_length=8, steps_per_block=3)
+    per_step = torch.stack([(uneven.unmask_step == s).sum(1) for s in range(6)], dim=1)
+    assert per_step.tolist() == [[2, 1, 1] * 2] * 3
+
+
+def test_block_cache_equals_no_cache_when_sampling(block_model):
+    ids, mask = _prompts(block_model)
+    kwargs = {"gen_length": 12, "steps_per_block": 3, "temperature": 0.8, "top_k": 20, "top_p": 0.95}
+    cached = block_diffusion_generate(block_model, ids, mask, use_cache=True, generator=_gen(5), **kwargs)
+    plain = block_diffusion_generate(block_model, ids, mask, use_cache=False, generator=_gen(5), **kwargs)
+    assert torch.equal(cached.sequences, plain.sequences)
+    assert torch.equal(cached.unmask_step, plain.unmask_step)
+    assert (cached.nfe, plain.nfe) == (1 + 9 + 2, 9)
+
+
+def test_block_left_padded_batch_equals_single_rows(block_model):
+    ids, mask = _prompts(block_model)
+    out = block_diffusion_generate(block_model, ids, mask, gen_length=8, steps_per_block=2, strategy="dynamic")
+    for r in range(ids.shape[0]):
+        single = block_diffusion_generate(
+            block_model, ids[r][mask[r]][None], None, gen_length=8, steps_per_block=2, strategy="dynamic"
+        )
+        assert torch.equal(single.completion_ids[0], out.completion_ids[r])
+        assert torch.equal(single.unmask_step[0], out.unmask_step[r])
+
+
+@pytest.mark.parametrize("strategy", ["static", "dynamic"])
+def test_block_trajectory_replay(block_model, strategy):
+    ids, mask = _prompts(block_model)
+    out = block_diffusion_generate(
+        block_model, ids, mask, gen_length=12, steps_per_block=3, strategy=strategy, threshold=0.6
+    )
+    _replay(block_model, out, mask, ids.shape[1], block_causal=True)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_block_nfe_counts_forwards(monkeypatch, use_cache):
+    model = _tiny("block")
+    ids, mask = _prompts(model)
+    calls = _count_forwards(monkeypatch, model)
+    out = block_diffusion_generate(model, ids, mask, gen_length=12, steps_per_block=2, use_cache=use_cache)
+    assert out.nfe == len(calls) == (1 + 6 + 2 if use_cache else 6)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_block_stop_at_eos(monkeypatch, use_cache):
+    model = _tiny("block")
+    ids, mask = _prompts(model)
+    kwargs = {"gen_length": 16, "steps_per_block": 2, "use_cache": use_cache}
+    free = block_diffusion_generate(model, ids, mask, **kwargs)
+    comp = free.completion_ids
+    # a stop token that appears in row 0's second block only: row 0 stops after block 1, the others never stop
+    later = set(comp[1:].flatten().tolist()) | set(comp[0, :4].tolist())
+    stop = sorted(set(comp[0, 4:8].tolist()) - later)
+    assert stop, "test setup: need a token unique to row 0's second block"
+    monkeypatch.setattr(model, "stop_ids", (*model.stop_ids, stop[0]))
+    seq, steps_of = ref_block(model, ids, mask, gen_length=16, steps_per_block=2, stop_at_eos=True)
+    calls = _count_forwards(monkeypatch, model)
+    out = block_diffusion_generate(model, ids, mask, stop_at_eos=True, **kwargs)
+    assert torch.equal(out.sequences, seq) and torch.equal(out.unmask_step, steps_of)
+    assert torch.equal(out.completion_ids[0, :8], comp[0, :8]) and torch.equal(out.completion_ids[1:], comp[1:])
+    assert bool((out.completion_ids[0, 8:] == model.eos_id).all()) and bool((out.unmask_step[0, 8:] == -1).all())
+    assert out.nfe == len(calls) == free.nfe
+    # every row stops after block 0: three blocks (and their store passes) are skipped
+    monkeypatch.setattr(model, "stop_ids", tuple(range(model.vocab_size)))
+    calls.clear()
+    out = block_diffusion_generate(model, ids, mask, stop_at_eos=True, **kwargs)
+    assert out.nfe == len(calls) == (1 + 2 if use_cache else 2)
+    assert torch.equal(out.completion_ids[:, :4], comp[:, :4])
+    assert bool((out.completion_ids[:, 4:] == model.eos_id).all())
+
+
+@pytest.mark.parametrize("attention", ["full", "block"])
+def test_mask_token_is_never_committed(monkeypatch, attention):
+    """A model that prefers MASK everywhere still gets every position filled with a real token."""
+    model = _tiny(attention)
+    ids, mask = _prompts(model)
+    original = model._forward
+
+    def mask_loving(*args, **kwargs):
+        logits, cache = original(*args, **kwargs)
+        return logits.index_add(-1, torch.tensor([model.mask_id]), torch.full_like(logits[..., :1], 100.0)), cache
+
+    monkeypatch.setattr(model, "_forward", mask_loving)
+    out = generate(model, ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4))
+    assert not bool((out.completion_ids == model.mask_id).any()) and bool((out.unmask_step >= 0).all())
+
+
+# ---------------------------------------------------------------------------------------------- randomness
+@pytest.mark.parametrize("attention", ["full", "block"])
+def test_sampling_is_deterministic_given_the_generator(full_model, block_model, attention):
+    model = full_model if attention == "full" else block_model
+    ids, mask = _prompts(model)
+    settings = DecodeSettings(gen_length=16, block_length=4, steps=8, temperature=1.0)
+    first = generate(model, ids, mask, settings, _gen(1)).sequences
+    assert torch.equal(first, generate(model, ids, mask, settings, _gen(1)).sequences)
+    assert not torch.equal(first, generate(model, ids, mask, settings, _gen(2)).sequences)
+    greedy = generate(model, ids, mask, DecodeSettings(gen_length=16, block_length=4, steps=8)).sequences
+    assert not torch.equal(first, greedy)
+
+
+# ---------------------------------------------------------------------------------------------- dispatch, errors
+def test_generate_dispatches_on_attention(full_model, block_model):
+    ids, mask = _prompts(full_model)
+    settings = DecodeSettings(gen_length=8, block_length=4, steps=4, strategy="static")
+    assert settings.to_dict()["steps"] == 4 and DecodeSettings(**settings.to_dict()) == settings
+    full = generate(full_model, ids, mask, settings)
+    direct = llada_generate(full_model, ids, mask, gen_length=8, block_length=4, steps=4)
+    assert torch.equal(full.sequences, direct.sequences) and full.nfe == 4
+    block = generate(block_model, ids, mask, DecodeSettings(gen_length=8, steps=6, strategy="dynamic", threshold=0.6))
+    direct = block_diffusion_generate(
+        block_model, ids, mask, gen_length=8, steps_per_block=3, strategy="dynamic", threshold=0.6
+    )
+    assert torch.equal(block.sequences, direct.sequences) and torch.equal(block.unmask_step, direct.unmask_step)
+
+
+@pytest.mark.parametrize(
+    ("attention", "kwargs", "message"),
+    [
+        ("full", {"gen_length": 10, "block_length": 4, "steps": 4}, "divide"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 3}, "multiple of the number of blocks"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 0}, "positive"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "remasking": "entropy"}, "remasking"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "temperature": 0.5}, "Generator"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "remasking": "random"}, "Generator"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "temperature": -1.0}, "temperature"),
+        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "cfg_scale": -1.0}, "cfg_scale"),
+        ("block", {"gen_length": 10, "steps_per_block": 2}, "multiple of the block size"),
+        ("block", {"gen_length": 8, "steps_per_block": 2, "strategy": "fast"}, "strategy"),
+        ("block", {"gen_length": 8, "steps_per_block": 2, "top_p": 0.0}, "top_p"),
+        ("block", {"gen_length": 8, "steps_per_block": 2, "top_k": -1}, "top_k"),
+        ("block", {"gen_length": 8, "steps_per_block": 2, "threshold": 1.5}, "threshold"),
+        ("block", {"gen_length": 8, "steps_per_block": 2, "temperature": 1.0}, "Generator"),
+    ],
+)
+def test_bad_settings_raise(full_model, block_model, attention, kwargs, message):
+    model = full_model if attention == "full" else block_model
+    sampler = llada_generate if attention == "full" else block_diffusion_generate
+    ids, mask = _prompts(model)
+    with pytest.raises(ValueError, match=message) as info:
+        sampler(model, ids, mask, **kwargs)
+    assert isinstance(info.value, UserError)
+
+
+def test_wrong_model_kind_and_bad_prompts_raise(full_model, block_model):
+    ids, mask = _prompts(full_model)
+    with pytest.raises(ValueError, match="full-attention"):
+        llada_generate(block_model, ids, mask, gen_length=8, block_length=4, steps=4)
+    with pytest.raises(ValueError, match="block-attention"):
+        block_diffusion_generate(full_model, ids, mask, gen_length=8, steps_per_block=2)
+    with pytest.raises(ValueError, match="left-padded"):
+        llada_generate(full_model, ids, mask.flip(1), gen_length=8, block_length=4, steps=4)
+    with pytest.raises(ValueError, match="block-diffusion models only"):
+        generate(full_model, ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4, strategy="dynamic"))
+    with pytest.raises(ValueError, match="full-attention models only"):
+        generate(block_model, ids, mask, DecodeSettings(gen_length=8, steps=4, cfg_scale=1.0))
