@@ -1,0 +1,253 @@
+"""Command line: ``python -m stabledrl_bench {reproduce,train,sft,eval,leaderboard,list,grade,stress}``.
+
+Every user-fixable problem (bad config, unknown name, missing path, budget mismatch, unreadable result) is
+printed as one ``error: ...`` line with exit status 2; interrupted commands can simply be re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import UserError
+
+
+def _add_reproduce(sub) -> None:
+    p = sub.add_parser("reproduce", help="train every baseline under one budget, evaluate, rebuild leaderboard.md")
+    p.add_argument("table", choices=("table1", "table2"))
+    p.add_argument("--preset", default="auto", help="auto (default), tiny, smoke or paper")
+    p.add_argument("--model", help="local weights for the paper preset (LLaDA-8B-Instruct / SDAR-8B)")
+    p.add_argument("--baselines", help="comma-separated subset of baselines (default: all of the table)")
+    p.add_argument("--tasks", help="comma-separated subset of the preset's tasks")
+    p.add_argument("--results", default="results", help="results folder (default: results/)")
+    p.add_argument("--runs", default="runs", help="training runs folder (default: runs/)")
+    p.add_argument("--leaderboard", default="leaderboard.md")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, help="evaluate only the first N docs per task (quick checks)")
+    p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="RL-train one baseline on one task (config file + overrides)")
+    p.add_argument("--config", help="YAML/JSON TrainConfig (see configs/)")
+    p.add_argument("--baseline")
+    p.add_argument("--task")
+    p.add_argument("--model", help="tiny, tiny-block, or a checkpoint folder")
+    p.add_argument("--output-dir")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-steps", type=int, help="override budget.max_steps")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many optimizer steps")
+
+
+def _add_sft(sub) -> None:
+    p = sub.add_parser("sft", help="masked-diffusion SFT warm start")
+    p.add_argument("--config")
+    p.add_argument("--task")
+    p.add_argument("--model")
+    p.add_argument("--output-dir")
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--seed", type=int)
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a checkpoint on a task and write a result record")
+    p.add_argument("--model", required=True, help="checkpoint folder (or tiny / tiny-block)")
+    p.add_argument("--task", required=True)
+    p.add_argument("--protocol", default="d1")
+    p.add_argument("--length", type=int, default=256, help="nominal generation length (128/256/512)")
+    p.add_argument("--actual-length", type=int, help="tokens actually decoded (default: --length)")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", default="base", help="what trained this checkpoint (base, sft or a baseline)")
+    p.add_argument("--run", help="training run folder whose run.json gives the budget (RL checkpoints)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--preset", default="custom")
+    p.add_argument("--comparison", help="group of runs sharing a budget (default: <table>-<preset>)")
+    p.add_argument("--table", default="table1", choices=("table1", "table2"))
+    p.add_argument("--force", action="store_true")
+
+
+def _add_misc(sub) -> None:
+    p = sub.add_parser("leaderboard", help="regenerate leaderboard.md from results/")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default="leaderboard.md")
+    p.add_argument("--plots", default="results/plots", help="folder for the PNG charts linked from the page")
+    p = sub.add_parser("list", help="list registered baselines, tasks or evaluation protocols")
+    p.add_argument("what", choices=("baselines", "tasks", "protocols"))
+    p = sub.add_parser("grade", help="grade a JSONL of predictions with the task's graders")
+    p.add_argument("--task", required=True)
+    p.add_argument("--input", required=True)
+    p.add_argument("--output")
+    p = sub.add_parser("stress", help="stability experiments of the paper on the tiny model")
+    p.add_argument("experiment", nargs="?", default=None)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m stabledrl_bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_misc):
+        add(sub)
+    return parser
+
+
+def _cmd_list(args) -> int:
+    if args.what == "baselines":
+        from .registry import available_baselines
+
+        for name, cls in available_baselines().items():
+            print(f"{name:26s} {cls.description}")
+    elif args.what == "tasks":
+        from .tasks import TASKS
+
+        for name, cls in TASKS.items():
+            doc = (cls.__doc__ or "").strip().splitlines()
+            print(f"{name:12s} {doc[0] if doc else ''}")
+    else:
+        from .protocols import PROTOCOLS
+
+        for name, proto in PROTOCOLS.items():
+            print(f"{name:18s} {proto.description}")
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from .trainer import RLTrainer, TrainConfig
+
+    overrides = {
+        "baseline": args.baseline,
+        "task": args.task,
+        "model": args.model,
+        "output_dir": args.output_dir,
+        "seed": args.seed,
+    }
+    cfg = TrainConfig.from_file(args.config, **overrides) if args.config else _config_from(TrainConfig, overrides)
+    if args.max_steps:
+        import dataclasses
+
+        cfg.budget = dataclasses.replace(cfg.budget, max_steps=args.max_steps)
+    final = RLTrainer(cfg).train(resume=args.resume, stop_after=args.stop_after)
+    print(f"final model: {final}")
+    return 0
+
+
+def _cmd_sft(args) -> int:
+    from .sft import SFTConfig, run_sft
+
+    overrides = {
+        "task": args.task,
+        "model": args.model,
+        "output_dir": args.output_dir,
+        "max_steps": args.max_steps,
+        "seed": args.seed,
+    }
+    cfg = SFTConfig.from_file(args.config, **overrides) if args.config else _config_from(SFTConfig, overrides)
+    print(f"final model: {run_sft(cfg)}")
+    return 0
+
+
+def _config_from(cls, overrides):
+    from .config import from_dict
+
+    return from_dict(cls, {k: v for k, v in overrides.items() if v is not None}, where="command line")
+
+
+def _cmd_eval(args) -> int:
+    from .evaluation import evaluate_and_record
+    from .models.backends import load_model_spec
+
+    budget = None
+    if args.run:
+        run_json = Path(args.run) / "run.json"
+        if not run_json.is_file():
+            raise UserError(f"--run {args.run}: no run.json (not a training run folder)")
+        budget = json.loads(run_json.read_text())["budget"]
+    elif args.baseline not in ("base", "sft"):
+        raise UserError(f"--baseline {args.baseline}: RL checkpoints need --run <training run folder> for the budget")
+    dlm = load_model_spec(args.model, seed=args.seed)
+    key = {
+        "comparison": args.comparison or f"{args.table}-{args.preset}",
+        "table": args.table,
+        "preset": args.preset,
+        "baseline": args.baseline,
+        "task": args.task,
+        "length": args.length,
+        "sampling": None,
+        "protocol": args.protocol,
+        "seed": args.seed,
+        "model": {**dlm.config_summary(), "checkpoint": str(args.model)},
+    }
+    path = evaluate_and_record(
+        dlm,
+        results_dir=args.results,
+        key=key,
+        actual_length=args.actual_length or args.length,
+        budget=budget,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        skip_existing=not args.force,
+    )
+    record = json.loads(Path(path).read_text())
+    print(f"{args.task}@{args.length}: accuracy {100 * record['metrics']['accuracy']:.1f}% -> {path}")
+    return 0
+
+
+def _cmd_leaderboard(args) -> int:
+    from .leaderboard import write_leaderboard
+    from .stress import stability_section
+
+    path = write_leaderboard(args.results, args.out, plots_dir=args.plots, extra_sections=[stability_section])
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_grade(args) -> int:
+    from .tasks.grade_file import main as grade_main
+
+    argv = ["--task", args.task, "--input", args.input] + (["--output", args.output] if args.output else [])
+    return grade_main(argv)
+
+
+def _cmd_reproduce(args) -> int:
+    from .reproduce import reproduce
+
+    reproduce(args)
+    return 0
+
+
+def _cmd_stress(args) -> int:
+    from .stress import main as stress_main
+
+    return stress_main([args.experiment, *args.rest] if args.experiment else args.rest)
+
+
+COMMANDS = {
+    "list": _cmd_list,
+    "train": _cmd_train,
+    "sft": _cmd_sft,
+    "eval": _cmd_eval,
+    "leaderboard": _cmd_leaderboard,
+    "grade": _cmd_grade,
+    "reproduce": _cmd_reproduce,
+    "stress": _cmd_stress,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: re-run the same command to resume where it stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The task contract: data splits, prompts per evaluation protocol, reward profiles, graders, gold completions.
+
+Conventions shared by every task (read these before calling a task from a trainer or an evaluator):
+
+* **Docs** are plain dicts with a stable ``doc_id`` (``"<task>/<split>/<row>"``) and a ``task`` name, plus the
+  task's gold fields (GSM8K/MATH/AIME ``answer``, Countdown ``numbers``/``target``, Sudoku
+  ``puzzle``/``solution``); graders read only the gold fields, so any dict carrying them can be graded.
+* **Protocols** (how a prompt is built) are ``d1`` (d1's evaluation prompts: one user message
+  ``SYSTEM_PROMPT + "\\n\\n" + question``, chat template, ``<reasoning>`` prefill), ``d1_train`` (d1's RL
+  training prompts, ``diffu-grpo/data_utils.py``: no prefill), ``stabledrl`` (the official StableDRL code's
+  prompts: the bare problem plus an instruction, chat template, no system prompt, no prefill) and ``tiny``
+  (very short prompts for a CPU character-level model, answer only: ``<answer>...</answer>``).
+* **Completions** passed to :meth:`Task.reward` and :meth:`Task.grade`, and returned by
+  :meth:`Task.target_completion`, are the text generated *after* the prompt and its prefill (what a sampler
+  decodes). Under ``d1`` the prefill ``<reasoning>`` is therefore not part of the completion. Graders do not
+  depend on it; d1's tag-counting rewards were designed for ``d1_train`` prompts, which have no prefill.
+* **Reward profiles** are ``d1`` (``diffu-grpo/reward_func.py``) and ``stabledrl`` (``networks/llada_svpo.py``
+  plus ``dataloaders/*``), reproduced component by component (``algorithms.md`` §3.4, §5.7); the total is the
+  sum of the components, each reported separately.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import UserError
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PROTOCOLS: tuple[str, ...] = ("d1", "d1_train", "stabledrl", "tiny")
+REWARD_PROFILES: tuple[str, ...] = ("d1", "stabledrl")
+D1_PREFILL = "<reasoning>"
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt as chat messages, whether to apply the chat template, and text to prefill the answer with."""
+
+    messages: tuple[dict[str, str], ...]
+    chat_template: bool
+    prefill: str
+
+
+@dataclass
+class RewardResult:
+    """A scalar reward and its named components (``total == sum(components.values())``)."""
+
+    total: float
+    components: dict[str, float]
+
+    @classmethod
+    def of(cls, **components: float) -> RewardResult:
+        return cls(total=float(sum(components.values())), components={k: float(v) for k, v in components.items()})
+
+
+@dataclass
+class GradeResult:
+    """An evaluation verdict.
+
+    ``correct`` is the harness's verdict (math: math-verify; Countdown: the safe evaluator; Sudoku: the grid
+    is a valid completion of the puzzle); ``score`` is the per-item metric (Sudoku: d1's cell accuracy,
+    otherwise ``float(correct)``); ``details`` records the other verdicts, e.g. ``{"d1": bool,
+    "math_verify": bool, "timed_out": bool}``.
+    """
+
+    correct: bool
+    score: float
+    extracted: str | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace, so that d1's non-DOTALL format regexes can match the reasoning."""
+    return " ".join(text.split())
+
+
+def tagged_completion(reasoning: str, answer: str, protocol: str) -> str:
+    """A gold completion in the ``<reasoning>/<answer>`` layout each protocol asks for.
+
+    ``d1`` continues the ``<reasoning>`` prefill; ``d1_train`` is exactly the layout d1's strict format reward
+    accepts (``^<reasoning>\\n.*?\\n</reasoning>\\n<answer>\\n.*?\\n</answer>\\n$``, single-line parts);
+    ``tiny`` is the answer tag alone.
+    """
+    if protocol == "d1":
+        return f"\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>"
+    if protocol == "d1_train":
+        return f"<reasoning>\n{one_line(reasoning)}\n</reasoning>\n<answer>\n{answer}\n</answer>\n"
+    if protocol == "stabledrl":
+        return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>"
+    if protocol == "tiny":
+        return f"<answer>{answer}</answer>"
+    raise UserError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+
+
+def data_rng(seed: int) -> np.random.Generator:
+    """The random generator of a procedural data generator: ``numpy.random.default_rng(seed)``, never global."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+    return np.random.default_rng(seed)
+
+
+def read_data_file(relative: str, string_columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of a shipped data file, read through ``datasets`` (works with ``HF_DATASETS_OFFLINE=1``).
+
+    ``string_columns`` forces CSV columns to strings (Sudoku grids keep their leading zeros). The path is
+    resolved relative to this package, never the working directory.
+    """
+    import datasets
+    from datasets import utils as hf_utils
+
+    path = DATA_DIR / relative
+    if not path.is_file():
+        raise UserError(f"missing data file {path} (is the package installed with its data?)")
+    features = datasets.Features({c: datasets.Value("string") for c in string_columns}) if string_columns else None
+    builder = "csv" if path.suffix == ".csv" else "json"
+    bars_were_off = hf_utils.are_progress_bars_disabled()
+    hf_utils.disable_progress_bars()
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train", features=features).to_list()
+    finally:
+        if not bars_were_off:
+            hf_utils.enable_progress_bars()
+
+
+_DOCS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
+_DOCS_LOCK = threading.Lock()
+
+
+class Task(ABC):
+    """One benchmark task. Subclasses set ``name`` and ``splits`` and implement the abstract hooks."""
+
+    name: ClassVar[str]
+    splits: ClassVar[tuple[str, ...]]
+    eval_split: ClassVar[str] = "test"  # what the d1 protocol evaluates
+    protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
+    reward_profiles: ClassVar[tuple[str, ...]] = REWARD_PROFILES
+
+    # ------------------------------------------------------------------------------------------ data
+    def load(self, split: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """Docs of ``split`` in file order (the first ``limit`` if given); each call returns fresh copies."""
+        if split not in self.splits:
+            raise UserError(f"task {self.name!r} has no split {split!r}; splits: {', '.join(self.splits)}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise UserError(f"limit must be a non-negative integer, got {limit!r}")
+        key = (self.name, split)
+        with _DOCS_LOCK:
+            if key not in _DOCS:
+                rows = self._read(split)
+                _DOCS[key] = tuple(
+                    {"doc_id": f"{self.name}/{split}/{i}", "task": self.name, **row} for i, row in enumerate(rows)
+                )
+            docs = _DOCS[key]
+        selected = docs if limit is None else docs[:limit]
+        return [{k: list(v) if isinstance(v, list) else v for k, v in doc.items()} for doc in selected]
+
+    def eval_docs(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The evaluation docs of the d1 protocol (``eval_split``; Sudoku: d1's 256-puzzle subset)."""
+        return self.load(self.eval_split, limit)
+
+    @abstractmethod
+    def _read(self, split: str) -> list[dict[str, Any]]:
+        """Rows of ``split`` as dicts of the task's fields (``doc_id`` and ``task`` are added by ``load``)."""
+
+    # --------------------------------------------------------------------------------------- prompts
+    def prompt(self, doc: Mapping[str, Any], protocol: str = "d1") -> PromptSpec:
+        """The prompt of ``doc`` under ``protocol``: one user message, chat template, protocol prefill."""
+        self._check_protocol(protocol)
+        message = {"role": "user", "content": self.user_message(doc, protocol)}
+        return PromptSpec(messages=(message,), chat_template=True, prefill=D1_PREFILL if protocol == "d1" else "")
+
+    @abstractmethod
+    def user_message(self, doc: Mapping[str, Any], protocol: str) -> str:
+        """The user message text of ``doc`` under a (validated) ``protocol``."""
+
+    def target_completion(self, doc: Mapping[str, Any], protocol: str = "d1") -> str:
+        """The gold answer written as a completion in ``protocol``'s format (golden tests, SFT targets)."""
+        self._check_protocol(protocol)
+        return self._target(doc, protocol)
+
+    @abstractmethod
+    def _target(self, doc: Mapping[str, Any], protocol: str) -> str:
+        """Gold completion under a (validated) ``protocol``."""
+
+    # ------------------------------------------------------------------------------ rewards, grading
+    def reward(self, completion: str, doc: Mapping[str, Any], profile: str = "d1") -> RewardResult:
+        """The RL reward of ``completion`` under ``profile`` (``d1`` or ``stabledrl``), by component."""
+        if profile not in self.reward_profiles:
+            raise UserError(f"unknown reward profile {profile!r}; known: {', '.join(self.reward_profiles)}")
+        if not isinstance(completion, str):
+            raise UserError(f"completion must be a string, got {type(completion).__name__}")
+        return self._reward(completion, doc, profile)
+
+    @abstractmethod
+    def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
+        """Reward under a (validated) ``profile``."""
+
+    @abstractmethod
+    def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:
+        """Evaluation verdict of ``completion`` for ``doc`` (raises :class:`UserError` on bad gold fields)."""
+
+    def generate(self, n: int, seed: int, **kwargs: Any) -> list[dict[str, Any]]:
+        """``n`` new training docs, deterministic in ``seed`` (only procedurally generated tasks)."""
+        raise NotImplementedError(f"task {self.name!r} has no procedural generator")
+
+    def _check_protocol(self, protocol: str) -> None:
+        if protocol not in self.protocols:
+            raise UserError(f"unknown protocol {protocol!r}; known: {', '.join(self.protocols)}")
+
+
+def require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """``doc[key]`` if present with type ``kind`` (bools never count as numbers), else :class:`UserError`."""
+    if not isinstance(doc, Mapping):
+        raise UserError(f"doc must be a mapping, got {type(doc).__name__}")
+    if key not in doc:
+        raise UserError(f"missing field {key!r} ({what})")
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise UserError(f"field {key!r} must be {what}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,260 @@
+"""Countdown: combine the given numbers with ``+ - * /`` (each used once) to reach the target.
+
+Splits: ``test`` (d1's cd3 test, 256 three-number puzzles), ``train`` (the first 10,240 rows of
+Countdown-Tasks-3to4 minus the puzzles that also occur in the test set) and ``train_cd3`` (its three-number
+rows, what d1 trains on). :meth:`CountdownTask.generate` makes new puzzles procedurally.
+
+The solver (:func:`solve`) searches all ways of combining numbers pairwise with exact rational arithmetic,
+so it proves a target reachable by returning an expression that reaches it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from .base import GradeResult, RewardResult, Task, data_rng, read_data_file, require, tagged_completion
+from .graders.arithmetic import NUMBER_RULES, NumberRule
+from .graders.countdown import grade_countdown
+from .math_common import D1_TRAIN_SYSTEM_PROMPT
+from .rewards import anti_short_boxed, countdown_score
+
+# d1 eval/countdown.py (the format block follows the example without a newline, as in d1).
+D1_COUNTDOWN_SYSTEM_PROMPT = (
+    "Using only the provided numbers, create an arithmetic expression that evaluates to exactly the provided "
+    "target number. You may use the operations +, -, *, and / as needed, but each number must be used exactly "
+    "once. Think step-by-step. After reasoning, provide only your final expression inside \\boxed{} tags without "
+    "including an equals sign or the target number. For example: \\boxed{a + b * c}Respond in the following "
+    "format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n\\boxed{...}\n</answer>"
+)
+_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """An expression with its exact value and operator precedence (3 atom, 2 ``* /``, 1 ``+ -``)."""
+
+    value: Fraction
+    text: str
+    precedence: int = 3
+
+    @classmethod
+    def atom(cls, number: int) -> Expr:
+        return cls(Fraction(number), str(number))
+
+    def combine(self, op: str, other: Expr) -> Expr | None:
+        """``self op other`` printed with the fewest parentheses; None for a division by zero."""
+        if op == "/" and other.value == 0:
+            return None
+        left = self.text if self.precedence >= (2 if op in "*/" else 1) else f"({self.text})"
+        right_min = {"+": 1, "-": 2, "*": 2, "/": 3}[op]
+        right = other.text if other.precedence >= right_min else f"({other.text})"
+        return Expr(_APPLY[op](self.value, other.value), f"{left}{op}{right}", 2 if op in "*/" else 1)
+
+
+def _pairings(items: tuple[Expr, ...]) -> Iterator[tuple[Expr, tuple[Expr, ...]]]:
+    """Every expression obtained by combining two of ``items``, with the remaining items."""
+    for i in range(len(items)):
+        for j in range(i + 1, len(items)):
+            a, b = items[i], items[j]
+            rest = items[:i] + items[i + 1 : j] + items[j + 1 :]
+            for left, op, right in ((a, "+", b), (a, "*", b), (a, "-", b), (b, "-", a), (a, "/", b), (b, "/", a)):
+                combined = left.combine(op, right)
+                if combined is not None:
+                    yield combined, rest
+
+
+def solve(numbers: Sequence[int], target: int) -> str | None:
+    """An expression using every number exactly once that equals ``target``, or None if none exists.
+
+    Depth-first over pairwise combinations; multisets of intermediate values already shown not to reach the
+    target are remembered, so each is explored once.
+    """
+    goal = Fraction(target)
+    failed: set[tuple[Fraction, ...]] = set()
+
+    def search(items: tuple[Expr, ...]) -> str | None:
+        if len(items) == 1:
+            return items[0].text if items[0].value == goal else None
+        key = tuple(sorted(item.value for item in items))
+        if key in failed:
+            return None
+        for combined, rest in _pairings(items):
+            found = search((combined, *rest))
+            if found is not None:
+                return found
+        failed.add(key)
+        return None
+
+    return search(tuple(Expr.atom(n) for n in numbers)) if numbers else None
+
+
+def puzzle_key(numbers: Sequence[int], target: int) -> tuple[tuple[int, ...], int]:
+    """Identity of a puzzle: the multiset of numbers and the target."""
+    return tuple(sorted(numbers)), int(target)
+
+
+class CountdownTask(Task):
+    name = "countdown"
+    splits = ("train", "train_cd3", "test")
+
+    def __init__(self, number_rule: NumberRule = "exact") -> None:
+        """``number_rule``: ``exact`` (d1: use every number once) or ``subset`` (StableDRL) for grading."""
+        if number_rule not in NUMBER_RULES:
+            raise UserError(f"unknown number rule {number_rule!r}; known: {', '.join(NUMBER_RULES)}")
+        self.number_rule = number_rule
+
+    # ------------------------------------------------------------------------------------------ data
+    def _read(self, split: str) -> list[dict[str, Any]]:
+        test = [
+            {"numbers": [int(n) for n in r["input"].split(",")], "target": int(r["output"])}
+            for r in read_data_file("countdown/countdown_cd3_test.jsonl")
+        ]
+        if split == "test":
+            return test
+        held_out = {puzzle_key(d["numbers"], d["target"]) for d in test}
+        train = [
+            {"numbers": list(r["nums"]), "target": int(r["target"])}
+            for r in read_data_file("countdown/countdown_3to4_train_first10240.jsonl")
+            if puzzle_key(r["nums"], r["target"]) not in held_out
+        ]
+        return train if split == "train" else [d for d in train if len(d["numbers"]) == 3]
+
+    @staticmethod
+    def gold(doc: Mapping[str, Any]) -> tuple[list[int], int]:
+        """The puzzle's ``(numbers, target)``, validated."""
+        numbers = require(doc, "numbers", list, "a list of integers")
+        if not numbers or any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
+            raise UserError("field 'numbers' must be a non-empty list of integers")
+        return numbers, require(doc, "target", int, "an integer")
+
+    # --------------------------------------------------------------------------------------- prompts
+    def user_message(self, doc: Mapping[str, Any], protocol: str) -> str:
+        numbers, target = self.gold(doc)
+        if protocol == "d1":
+            return D1_COUNTDOWN_SYSTEM_PROMPT + "\n\n" + f"Numbers: {numbers}\nTarget: {target}"
+        if protocol == "d1_train":
+            return (
+                f"{D1_TRAIN_SYSTEM_PROMPT}\nUsing only the numbers {numbers}, create an arithmetic expression that "
+                f"evaluates to exactly {target}. You must use all numbers from the list, and each number must be "
+                "used exactly once. You may use the operations +, -, *, and / as needed. After reasoning, provide "
+                "only your final expression inside <answer></answer> tags without including an equals sign or the "
+                "target number. For example, if the numbers are [2, 3, 4] and the target is 5, a valid answer is: "
+                "<answer>\n2*4-3\n</answer>"
+            )
+        if protocol == "stabledrl":
+            return (
+                f"Given numbers {numbers}, find an equation that equals {target}. Please put the reasoning in "
+                "<reasoning> tags and the final equation in <answer> tags, e.g. <answer> 1 + 1 </answer>."
+            )
+        return " ".join(str(n) for n in numbers) + f" -> {target}"  # tiny
+
+    def solution(self, doc: Mapping[str, Any]) -> str:
+        """A solution expression: the doc's own (generated puzzles carry one) or the solver's."""
+        numbers, target = self.gold(doc)
+        found = doc.get("solution") or solve(numbers, target)
+        if found is None:
+            raise UserError(f"countdown puzzle {numbers} -> {target} has no solution")
+        return found
+
+    def _target(self, doc: Mapping[str, Any], protocol: str) -> str:
+        expression = self.solution(doc)
+        numbers, target = self.gold(doc)
+        reasoning = f"Combining {', '.join(map(str, numbers))} with + - * / gives {expression}, which equals {target}."
+        answer = "\\boxed{" + expression + "}" if protocol == "d1" else expression
+        return tagged_completion(reasoning, answer, protocol)
+
+    # ------------------------------------------------------------------------------ rewards, grading
+    def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
+        numbers, target = self.gold(doc)
+        if profile == "d1":
+            return RewardResult.of(correctness=countdown_score(completion, numbers, target, "exact"))
+        return RewardResult.of(
+            correctness=countdown_score(completion, numbers, target, "subset"),
+            anti_short_boxed=anti_short_boxed(completion),
+        )
+
+    def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:
+        numbers, target = self.gold(doc)
+        return grade_countdown(completion, numbers, target, self.number_rule)
+
+    # ------------------------------------------------------------------------------------- generator
+    def generate(
+        self,
+        n: int,
+        seed: int,
+        *,
+        num_numbers: Sequence[int] = (3, 4),
+        number_range: tuple[int, int] = (1, 99),
+        target_range: tuple[int, int] = (10, 100),
+    ) -> list[dict[str, Any]]:
+        """``n`` distinct puzzles, none in the test set, each with a ``solution`` proving it solvable.
+
+        Each puzzle draws ``k`` numbers uniformly from ``number_range`` (``k`` uniform over ``num_numbers``)
+        and combines them in a random binary tree with random operators (division only when exact, so every
+        intermediate value is an integer); the tree's value is the target, kept if it lies in
+        ``target_range``. Defaults follow Countdown-Tasks-3to4 (numbers 1-99, targets 10-100). Deterministic in
+        ``seed`` (a ``numpy.random.Generator``; no global RNG).
+        """
+        _check_generator_args(n, num_numbers, number_range, target_range)
+        rng = data_rng(seed)
+        excluded = {puzzle_key(d["numbers"], d["target"]) for d in self.load("test")}
+        docs: list[dict[str, Any]] = []
+        attempts = 1000 * n + 10_000
+        for _ in range(attempts):
+            if len(docs) == n:
+                break
+            k = int(num_numbers[int(rng.integers(len(num_numbers)))])
+            numbers = [int(x) for x in rng.integers(number_range[0], number_range[1] + 1, size=k)]
+            expr = _random_tree(numbers, rng)
+            if expr is None or expr.value.denominator != 1:
+                continue
+            target = int(expr.value)
+            key = puzzle_key(numbers, target)
+            if not target_range[0] <= target <= target_range[1] or key in excluded:
+                continue
+            excluded.add(key)
+            docs.append(
+                {
+                    "doc_id": f"countdown/generated-{seed}/{len(docs)}",
+                    "task": self.name,
+                    "numbers": numbers,
+                    "target": target,
+                    "solution": expr.text,
+                }
+            )
+        if len(docs) < n:
+            raise UserError(f"could only generate {len(docs)} of {n} countdown puzzles in {attempts} attempts")
+        return docs
+
+
+def _random_tree(numbers: list[int], rng: np.random.Generator) -> Expr | None:
+    """Combine ``numbers`` pairwise in random order with random operators; None after an inexact division."""
+    items = [Expr.atom(x) for x in numbers]
+    while len(items) > 1:
+        i, j = int(rng.integers(len(items))), int(rng.integers(len(items) - 1))
+        j += j >= i  # an ordered pair of distinct indices, uniformly
+        a, b = items[i], items[j]
+        ops = ["+", "-", "*"] + (["/"] if b.value != 0 and (a.value / b.value).denominator == 1 else [])
+        combined = a.combine(ops[int(rng.integers(len(ops)))], b)
+        if combined is None:
+            return None
+        items = [x for m, x in enumerate(items) if m not in (i, j)] + [combined]
+    return items[0]
+
+
+def _check_generator_args(
+    n: int, num_numbers: Sequence[int], number_range: tuple[int, int], target_range: tuple[int, int]
+) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise UserError(f"n must be a non-negative integer, got {n!r}")
+    if not num_numbers or any(not 2 <= k <= 6 for k in num_numbers):
+        raise UserError(f"num_numbers must list counts between 2 and 6, got {num_numbers!r}")
+    if not 0 <= number_range[0] <= number_range[1] or target_range[0] > target_range[1]:
+        raise UserError(f"bad ranges: number_range={number_range!r}, target_range={target_range!r}")

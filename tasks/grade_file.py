@@ -1,0 +1,139 @@
+"""Grade a JSONL file of completions: the body of ``python -m stabledrl_bench grade``.
+
+Each input line is a JSON object with ``prediction`` (the completion text) and the task's gold fields:
+``answer`` (GSM8K: the dataset solution ending in ``#### N``, or N; MATH500/AIME: the final answer, a string or
+an integer), ``numbers`` and ``target`` (Countdown), ``puzzle`` and ``solution`` (Sudoku, 16-character
+strings, ``0`` = blank). One JSON line is written per input line, in order, with ``correct``, ``score``,
+``extracted`` and the grader's ``details`` (``id``/``doc_id`` are copied through when present). A bad line
+(invalid JSON, a missing field, a wrong type) gets an ``error`` field and ``null`` verdicts; the other lines
+are still graded, so a file is never rejected as a whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import UserError
+from . import get_task
+from .base import Task
+
+GRADABLE_TASKS = ("gsm8k", "math500", "aime24", "aime25", "countdown", "sudoku")
+_PASSTHROUGH = ("id", "doc_id")
+
+
+def _error(record: dict[str, Any], message: str) -> dict[str, Any]:
+    return {**record, "correct": None, "score": None, "extracted": None, "error": message}
+
+
+def grade_line(task: Task, raw: bytes, line_number: int) -> dict[str, Any]:
+    """The output record for one input line (never raises on bad input)."""
+    record: dict[str, Any] = {"line": line_number}
+    text = raw.decode("utf-8", errors="replace").strip()
+    if not text:
+        return _error(record, "empty line")
+    try:
+        item = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, too-long integers, too-deep nesting
+        return _error(record, f"invalid JSON: {type(exc).__name__}: {str(exc)[:200]}")
+    if not isinstance(item, dict):
+        return _error(record, f"line is a JSON {type(item).__name__}, not an object")
+    record.update({key: item[key] for key in _PASSTHROUGH if key in item})
+    prediction = item.get("prediction")
+    if not isinstance(prediction, str):
+        missing = "missing field 'prediction'" if "prediction" not in item else "field 'prediction' must be a string"
+        return _error(record, missing)
+    try:
+        grade = task.grade(prediction, item)
+    except UserError as exc:
+        return _error(record, str(exc))
+    return {**record, "correct": grade.correct, "score": grade.score, "extracted": grade.extracted, **grade.details}
+
+
+def _summary(task: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    graded = [r for r in records if "error" not in r]
+
+    def mean(key: str) -> float | None:
+        return sum(float(r[key]) for r in graded) / len(graded) if graded else None
+
+    summary: dict[str, Any] = {
+        "task": task,
+        "lines": len(records),
+        "graded": len(graded),
+        "errors": len(records) - len(graded),
+        "accuracy": mean("correct"),
+        "mean_score": mean("score"),
+    }
+    if task == "sudoku":
+        empty = sum(r["empty_cells"] for r in graded)
+        summary["cell_accuracy"] = sum(r["correct_cells"] for r in graded) / empty if empty else None
+        summary["exact_match"] = mean("exact_match")
+    else:
+        summary["accuracy_d1"] = mean("d1")
+    if task not in ("countdown", "sudoku"):
+        summary["timed_out"] = sum(bool(r["timed_out"]) for r in graded)
+    return summary
+
+
+def grade_file(task: str, input_path: str | Path, output_path: str | Path | None = None) -> dict[str, Any]:
+    """Grade every line of ``input_path``; write records to ``output_path`` (stdout if None); return a summary.
+
+    Summary: line/graded/error counts, ``accuracy`` (mean ``correct``), ``mean_score``, plus ``accuracy_d1``
+    (math, Countdown), ``timed_out`` (math) or micro-averaged ``cell_accuracy`` and ``exact_match`` (Sudoku).
+    """
+    if task not in GRADABLE_TASKS:
+        raise UserError(f"cannot grade task {task!r}; gradable: {', '.join(GRADABLE_TASKS)}")
+    grader = get_task(task)
+    source = Path(input_path)
+    if not source.is_file():
+        raise UserError(f"input file not found: {source}")
+    records = []
+    with source.open("rb") as lines, _open_output(output_path) as out:
+        for number, raw in enumerate(lines, start=1):
+            record = grade_line(grader, raw, number)
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            records.append({k: v for k, v in record.items() if k not in ("extracted", "d1_extracted")})
+    return _summary(task, records)
+
+
+@contextmanager
+def _open_output(path: str | Path | None) -> Iterator[IO[str]]:
+    """The output file, or stdout (left open) when no path is given."""
+    if path is None:
+        yield sys.stdout
+        return
+    try:
+        with Path(path).open("w", encoding="utf-8") as handle:
+            yield handle
+    except OSError as exc:  # cannot create, or a write failed (disk full, ...)
+        raise UserError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line body: parse ``--task --input [--output]``, grade, print the summary; return the exit code.
+
+    The summary goes to stderr when the records go to stdout, else to stdout. User errors print one line
+    and return 2.
+    """
+    parser = argparse.ArgumentParser(
+        prog="stabledrl-bench grade", description="Grade a JSONL file of completions (one JSON object per line)."
+    )
+    parser.add_argument("--task", required=True, choices=GRADABLE_TASKS)
+    parser.add_argument("--input", required=True, help="JSONL with 'prediction' and the task's gold fields")
+    parser.add_argument("--output", help="where to write graded JSONL (default: stdout)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed by argparse
+        return int(exc.code or 0)
+    try:
+        summary = grade_file(args.task, args.input, args.output)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary), file=sys.stderr if args.output is None else sys.stdout)
+    return 0

@@ -1,0 +1,234 @@
+"""Hard wall-clock limits for computations on untrusted model output, enforced by killing a worker process.
+
+Why a process and not a signal or a thread: symbolic simplification (sympy, reached through math-verify) can run
+for hours on inputs such as ``9^{9^{9^9}}``, and much of that time is spent inside C code (big-integer
+arithmetic, the regex engine) that never returns to the interpreter, so ``SIGALRM`` is not delivered in time; a
+thread cannot be stopped at all; and ``signal`` only works on the main thread. A long-lived worker subprocess that
+is SIGKILLed when it overruns its deadline gives a limit that really holds, from any thread.
+
+Workers are plain ``python -c`` subprocesses (not ``multiprocessing``), so the caller's ``__main__`` is never
+re-imported and no global start-method or fork-server state is touched. A worker serves one request at a time;
+a pool keeps ``size`` of them warm. After a kill, the replacement is started immediately in the background, so
+the next call normally finds a ready worker and only the overrunning call pays its limit.
+
+Protocol: the child imports a *registry* module that maps names to functions (``ISOLATED_FUNCTIONS``) and may
+define a warm-up hook (``isolated_warmup``); requests are pickled ``(name, args)`` tuples over the child's
+stdin/stdout pipes, answers are ``("ok", value)`` or ``("error", message)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Literal
+
+# Extra address space a worker may allocate beyond what it holds after warm-up; a guard against inputs that
+# make sympy build astronomically large objects (the time limit is the main defence).
+MEMORY_HEADROOM_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class IsolatedResult:
+    """Outcome of one isolated call: ``ok`` (``value`` holds the result), ``timeout`` or ``error``."""
+
+    status: Literal["ok", "timeout", "error"]
+    value: Any = None
+    error: str | None = None
+
+
+# The child imports this module by name (``-m`` would execute it a second time as ``__main__``).
+_CHILD_CODE = f"import sys; from {__name__} import serve; serve(sys.argv[1])"
+
+
+class _Worker:
+    """One child process running :func:`serve` for a registry module."""
+
+    def __init__(self, registry: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_CODE, registry],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        self._send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
+        self._recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.ready = False
+        self.broken = False  # the pipe failed: replace this worker even if the process is still exiting
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the child has imported its registry and run its warm-up (not counted in call limits)."""
+        if self.ready:
+            return
+        try:
+            if not self._recv.poll(timeout_s):
+                raise RuntimeError(f"isolated worker did not start within {timeout_s:.0f} s")
+            message = self._recv.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"isolated worker exited during start-up (status {self.proc.poll()})") from exc
+        if message != ("ready", None):
+            raise RuntimeError(f"isolated worker failed to start: {message!r}")
+        self.ready = True
+
+    def has_started(self) -> bool:
+        """True once the ready message (or an exit) is waiting to be read; never blocks."""
+        return self.ready or self._recv.poll(0)
+
+    def request(self, func: str, args: tuple[Any, ...], timeout_s: float) -> IsolatedResult:
+        """Send one request; ``timeout`` if no answer arrives within ``timeout_s`` (the caller then kills us)."""
+        try:
+            self._send.send((func, args))
+            if not self._recv.poll(timeout_s):
+                return IsolatedResult("timeout", error=f"no answer within {timeout_s:g} s")
+            status, value = self._recv.recv()
+        except (EOFError, OSError) as exc:
+            self.broken = True
+            return IsolatedResult("error", error=f"worker died ({type(exc).__name__}, status {self.proc.poll()})")
+        if status == "ok":
+            return IsolatedResult("ok", value=value)
+        return IsolatedResult("error", error=str(value))
+
+    def kill(self) -> None:
+        self._send.close()
+        self._recv.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class IsolatedPool:
+    """A fixed-size pool of warm worker processes with a hard per-call wall-clock limit.
+
+    ``call(func, *args, timeout_s=...)`` runs ``registry.ISOLATED_FUNCTIONS[func](*args)`` in a worker and
+    returns within ``timeout_s`` (plus the kill) once a worker is ready. Thread-safe: up to ``size`` calls run
+    concurrently, further callers wait for a free worker. Safe across ``fork``: a child process of the owner
+    starts its own workers instead of talking to the parent's.
+    """
+
+    def __init__(self, registry: str, *, size: int = 2, startup_timeout_s: float = 120.0) -> None:
+        if size < 1:
+            raise ValueError(f"pool size must be >= 1, got {size}")
+        self.registry = registry
+        self.size = size
+        self.startup_timeout_s = startup_timeout_s
+        self._cond = threading.Condition()
+        self._owner_pid = os.getpid()
+        self._idle: list[_Worker] = [_Worker(registry) for _ in range(size)]
+        self._closed = False
+
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner_pid:  # forked: the inherited workers belong to the parent
+            self._owner_pid = os.getpid()
+            self._idle = [_Worker(self.registry) for _ in range(self.size)]
+
+    def _acquire(self) -> _Worker:
+        with self._cond:
+            self._check_owner()
+            if self._closed:
+                raise RuntimeError("isolated pool is closed")
+            while not self._idle:
+                self._cond.wait()
+            # prefer a started worker, so a call made right after a kill does not wait for the replacement
+            worker = next((w for w in self._idle if w.has_started()), self._idle[0])
+            self._idle.remove(worker)
+        return worker
+
+    def _release(self, worker: _Worker) -> None:
+        with self._cond:
+            if self._closed:
+                worker.kill()
+            else:
+                self._idle.append(worker)
+            self._cond.notify()
+
+    def call(self, func: str, *args: Any, timeout_s: float) -> IsolatedResult:
+        """Run ``func(*args)`` in a worker, killing it if it overruns ``timeout_s`` seconds."""
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        worker = self._acquire()
+        result = IsolatedResult("error", error="worker start-up failed")
+        try:
+            worker.wait_ready(self.startup_timeout_s)
+            result = worker.request(func, args, timeout_s)
+        finally:
+            # A worker that overran its limit or died is replaced at once; one whose function merely raised
+            # (or that is still starting up) is kept.
+            if result.status == "timeout" or worker.broken or worker.proc.poll() is not None:
+                worker.kill()
+                worker = _Worker(self.registry)
+            self._release(worker)
+        return result
+
+    def close(self) -> None:
+        """Stop all idle workers now; busy ones are stopped when their call returns."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+
+
+_SHARED: dict[str, IsolatedPool] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(registry: str, size: int = 2) -> IsolatedPool:
+    """The process-wide pool for ``registry`` (created on first use, closed at interpreter exit)."""
+    with _SHARED_LOCK:
+        pool = _SHARED.get(registry)
+        if pool is None or pool._closed:
+            pool = _SHARED[registry] = IsolatedPool(registry, size=size)
+            atexit.register(pool.close)
+        return pool
+
+
+def _limit_memory() -> None:
+    """Cap the worker's address space at its current size plus :data:`MEMORY_HEADROOM_BYTES` (Linux only)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            current = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        return
+    limit = current + MEMORY_HEADROOM_BYTES
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def serve(registry_name: str) -> None:
+    """Child main loop: answer requests until stdin closes. Stray prints go to stderr, never to the pipe."""
+    send = Connection(os.dup(1), readable=False)
+    recv = Connection(os.dup(0), writable=False)
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    logging.disable(logging.WARNING)  # libraries' warnings about disabled internal timeouts are expected here
+    try:
+        registry = importlib.import_module(registry_name)
+        warmup = getattr(registry, "isolated_warmup", None)
+        if warmup is not None:
+            warmup()
+        functions = registry.ISOLATED_FUNCTIONS
+    except Exception as exc:
+        send.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    _limit_memory()
+    send.send(("ready", None))
+    while True:
+        try:
+            func, args = recv.recv()
+        except EOFError:
+            return
+        try:
+            answer = ("ok", functions[func](*args))
+        except Exception as exc:
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        send.send(answer)

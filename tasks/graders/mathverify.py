@@ -1,0 +1,119 @@
+"""math-verify checks of final answers, run in isolated worker processes under a hard time limit.
+
+Two styles are offered:
+
+* ``grader`` (evaluation): the gold answer is parsed as ``\\boxed{gold}``; the prediction text is chosen
+  robustly - the whole completion when it contains a box (``\\boxed`` wins over every other pattern,
+  ``boxed_match_priority=0``, as ``lmeval_decoding.md`` §4.1 recommends), else the last ``<answer>`` tag
+  (parsed both as ``$content$`` and as is), else the whole completion.
+* ``stabledrl`` (StableDRL's ``_math_verify_equal`` in ``dataloaders/math.py``): ``verify(parse(gold),
+  parse(response))`` with math-verify's default extraction configs on the full response.
+
+math-verify's own ``signal.alarm`` timeouts only work on the main thread and cannot interrupt C code, so they
+are switched off inside the worker; the limit is enforced by :mod:`.isolation`, which kills an overrunning
+worker. This module is both the parent-side API (:func:`math_verify`) and the worker-side registry
+(``ISOLATED_FUNCTIONS``); math-verify itself is only imported in the workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from .isolation import shared_pool
+from .text import last_answer_tag
+
+Style = Literal["grader", "stabledrl"]
+
+# Per-answer hard limit for evaluation: legitimate checks take milliseconds, and a verdict must come back well
+# within 2 s even for adversarial input. StableDRL's reward used 5 s (``timeout_seconds=5``).
+GRADER_TIMEOUT_S = 1.5
+STABLEDRL_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class MathVerifyOutcome:
+    """math-verify's verdict; ``timed_out``/``error`` explain a False that is not a real mismatch."""
+
+    correct: bool
+    extracted: str | None
+    timed_out: bool = False
+    error: str | None = None
+
+
+def math_verify(
+    gold: str, prediction: str, *, style: Style = "grader", timeout_s: float | None = None
+) -> MathVerifyOutcome:
+    """Whether ``prediction`` states ``gold``, per math-verify, within a hard wall-clock limit.
+
+    Safe to call from any thread; calls run concurrently up to the pool size.
+    """
+    if style not in ("grader", "stabledrl"):
+        raise ValueError(f"unknown math-verify style {style!r}")
+    limit = timeout_s if timeout_s is not None else (GRADER_TIMEOUT_S if style == "grader" else STABLEDRL_TIMEOUT_S)
+    result = shared_pool(__name__).call(style, gold, prediction, timeout_s=limit)
+    if result.status == "ok":
+        correct, extracted = result.value
+        return MathVerifyOutcome(bool(correct), extracted)
+    return MathVerifyOutcome(False, None, timed_out=result.status == "timeout", error=result.error)
+
+
+# ------------------------------------------------------------------------------------- worker side
+def _configs() -> list[Any]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+
+
+def _extracted(parsed: list[Any]) -> str | None:
+    """math-verify's ``parse`` returns ``[sympy_object, matched_string]`` (or ``[]``)."""
+    return str(parsed[-1]) if parsed else None
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> list[Any]:
+    from math_verify import parse
+
+    return parse("\\boxed{" + gold + "}", extraction_config=_configs(), parsing_timeout=None)
+
+
+def prediction_candidates(prediction: str) -> list[str]:
+    """Texts to parse for the ``grader`` style, best first (see the module docstring)."""
+    if "\\boxed" in prediction or "\\fbox" in prediction:
+        return [prediction]
+    answer = last_answer_tag(prediction)
+    if answer is None or not answer.strip():
+        return [prediction]
+    answer = answer.strip()
+    if any(delim in answer for delim in ("$", "\\(", "\\[")):
+        return [answer]
+    return ["$" + answer + "$", answer]
+
+
+def _grader(gold: str, prediction: str) -> tuple[bool, str | None]:
+    from math_verify import parse, verify
+
+    target = _parse_gold(gold)
+    first: str | None = None
+    for text in prediction_candidates(prediction):
+        parsed = parse(text, extraction_config=_configs(), parsing_timeout=None)
+        first = first if first is not None else _extracted(parsed)
+        if verify(target, parsed, timeout_seconds=None):
+            return True, _extracted(parsed)
+    return False, first
+
+
+def _stabledrl(gold: str, prediction: str) -> tuple[bool, str | None]:
+    from math_verify import parse, verify
+
+    parsed = parse(prediction, parsing_timeout=None)
+    return bool(verify(parse(gold, parsing_timeout=None), parsed, timeout_seconds=None)), _extracted(parsed)
+
+
+def isolated_warmup() -> None:
+    """Import math-verify and sympy and run one check, so a worker's first real call is not slow."""
+    _grader("1/2", "\\boxed{0.5}")
+
+
+ISOLATED_FUNCTIONS = {"grader": _grader, "stabledrl": _stabledrl}

@@ -1,0 +1,106 @@
+"""4x4 Sudoku checks: the 288 valid grids, validity of a completion, solution counting, d1's cell accuracy.
+
+Grids are 16-character strings read row by row; ``0`` marks an empty cell in a puzzle. A 4x4 Sudoku has 288
+valid grids, so counting the solutions of a puzzle is a scan over all of them (exact and fast).
+
+Verdicts: ``correct`` = the predicted grid is *a* valid completion of the puzzle (clues kept; every row,
+column and 2x2 box is a permutation of 1-4) - the right notion for the 124 d1 test puzzles that have several
+solutions; ``score`` = d1's cell accuracy (empty cells filled as in the reference ``solution``), which is what
+published Sudoku numbers report; ``details["exact_match"]`` = the grid equals the reference solution.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import permutations
+
+from ..base import GradeResult
+from . import d1
+from .text import clip
+
+SIZE = 16
+_UNITS = (
+    *[tuple(range(4 * r, 4 * r + 4)) for r in range(4)],  # rows
+    *[tuple(range(c, 16, 4)) for c in range(4)],  # columns
+    *[tuple(4 * (br + dr) + bc + dc for dr in (0, 1) for dc in (0, 1)) for br in (0, 2) for bc in (0, 2)],  # boxes
+)
+
+
+def is_valid_grid(grid: str) -> bool:
+    """A complete grid: 16 digits 1-4, each row, column and 2x2 box a permutation of ``1234``."""
+    if len(grid) != SIZE or not set(grid) <= set("1234"):
+        return False
+    return all(len({grid[i] for i in unit}) == 4 for unit in _UNITS)
+
+
+@lru_cache(maxsize=1)
+def all_grids() -> tuple[str, ...]:
+    """The 288 valid 4x4 grids in lexicographic order (rows drawn from the 24 permutations of 1-4)."""
+    rows = ["".join(p) for p in permutations("1234")]
+    grids = [a + b + c + d for a in rows for b in rows for c in rows for d in rows]
+    return tuple(g for g in grids if is_valid_grid(g))
+
+
+def is_completion(puzzle: str, grid: str) -> bool:
+    """``grid`` is a valid grid that keeps every clue of ``puzzle``."""
+    return is_valid_grid(grid) and all(p in ("0", g) for p, g in zip(puzzle, grid, strict=True))
+
+
+@lru_cache(maxsize=1)
+def _grid_bits() -> dict[tuple[int, str], int]:
+    """For each (cell, digit), a bit set over :func:`all_grids` of the grids with that digit in that cell."""
+    bits: dict[tuple[int, str], int] = {}
+    for k, grid in enumerate(all_grids()):
+        for i, ch in enumerate(grid):
+            bits[i, ch] = bits.get((i, ch), 0) | (1 << k)
+    return bits
+
+
+def _consistent(puzzle: str) -> int:
+    """Bit set of the grids that keep every clue of ``puzzle``."""
+    bits, mask = _grid_bits(), (1 << len(all_grids())) - 1
+    for i, ch in enumerate(puzzle):
+        if ch != "0":
+            mask &= bits.get((i, ch), 0)
+    return mask
+
+
+def count_solutions(puzzle: str) -> int:
+    """Number of valid grids consistent with the clues of ``puzzle``."""
+    return _consistent(puzzle).bit_count()
+
+
+def solutions(puzzle: str) -> list[str]:
+    """All valid grids consistent with the clues of ``puzzle``, in lexicographic order."""
+    mask = _consistent(puzzle)
+    return [grid for k, grid in enumerate(all_grids()) if mask >> k & 1]
+
+
+def cell_accuracy(digits: str, puzzle: str, solution: str) -> tuple[int, int]:
+    """d1's ``(correct_cells, empty_cells)``: ``digits`` right-padded with ``0``/truncated to 16, compared with
+    ``solution`` on the puzzle's empty cells (no answer at all scores 0 correct cells)."""
+    empty = [i for i in range(SIZE) if puzzle[i] == "0"]
+    if not digits:
+        return 0, len(empty)
+    grid = digits[:SIZE].ljust(SIZE, "0")
+    return sum(grid[i] == solution[i] for i in empty), len(empty)
+
+
+def grade_sudoku(completion: str, puzzle: str, solution: str) -> GradeResult:
+    """Verdict for a Sudoku completion, with the answer extracted by d1's regex cascade."""
+    answer = d1.extract_sudoku(completion)
+    correct_cells, empty_cells = cell_accuracy(answer, puzzle, solution)
+    cell_acc = correct_cells / empty_cells if empty_cells else 0.0
+    valid = is_completion(puzzle, answer)
+    return GradeResult(
+        correct=valid,
+        score=cell_acc,
+        extracted=clip(answer) if answer else None,
+        details={
+            "valid": valid,
+            "exact_match": answer == solution,
+            "d1_cell_accuracy": cell_acc,
+            "correct_cells": correct_cells,
+            "empty_cells": empty_cells,
+        },
+    )

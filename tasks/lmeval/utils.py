@@ -1,0 +1,93 @@
+"""lm-eval glue for the harness's tasks (``lm_eval --include_path tasks/`` or ``TaskManager(include_path=...)``).
+
+The YAMLs next to this file implement the d1 evaluation protocol (``lmeval_decoding.md`` §2.4): zero-shot,
+GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025. Data come from
+the package's shipped files (resolved relative to the package, never the working directory), so nothing is
+downloaded. ``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies
+the chat template and the ``<reasoning>`` prefill named in each YAML's ``metadata``. ``process_results`` grades
+with the harness's graders and reports both the robust verdict (``acc``) and d1's (``acc_d1``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import datasets
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.tasks import Task, get_task
+
+PROTOCOL = "d1"
+
+
+@cache
+def _task(name: str) -> Task:
+    return get_task(name)
+
+
+def _dataset(task: str, metadata: dict[str, Any]) -> datasets.DatasetDict:
+    """The task's d1 evaluation docs as the ``test`` split (``metadata`` is the YAML's, passed as keywords)."""
+    protocol = metadata.get("protocol", PROTOCOL)
+    if protocol != PROTOCOL:
+        raise UserError(f"these lm-eval tasks implement the {PROTOCOL!r} protocol, not {protocol!r}")
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(_task(task).eval_docs())})
+
+
+def load_gsm8k(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("gsm8k", metadata)
+
+
+def load_math500(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("math500", metadata)
+
+
+def load_countdown(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("countdown", metadata)
+
+
+def load_sudoku(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("sudoku", metadata)
+
+
+def load_aime24(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("aime24", metadata)
+
+
+def load_aime25(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("aime25", metadata)
+
+
+def doc_to_text(doc: dict[str, Any]) -> str:
+    """The d1 user message: the task's d1 system prompt, a blank line, the question."""
+    return _task(doc["task"]).prompt(doc, PROTOCOL).messages[0]["content"]
+
+
+def doc_to_target(doc: dict[str, Any]) -> str:
+    """The gold answer, for logs (grading reads the doc's gold fields directly)."""
+    name = doc["task"]
+    if name == "gsm8k":
+        return doc["gold"]
+    if name == "countdown":
+        return str(doc["target"])
+    if name == "sudoku":
+        return doc["solution"]
+    return doc["answer"]
+
+
+def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """Per-document metrics (averaged by lm-eval).
+
+    Math tasks: ``acc`` (math-verify), ``acc_d1`` (d1's parser), ``timed_out``; Countdown: ``acc`` (safe
+    evaluator, every number once), ``acc_d1``; Sudoku: ``acc`` (a valid completion of the puzzle),
+    ``cell_acc`` (d1's metric; all d1 test puzzles have 8 blanks, so its mean equals d1's micro average) and
+    ``exact_match`` (the reference solution).
+    """
+    grade = _task(doc["task"]).grade(results[0], doc)
+    metrics = {"acc": float(grade.correct)}
+    if doc["task"] == "sudoku":
+        return {**metrics, "cell_acc": grade.score, "exact_match": float(grade.details["exact_match"])}
+    metrics["acc_d1"] = float(grade.details["d1"])
+    if "timed_out" in grade.details:
+        metrics["timed_out"] = float(grade.details["timed_out"])
+    return metrics

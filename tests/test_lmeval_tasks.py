@@ -1,0 +1,79 @@
+"""The lm-eval task YAMLs load with ``TaskManager`` and run end to end against a stub model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lm_eval
+import pytest
+from lm_eval.api.model import LM
+from lm_eval.tasks import TaskManager
+
+import stabledrl_bench.tasks
+from stabledrl_bench.tasks import get_task
+
+LMEVAL_DIR = Path(stabledrl_bench.tasks.__file__).resolve().parent / "lmeval"
+TASKS = ["dllm_gsm8k", "dllm_math500", "dllm_countdown", "dllm_sudoku", "dllm_aime24", "dllm_aime25"]
+
+
+class GoldLM(LM):
+    """Answers every request with the gold completion of its doc, as a model continuing the d1 prefill would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list = []
+
+    def generate_until(self, requests):
+        self.requests += requests
+        return [get_task(r.doc["task"]).target_completion(r.doc, "d1") for r in requests]
+
+    def loglikelihood(self, requests):
+        raise NotImplementedError
+
+    def loglikelihood_rolling(self, requests):
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def manager() -> TaskManager:
+    return TaskManager(include_path=str(LMEVAL_DIR), include_defaults=False)
+
+
+def test_yamls_load(manager: TaskManager) -> None:
+    assert set(TASKS) <= set(manager.all_tasks)
+    loaded = manager.load(TASKS)["tasks"]
+    sizes = {name: len(list(task.eval_docs)) for name, task in loaded.items()}
+    assert sizes == {
+        "dllm_gsm8k": 1319,
+        "dllm_math500": 500,
+        "dllm_countdown": 256,
+        "dllm_sudoku": 256,
+        "dllm_aime24": 30,
+        "dllm_aime25": 30,
+    }
+    config = loaded["dllm_sudoku"].config
+    assert config.metadata["prefill"] == "<reasoning>" and config.metadata["chat_template"] is True
+    assert config.num_fewshot == 0 and config.output_type == "generate_until"
+
+
+def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
+    model = GoldLM()
+    results = lm_eval.simple_evaluate(
+        model=model,
+        tasks=TASKS,
+        limit=3,
+        task_manager=manager,
+        log_samples=False,
+        random_seed=None,
+        numpy_random_seed=None,
+        torch_random_seed=None,
+        fewshot_random_seed=None,
+    )["results"]
+    for name in TASKS:
+        metrics = {k.split(",")[0]: v for k, v in results[name].items() if k.endswith(",none")}
+        expected = ["acc", "cell_acc", "exact_match"] if name == "dllm_sudoku" else ["acc", "acc_d1"]
+        assert {m: metrics[m] for m in expected} == dict.fromkeys(expected, 1.0), name
+    assert len(model.requests) == 18
+    for request in model.requests:  # the context is exactly the d1 user message of the doc
+        doc = request.doc
+        assert request.args[0] == get_task(doc["task"]).prompt(doc, "d1").messages[0]["content"]
