@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -131,7 +132,8 @@ def _cmd_train(args) -> int:
 
         cfg.budget = dataclasses.replace(cfg.budget, max_steps=args.max_steps)
     final = RLTrainer(cfg).train(resume=args.resume, stop_after=args.stop_after)
-    print(f"final model: {final}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"final model: {final}")
     return 0
 
 

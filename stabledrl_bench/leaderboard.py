@@ -39,7 +39,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -51,10 +51,12 @@ import yaml
 
 from .errors import UserError
 from .results import (
+    HEADLINE_FIELD,
     REFERENCE_BASELINES,
     SAMPLING_MODES,
     TABLE1_LENGTHS,
     TABLE1_TASKS,
+    TABLE2_OPTIONAL,
     TABLE2_TASKS,
     atomic_write_bytes,
     atomic_write_text,
@@ -140,8 +142,9 @@ class Column:
     parts: tuple[CellKey, ...]
 
 
-def table_columns(table: str, include_aime25: bool = False) -> list[Column]:
-    """Column layout of ``table``; Table 2 shows AIME 2025 only when some row has it."""
+def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
+    """Column layout of ``table``; Table 2's optional tasks (AIME 2025, and the Countdown / Sudoku columns of the
+    tiny block-diffusion preset) are shown only when they are in ``present``."""
     if table == "table1":
         columns: list[Column] = []
         for task in TABLE1_TASKS:
@@ -150,7 +153,7 @@ def table_columns(table: str, include_aime25: bool = False) -> list[Column]:
             columns.append(Column((task, AVG), f"{TASK_LABELS[task]} avg", cells))
         every = tuple(part for column in columns if column.key[1] != AVG for part in column.parts)
         return [*columns, Column((OVERALL, ""), "Overall avg", every)]
-    tasks = [task for task in TABLE2_TASKS if task != "aime25" or include_aime25]
+    tasks = [task for task in TABLE2_TASKS if task not in TABLE2_OPTIONAL or task in present]
     return [
         Column((task, mode), f"{TASK_LABELS[task]} {mode}", ((task, mode),))
         for task in tasks
@@ -250,8 +253,7 @@ def _published_sources(row: Mapping[str, Any]) -> str:
 def _published_block(table: str, block: Mapping[str, Any]) -> str:
     if not block["rows"]:
         return "**Published (not measured here)**: none.\n"
-    has_aime25 = any("aime25" in row["cells"] for row in block["rows"])
-    columns = table_columns(table, include_aime25=has_aime25)
+    columns = table_columns(table, {task for row in block["rows"] for task in row["cells"]})
     frame = pd.DataFrame(
         [
             {"Model": row["label"], **{c.header: _published_cell_text(row, c) for c in columns}}
@@ -384,7 +386,8 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
     for _, group in _row_order(frame).groupby(ROW_KEY, sort=False):
         cells: dict[CellKey, np.ndarray] = {}
         for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
-            pooled = [sample["correct"] for i in runs["index"] for sample in load_samples(records[i])]
+            field = HEADLINE_FIELD.get(task, "correct")
+            pooled = [float(sample[field]) for i in runs["index"] for sample in load_samples(records[i])]
             cells[(task, sub)] = np.asarray(pooled, dtype=np.float64)
         first = group.iloc[0]
         budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
@@ -414,7 +417,8 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame) -> str:
         f"**Measured by this code — comparison `{comparison}`** (presets: {_join_unique(frame['preset'].tolist())}; "
         f"protocols: {_join_unique(frame['protocol'].tolist())}; RL training budget {budget} shared by every RL row, "
         f"reference rows base/sft exempt). Each cell is accuracy % with a percentile-bootstrap 95% interval over "
-        f"per-sample correctness; seeds of one row are pooled.",
+        f"per-sample correctness (Sudoku: d1 cell accuracy, the per-sample score, as in the published tables); "
+        f"seeds of one row are pooled.",
     ]
     lengths = frame.drop_duplicates("length").sort_values("length")
     if (lengths["length"] != lengths["actual"]).any():
@@ -466,7 +470,7 @@ def _measured_blocks(
         return "**Measured by this code**: no results for this table yet.\n"
     blocks = []
     for comparison, group in subset.groupby("comparison", sort=True):
-        columns = table_columns(table, include_aime25=bool((group["task"] == "aime25").any()))
+        columns = table_columns(table, set(group["task"]))
         rows = _measured_rows(group, records, columns)
         display = pd.DataFrame(
             [row.info | {c.header: _format_measured(row.estimates[c.key]) for c in columns} for row in rows]

@@ -58,6 +58,9 @@ class DiffusionEvalLM(LM):
         dlm = pretrained if isinstance(pretrained, DiffusionLM) else load_model_spec(str(pretrained), seed=int(seed))
         if dtype:
             dlm.model.to(getattr(torch, str(dtype)))
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            log.warning("stabledrl_dllm: device %s requested but CUDA is not available; using the CPU", device)
+            device = "cpu"
         if device:
             dlm.model.to(device)
         self.dlm = dlm

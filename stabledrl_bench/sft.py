@@ -155,7 +155,7 @@ def run_sft(cfg: SFTConfig) -> Path:
         log.write(
             {
                 "step": step + 1,
-                "loss": float(loss),
+                "loss": float(loss.detach()),
                 "grad_norm": grad_norm,
                 "learning_rate": scheduler.get_last_lr()[0],
                 "seconds": time.perf_counter() - start,

@@ -348,7 +348,7 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ main loop
     def train(self, *, resume: bool = False, stop_after: int | None = None) -> Path:
-        """Run to ``budget.max_steps`` (or stop after step ``stop_after``); returns the final model folder.
+        """Run to ``budget.max_steps`` (or stop after step ``stop_after``); returns the ``final`` model folder.
 
         ``stop_after`` stops at a rollout boundary with a checkpoint, as if the job had been pre-empted, so a
         later ``train(resume=True)`` continues exactly where this one left off.
@@ -405,12 +405,13 @@ class RLTrainer:
         self._save()
         final = self.output_dir / "final"
         if main:
-            save_diffusion_lm(self.dlm, final)
             plot_curves(
                 read_log(self.output_dir / "log.jsonl"),
                 self.output_dir / "curves.png",
                 title=f"{cfg.baseline} on {cfg.task} (budget {budget.hash()})",
             )
+            if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
+                save_diffusion_lm(self.dlm, final)
         self.acc.wait_for_everyone()
         return final
 

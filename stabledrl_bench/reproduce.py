@@ -1,0 +1,359 @@
+"""``reproduce table1|table2``: warm start, train every baseline under one budget, evaluate, rebuild the board.
+
+Presets (``--preset``):
+
+* ``paper`` - the official StableDRL settings on real weights (``--model`` = LLaDA-8B-Instruct for Table 1,
+  SDAR-8B for Table 2): full-parameter RL, 32 prompts x 16 completions per step, mu = 2, 2000 steps, lr 2e-6
+  (GSM8K, MATH) / 1e-6 (Countdown, Sudoku), bf16, gradient checkpointing; launch under ``accelerate launch``
+  with one of the configs in ``configs/accelerate/``. Evaluates with the d1 protocol at 128/256/512 (Table 1)
+  or TraceRL's static/dynamic protocol (Table 2).
+* ``tiny`` - the built-in tiny model on a laptop CPU: masked-diffusion SFT warm start, then RL for every
+  baseline, on the tasks a tiny model can learn; lengths are scaled down and labelled as such.
+* ``smoke`` - minutes: a few steps of everything, used by CI to prove the pipeline end to end.
+
+``auto`` (the default) picks ``paper`` when a GPU and ``--model`` are present, else ``tiny``. Everything is
+resumable: finished trainings and evaluations are skipped, interrupted trainings resume from their checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .budget import Budget
+from .checkpoint import latest_checkpoint
+from .errors import UserError
+from .evaluation import evaluate_and_record
+from .leaderboard import write_leaderboard
+from .models.backends import load_diffusion_lm, load_model_spec
+from .optim import OptimConfig
+from .registry import available_baselines
+from .sft import SFTConfig, run_sft
+from .trainer import RLTrainer, TrainConfig
+
+TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
+
+
+@dataclass
+class TaskRecipe:
+    """Per-task settings of a preset (data split, learning rate, generator options)."""
+
+    train_split: str = "train"
+    learning_rate: float = 1e-6
+    generator_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Preset:
+    name: str
+    description: str
+    model: str | None  # None: the user must pass --model
+    tasks: dict[str, TaskRecipe]
+    budget: Budget
+    protocols: tuple[str, ...]  # evaluation protocol(s); Table 2 has a static and a dynamic one
+    prompt_protocol: str  # training prompts
+    lengths: dict[int, int]  # nominal length (table column) -> tokens actually decoded
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SFTConfig | None = None  # warm start (tiny / smoke); None: RL starts from the given model
+    per_device_prompts: int = 1
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    eval_limit: int | None = None
+    eval_batch_size: int = 64
+    save_every: int = 0
+    seeds: tuple[int, ...] = (0,)
+
+
+def _tiny_budget(steps: int, length: int) -> Budget:
+    return Budget(
+        max_steps=steps,
+        prompts_per_step=8,
+        num_generations=8,
+        num_iterations=2,
+        max_completion_length=length,
+        diffusion_steps=length // 2,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=64,
+    )
+
+
+def _paper_budget() -> Budget:
+    return Budget(
+        max_steps=2000,
+        prompts_per_step=32,
+        num_generations=16,
+        num_iterations=2,
+        max_completion_length=256,
+        diffusion_steps=128,
+        block_length=32,
+        temperature=0.9,
+        max_prompt_length=256,
+    )
+
+
+_PAPER_TASKS_T1 = {
+    "gsm8k": TaskRecipe("train", 2e-6),
+    "math500": TaskRecipe("train", 2e-6),
+    "countdown": TaskRecipe("train_cd3", 1e-6),
+    "sudoku": TaskRecipe("train", 1e-6),
+}
+_TINY_SFT = SFTConfig(protocol="tiny", train_split="generated", max_steps=600, batch_size=64, completion_length=40)
+_TINY_OPTIM = OptimConfig(learning_rate=1e-4, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
+
+
+def presets(table: str) -> dict[str, Preset]:
+    """The presets of ``table``; see the module docstring."""
+    if table == "table1":
+        return {
+            "paper": Preset(
+                "paper",
+                "LLaDA-8B-Instruct, official StableDRL settings (full-parameter, 2000 steps, mu = 2)",
+                None,
+                _PAPER_TASKS_T1,
+                _paper_budget(),
+                ("d1",),
+                "d1",
+                {128: 128, 256: 256, 512: 512},
+                optim=OptimConfig(learning_rate=2e-6),
+                bf16=True,
+                gradient_checkpointing=True,
+                eval_batch_size=8,
+                save_every=100,
+            ),
+            "tiny": Preset(
+                "tiny",
+                "built-in tiny model on CPU: SFT warm start, then RL; lengths 128/256/512 scaled to 40/48/64",
+                "tiny",
+                {"sudoku": TaskRecipe("generated", 1e-4)},
+                _tiny_budget(40, 40),
+                ("tiny",),
+                "tiny",
+                {128: 40, 256: 48, 512: 64},
+                optim=_TINY_OPTIM,
+                sft=_TINY_SFT,
+                per_device_prompts=8,
+            ),
+            "smoke": Preset(
+                "smoke",
+                "pipeline check in minutes: a few steps of everything on the tiny model",
+                "tiny",
+                {"sudoku": TaskRecipe("generated", 1e-4)},
+                _tiny_budget(2, 40),
+                ("tiny",),
+                "tiny",
+                {128: 40, 256: 48, 512: 64},
+                optim=_TINY_OPTIM,
+                sft=dataclasses.replace(_TINY_SFT, max_steps=10, batch_size=16),
+                per_device_prompts=8,
+                eval_limit=8,
+            ),
+        }
+    return {
+        "paper": Preset(
+            "paper",
+            "SDAR-8B block diffusion with staircase attention, official StableDRL settings",
+            None,
+            {"math500": TaskRecipe("train_l3to5", 1e-6)},
+            dataclasses.replace(_paper_budget(), block_length=4, diffusion_steps=256),
+            ("tracerl-static", "tracerl-dynamic"),
+            "d1",
+            {2000: 2000},
+            optim=OptimConfig(learning_rate=1e-6),
+            bf16=True,
+            gradient_checkpointing=True,
+            eval_batch_size=8,
+            save_every=100,
+        ),
+        "tiny": Preset(
+            "tiny",
+            "built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 40 tokens",
+            "tiny-block",
+            {"sudoku": TaskRecipe("generated", 1e-4)},
+            dataclasses.replace(_tiny_budget(40, 40), block_length=4, diffusion_steps=40),
+            ("tiny-static", "tiny-dynamic"),
+            "tiny",
+            {2000: 40},
+            optim=_TINY_OPTIM,
+            sft=dataclasses.replace(_TINY_SFT, model="tiny-block"),
+            per_device_prompts=8,
+        ),
+        "smoke": Preset(
+            "smoke",
+            "pipeline check in minutes on the tiny block-diffusion model",
+            "tiny-block",
+            {"sudoku": TaskRecipe("generated", 1e-4)},
+            dataclasses.replace(_tiny_budget(2, 40), block_length=4, diffusion_steps=40),
+            ("tiny-static", "tiny-dynamic"),
+            "tiny",
+            {2000: 40},
+            optim=_TINY_OPTIM,
+            sft=dataclasses.replace(_TINY_SFT, model="tiny-block", max_steps=10, batch_size=16),
+            per_device_prompts=8,
+            eval_limit=8,
+        ),
+    }
+
+
+def choose_preset(table: str, requested: str, model: str | None) -> Preset:
+    available = presets(table)
+    if requested == "auto":
+        requested = "paper" if (torch.cuda.is_available() and model) else "tiny"
+    if requested not in available:
+        raise UserError(f"unknown preset {requested!r} for {table}; choose auto, {', '.join(available)}")
+    preset = available[requested]
+    if preset.model is None and not model:
+        raise UserError(f"--preset paper needs --model /path/to/weights ({preset.description})")
+    return preset
+
+
+def _banner(table: str, preset: Preset, model: str | None) -> None:
+    print(f"reproduce {table}: preset '{preset.name}' - {preset.description}")
+    if preset.name != "paper":
+        needs = "LLaDA-8B-Instruct" if table == "table1" else "SDAR-8B-Chat"
+        print(
+            f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`;"
+            " see README 'Reproducing on GPUs')"
+        )
+    print(f"  model: {model or preset.model}; tasks: {', '.join(preset.tasks)}; budget {preset.budget.hash()}")
+
+
+def reproduce(args) -> None:
+    """Entry point of ``python -m stabledrl_bench reproduce`` (see the module docstring)."""
+    table = args.table
+    preset = choose_preset(table, args.preset, args.model)
+    model_spec = args.model or preset.model
+    baselines = _select(args.baselines, TABLE_BASELINES, "baseline", available_baselines())
+    tasks = _select(args.tasks, tuple(preset.tasks), "task", preset.tasks)
+    _banner(table, preset, model_spec)
+    comparison = f"{table}-{preset.name}"
+    runs = Path(args.runs) / comparison
+    limit = args.limit if args.limit is not None else preset.eval_limit
+    for task in tasks:
+        recipe = preset.tasks[task]
+        start = model_spec
+        if preset.sft is not None:
+            start = str(_warm_start(preset, task, model_spec, runs / task / "sft", args.seed, args.force))
+        reference = "sft" if preset.sft is not None else "base"
+        _evaluate_all(preset, table, comparison, task, reference, start, None, args, limit)
+        for baseline in baselines:
+            final = _train(preset, recipe, task, baseline, start, runs / task / baseline, args.seed, args.force)
+            _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), args, limit)
+    from .stress import stability_section
+
+    path = write_leaderboard(
+        args.results, args.leaderboard, plots_dir=Path(args.results) / "plots", extra_sections=[stability_section]
+    )
+    print(f"leaderboard: {path}")
+
+
+def _select(requested: str | None, default: tuple[str, ...], what: str, known) -> list[str]:
+    if not requested:
+        return list(default)
+    names = [n.strip() for n in requested.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"unknown {what}(s) {', '.join(unknown)}; available: {', '.join(known)}")
+    return names
+
+
+def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, force: bool) -> Path:
+    final = out / "final"
+    if final.is_dir() and not force:
+        print(f"  [{task}] SFT warm start: done ({final})")
+        return final
+    if force:
+        shutil.rmtree(out, ignore_errors=True)
+    recipe = preset.tasks[task]
+    cfg = dataclasses.replace(
+        preset.sft,
+        task=task,
+        model=model,
+        seed=seed,
+        output_dir=str(out),
+        generator_options=recipe.generator_options,
+    )
+    print(f"  [{task}] SFT warm start: {cfg.max_steps} steps -> {final}")
+    return run_sft(cfg)
+
+
+def _train(
+    preset: Preset, recipe: TaskRecipe, task: str, baseline: str, start: str, out: Path, seed: int, force: bool
+) -> Path:
+    final = out / "final"
+    if force:
+        shutil.rmtree(out, ignore_errors=True)
+    if final.is_dir() and _same_budget(out, preset.budget):
+        print(f"  [{task}] {baseline}: trained ({final})")
+        return final
+    cfg = TrainConfig(
+        baseline=baseline,
+        task=task,
+        model=start,
+        protocol=preset.prompt_protocol,
+        reward_profile="d1",
+        train_split=recipe.train_split,
+        generator_options=recipe.generator_options,
+        budget=preset.budget,
+        optim=dataclasses.replace(preset.optim, learning_rate=recipe.learning_rate),
+        per_device_prompts=preset.per_device_prompts,
+        seed=seed,
+        bf16=preset.bf16,
+        gradient_checkpointing=preset.gradient_checkpointing,
+        output_dir=str(out),
+        save_every=preset.save_every,
+    )
+    resume = latest_checkpoint(out) is not None
+    print(f"  [{task}] {baseline}: {'resuming' if resume else 'training'} {preset.budget.max_steps} steps -> {out}")
+    return RLTrainer(cfg).train(resume=resume)
+
+
+def _same_budget(run_dir: Path, budget: Budget) -> bool:
+    info = run_dir / "run.json"
+    if not info.is_file():
+        return False
+    return json.loads(info.read_text()).get("budget_hash") == budget.hash()
+
+
+def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, args, limit) -> None:
+    dlm = (
+        load_model_spec(checkpoint, seed=args.seed)
+        if checkpoint in ("tiny", "tiny-block")
+        else load_diffusion_lm(checkpoint)
+    )
+    for protocol in preset.protocols:
+        sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
+        for nominal, actual in preset.lengths.items():
+            key = {
+                "comparison": comparison,
+                "table": table,
+                "preset": preset.name,
+                "baseline": baseline,
+                "task": task,
+                "length": nominal,
+                "sampling": sampling,
+                "protocol": protocol,
+                "seed": args.seed,
+                "model": {**dlm.config_summary(), "checkpoint": checkpoint},
+            }
+            path = evaluate_and_record(
+                dlm,
+                results_dir=args.results,
+                key=key,
+                actual_length=actual,
+                budget=budget,
+                limit=limit,
+                batch_size=preset.eval_batch_size,
+                skip_existing=not args.force,
+            )
+            acc = json.loads(Path(path).read_text())["metrics"]
+            print(
+                f"  [{task}] {baseline} @ {nominal} ({actual} tokens, {protocol}): accuracy "
+                f"{100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f}"
+            )

@@ -1,0 +1,278 @@
+"""RL trainer and SFT on the tiny model: every baseline runs, resume is exact, errors are clear."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from stabledrl_bench.budget import Budget
+from stabledrl_bench.config import from_dict
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.estimators import Estimate
+from stabledrl_bench.masks import staircase_mask, staircase_position_ids
+from stabledrl_bench.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.optim import OptimConfig
+from stabledrl_bench.registry import available_baselines
+from stabledrl_bench.runlog import read_log
+from stabledrl_bench.sft import SFTConfig, encode_targets, run_sft, sft_loss
+from stabledrl_bench.trainer import NoiseInjection, RLTrainer, TrainConfig, TrainingDiverged, _inject_noise
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def small_models(tmp_path_factory) -> dict[str, Path]:
+    paths = {}
+    for attention in ("full", "block"):
+        path = tmp_path_factory.mktemp(f"tiny-{attention}")
+        save_diffusion_lm(build_tiny(attention=attention, block_size=4, **SMALL), path)
+        paths[attention] = path
+    return paths
+
+
+def _config(model: Path, out: Path, baseline: str = "stabledrl", steps: int = 2, **overrides) -> TrainConfig:
+    budget = Budget(
+        max_steps=steps,
+        prompts_per_step=2,
+        num_generations=4,
+        num_iterations=2,
+        max_completion_length=16,
+        diffusion_steps=8,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=32,
+    )
+    fields = {
+        "baseline": baseline,
+        "task": "countdown",
+        "model": str(model),
+        "protocol": "tiny",
+        "train_split": "generated",
+        "generator_options": {"num_numbers": [3]},
+        "budget": budget,
+        "optim": OptimConfig(learning_rate=1e-3, lr_scheduler_type="linear", max_grad_norm=1.0),
+        "per_device_prompts": 1,
+        "output_dir": str(out),
+        "progress": False,
+        **overrides,
+    }
+    return TrainConfig(**fields)
+
+
+REQUIRED_LOG_KEYS = {"step", "reward_mean", "loss", "grad_norm", "learning_rate", "seconds", "nfe_total"}
+
+
+BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only")
+
+
+def test_builtin_list_is_complete():
+    assert set(BUILTIN) <= set(available_baselines())
+
+
+@pytest.mark.parametrize("baseline", BUILTIN)
+def test_each_baseline_runs_and_writes_log_plot_checkpoint(baseline, small_models, tmp_path):
+    options = {"baseline_options": {"keep_range": [0.0, 1.0]}} if baseline == "trado" else {}
+    final = RLTrainer(_config(small_models["full"], tmp_path, baseline, **options)).train()
+    records = read_log(tmp_path / "log.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(set(r) >= REQUIRED_LOG_KEYS for r in records)
+    assert all(math.isfinite(r["grad_norm"]) for r in records)
+    assert "reward_mean" in records[0] and "accuracy" in records[0] and "rollout_nfe" in records[0]
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert (tmp_path / "checkpoints" / "step_000002" / "state.pt").is_file()
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["budget_hash"] == _config(small_models["full"], tmp_path).budget.hash()
+    assert load_diffusion_lm(final).family == "tiny"
+
+
+def test_block_model_uses_staircase_estimator(small_models, tmp_path):
+    trainer = RLTrainer(_config(small_models["block"], tmp_path, "stabledrl"))
+    assert type(trainer.estimator).name == "staircase_elbo"
+    trainer.train()
+    assert len(read_log(tmp_path / "log.jsonl")) == 2
+
+
+def _params(path: Path) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in load_diffusion_lm(path).model.state_dict().items()}
+
+
+def test_resume_is_identical_to_uninterrupted(small_models, tmp_path):
+    """4 steps in one go == 2 steps, a new process-like trainer resuming from disk, 2 more steps."""
+    whole = RLTrainer(_config(small_models["full"], tmp_path / "a", steps=4)).train()
+    RLTrainer(_config(small_models["full"], tmp_path / "b", steps=4)).train(stop_after=2)
+    assert not (tmp_path / "b" / "final").exists()
+    resumed = RLTrainer(_config(small_models["full"], tmp_path / "b", steps=4)).train(resume=True)
+    a, b = _params(whole), _params(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log_a = read_log(tmp_path / "a" / "log.jsonl")
+    log_b = read_log(tmp_path / "b" / "log.jsonl")
+    assert [r["step"] for r in log_b] == [1, 2, 3, 4]
+    assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
+
+
+def test_resume_refuses_a_different_budget_and_fresh_runs_refuse_old_checkpoints(small_models, tmp_path):
+    RLTrainer(_config(small_models["full"], tmp_path, steps=4)).train(stop_after=2)
+    with pytest.raises(UserError, match="budget"):
+        RLTrainer(_config(small_models["full"], tmp_path, steps=6)).train(resume=True)
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        RLTrainer(_config(small_models["full"], tmp_path, steps=4)).train()
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_nonfinite_losses_stop_with_one_clear_error_and_keep_the_parameters(small_models, tmp_path, monkeypatch):
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, steps=4, max_nonfinite_steps=2))
+    before = {k: v.clone() for k, v in trainer.dlm.model.state_dict().items()}
+
+    def nan_loss(inputs):
+        loss = inputs.new.elbo.sum() * float("nan")
+        return loss, {}
+
+    monkeypatch.setattr(trainer.baseline, "loss", nan_loss)
+    with pytest.raises(TrainingDiverged, match="2 consecutive non-finite steps"):
+        trainer.train()
+    after = trainer.dlm.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert (tmp_path / "checkpoints" / "step_000002" / "state.pt").is_file()
+    assert all(r["skipped"] for r in read_log(tmp_path / "log.jsonl"))
+
+
+def test_config_errors_are_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"baseline": "grpo", "lerning_rate": 1}))
+    with pytest.raises(UserError, match="unknown key"):
+        TrainConfig.from_file(path)
+    path.write_text(yaml.safe_dump({"budget": {"max_steps": "many"}}))
+    with pytest.raises(UserError, match=r"budget\.max_steps: expected an integer"):
+        TrainConfig.from_file(path)
+    path.write_text("baseline: [unclosed")
+    with pytest.raises(UserError, match="not valid YAML"):
+        TrainConfig.from_file(path)
+    with pytest.raises(UserError, match="must be a multiple of num_iterations"):
+        from_dict(Budget, {"max_steps": 3, "num_iterations": 2})
+    with pytest.raises(UserError, match="unknown baseline"):
+        RLTrainer(_config(tmp_path, tmp_path / "out", baseline="nope"))
+
+
+def test_noise_injection_is_heavy_tailed_and_seeded():
+    old = Estimate(elbo=torch.zeros(20000))
+    cfg = NoiseInjection(df=1.0, scale=1.0)
+    a = _inject_noise(old, cfg, torch.Generator().manual_seed(0)).elbo
+    b = _inject_noise(old, cfg, torch.Generator().manual_seed(0)).elbo
+    assert torch.equal(a, b)
+    # Cauchy: median |x| = 1, but the largest of 20000 draws is in the thousands (a normal's would be ~4).
+    assert abs(a.abs().median().item() - 1.0) < 0.1
+    assert a.abs().max().item() > 100
+    none = _inject_noise(old, NoiseInjection(df=1.0, scale=1.0, probability=0.0), torch.Generator()).elbo
+    assert torch.equal(none, old.elbo)
+
+
+def _slow_sft_loss(dlm, prompt_ids, prompt_mask, targets, generator, eps=1e-3):
+    """Per-row loop version of sft_loss (same random draws, same order)."""
+    batch, length = targets.shape
+    if dlm.attention == "block":
+        n_blocks = -(-length // dlm.block_size)
+        t_blocks = torch.rand(batch, n_blocks, generator=generator)
+    else:
+        t_rows = torch.rand(batch, 1, generator=generator)
+    u = torch.rand(batch, length, generator=generator)
+    total = 0.0
+    for i in range(batch):
+        noisy = targets[i].clone()
+        probs = []
+        for k in range(length):
+            t = t_blocks[i, k // dlm.block_size] if dlm.attention == "block" else t_rows[i, 0]
+            p = (1 - eps) * t + eps
+            probs.append(p)
+            if u[i, k] < p:
+                noisy[k] = dlm.mask_id
+        if dlm.attention == "block":
+            ids = torch.cat((prompt_ids[i], targets[i], noisy))[None]
+            logits = dlm.logits(
+                ids,
+                attention_mask=staircase_mask(prompt_mask[i : i + 1], length, dlm.block_size),
+                position_ids=staircase_position_ids(prompt_mask[i : i + 1], length),
+            )[0, -length:]
+        else:
+            ids = torch.cat((prompt_ids[i], noisy))[None]
+            valid = torch.cat((prompt_mask[i], torch.ones(length, dtype=torch.bool)))[None]
+            logits = dlm.logits(ids, attention_mask=valid)[0, -length:]
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        for k in range(length):
+            if noisy[k] == dlm.mask_id:
+                total += -logp[k, targets[i, k]].item() / float(probs[k])
+    return total / (batch * length)
+
+
+@pytest.mark.parametrize("attention", ["full", "block"])
+def test_sft_loss_matches_loop_implementation(attention):
+    dlm = build_tiny(attention=attention, block_size=4, **SMALL)
+    dlm.model.double()
+    prompt_ids, prompt_mask = dlm.encode_prompts(["12 -> 3", "7 8 9 -> 10"])
+    targets, truncated = encode_targets(dlm, ["<answer>1+2</answer>", "<answer>7</answer>"], 20)
+    assert truncated == 1
+    fast = sft_loss(dlm, prompt_ids, prompt_mask, targets, torch.Generator().manual_seed(3))
+    slow = _slow_sft_loss(dlm, prompt_ids, prompt_mask, targets, torch.Generator().manual_seed(3))
+    assert fast.item() == pytest.approx(slow, rel=1e-6)  # the fast path computes CE in float32
+
+
+def test_run_sft_writes_a_loadable_model(small_models, tmp_path):
+    cfg = SFTConfig(
+        task="sudoku",
+        model=str(small_models["full"]),
+        max_steps=3,
+        batch_size=4,
+        completion_length=36,
+        output_dir=str(tmp_path),
+        progress=False,
+    )
+    final = run_sft(cfg)
+    assert load_diffusion_lm(final).family == "tiny"
+    assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [1, 2, 3]
+
+
+def test_accelerate_launch_two_cpu_processes(small_models, tmp_path):
+    """DDP with gloo on two CPU processes: both ranks roll out their slice, gradients are averaged.
+
+    accelerate 1.x starts CPU multi-process runs through MPI only (``--cpu --num_processes 2`` without
+    ``--mpirun_hostfile`` runs ONE process); its torchrun launcher (``--multi_gpu``) works on CPUs with gloo.
+    """
+    cfg = _config(small_models["full"], tmp_path / "run", steps=2)
+    data = {k: v for k, v in cfg.__dict__.items() if k not in ("budget", "optim")}
+    data["budget"] = cfg.budget.to_dict()
+    data["optim"] = cfg.optim.__dict__
+    config_path = tmp_path / "train.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "stabledrl_bench",
+        "train",
+        "--config",
+        str(config_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["world_size"] == 2
+    assert [r["step"] for r in read_log(tmp_path / "run" / "log.jsonl")] == [1, 2]
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
