@@ -1,0 +1,132 @@
+"""The lm-eval adapter: Python and command-line paths, decoding parity with the native path, MC-ELBO values."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from stabledrl_bench.lmeval_adapter import DiffusionEvalLM, _cut
+from stabledrl_bench.models import build_tiny, save_diffusion_lm
+from stabledrl_bench.protocols import PROTOCOLS
+from stabledrl_bench.sampling import generate
+from stabledrl_bench.tasks import TASKS, get_task
+
+REPO = Path(__file__).resolve().parents[1]
+LMEVAL_TASKS = REPO / "tasks" / "lmeval"
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny")
+    save_diffusion_lm(build_tiny(**SMALL), path)
+    return path
+
+
+def _request(kind: str, args: tuple, idx: int = 0) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=args, idx=idx)
+
+
+def test_generate_until_matches_native_decoding_and_cuts_stop_strings(model_dir):
+    lm = DiffusionEvalLM(pretrained=str(model_dir), protocol="d1", gen_length=16, batch_size=2)
+    contexts = ["What is 2+2?", "A much longer question, to force left padding in the batch?", "Hi"]
+    out = lm.generate_until([_request("generate_until", (c, {"until": []}), i) for i, c in enumerate(contexts)])
+    dlm = lm.dlm
+    for context, text in zip(contexts, out, strict=True):
+        ids, mask = dlm.encode_prompts([context], chat_template=True, prefill="<reasoning>")
+        native = dlm.decode(generate(dlm, ids, mask, lm.settings).completion_ids)[0]
+        assert text == native
+    assert _cut("abc</answer>def", ["</answer>", "zzz"]) == "abc"
+    assert _cut("abc", []) == "abc"
+
+
+def test_single_token_loglikelihood_is_exact(model_dir):
+    """For a one-token continuation the stratified ELBO with its complement pass is exactly log p(token)."""
+    lm = DiffusionEvalLM(pretrained=str(model_dir), mc_num=4)
+    dlm = lm.dlm
+    ctx_ids = dlm.tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logits = dlm.logits(torch.tensor([[*ctx_ids, dlm.mask_id]]))[0, -1]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    best = dlm.tokenizer.decode([int(logp.argmax())])
+    other = "7" if best != "7" else "8"
+    (ll_best, greedy_best), (ll_other, greedy_other) = lm.loglikelihood(
+        [_request("loglikelihood", ("12+3=", best)), _request("loglikelihood", ("12+3=", other), 1)]
+    )
+    assert ll_best == pytest.approx(logp.max().item(), abs=1e-5)
+    assert ll_other == pytest.approx(logp[dlm.tokenizer.convert_tokens_to_ids(other)].item(), abs=1e-5)
+    assert greedy_best and not greedy_other
+
+
+def test_loglikelihood_is_seeded_and_a_lower_bound_scale(model_dir):
+    lm = DiffusionEvalLM(pretrained=str(model_dir), mc_num=8, seed=3)
+    req = [_request("loglikelihood", ("Question: 2+2=", " 4 because two and two"))]
+    a, b = lm.loglikelihood(req)[0][0], DiffusionEvalLM(pretrained=str(model_dir), mc_num=8, seed=3).loglikelihood(req)
+    assert a == b[0][0]
+    assert a < 0
+    with pytest.raises(NotImplementedError):
+        lm.loglikelihood_rolling([_request("loglikelihood_rolling", ("text",))])
+
+
+def test_bad_model_args_are_clear(model_dir):
+    from stabledrl_bench.errors import UserError
+
+    with pytest.raises(UserError, match="unknown model_args"):
+        DiffusionEvalLM(pretrained=str(model_dir), gen_lenght=16)
+    with pytest.raises(UserError, match="unknown evaluation protocol"):
+        DiffusionEvalLM(pretrained=str(model_dir), protocol="nope")
+    with pytest.raises(UserError, match="block-diffusion models"):
+        DiffusionEvalLM(pretrained=str(model_dir), protocol="tracerl-static")
+
+
+@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS.values() if p.prompt_protocol in ("d1", "tiny")])
+def test_protocol_prompt_settings_agree_with_the_tasks(protocol):
+    """The adapter only sees the user message: its chat/prefill must be what the task's PromptSpec says."""
+    for name in TASKS:
+        task = get_task(name)
+        spec = task.prompt(task.eval_docs(limit=1)[0], protocol.prompt_protocol)
+        assert (spec.chat_template, spec.prefill) == (protocol.chat_template, protocol.prefill), (name, protocol.name)
+
+
+def test_simple_evaluate_with_a_model_instance(model_dir):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    lm = DiffusionEvalLM(pretrained=str(model_dir), protocol="d1", gen_length=16, batch_size=4)
+    manager = TaskManager(include_path=str(LMEVAL_TASKS), include_defaults=False)
+    results = simple_evaluate(
+        model=lm, tasks=["dllm_countdown", "dllm_sudoku"], task_manager=manager, limit=3, bootstrap_iters=0
+    )
+    for task in ("dllm_countdown", "dllm_sudoku"):
+        metrics = results["results"][task]
+        assert 0.0 <= metrics["acc,none"] <= 1.0
+    assert results["config"]["protocol"]["name"] == "d1"
+
+
+def test_lm_eval_command_line(model_dir, tmp_path):
+    """The real `lm_eval` CLI: task YAMLs given by path import the adapter, which registers the model."""
+    out = tmp_path / "out"
+    cmd = [
+        str(Path(sys.executable).with_name("lm_eval")),
+        "--model", "stabledrl_dllm",
+        "--model_args", f"pretrained={model_dir},protocol=d1,gen_length=16",
+        "--include_path", str(REPO / "tasks"),
+        "--tasks", str(LMEVAL_TASKS / "dllm_countdown.yaml"),
+        "--limit", "2",
+        "--batch_size", "2",
+        "--device", "cpu",
+        "--output_path", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = list(out.rglob("results_*.json"))
+    assert files, proc.stdout[-2000:]
+    data = json.loads(files[0].read_text())
+    assert "dllm_countdown" in data["results"]
