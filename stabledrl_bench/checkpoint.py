@@ -1,7 +1,13 @@
-"""Checkpoints that make a resumed run identical to an uninterrupted one.
+"""Checkpoints that make a resumed run identical to an uninterrupted one, on one CPU or under DDP/FSDP/DeepSpeed.
 
-A checkpoint holds the model (``save_pretrained`` format, loadable on its own), optimizer and scheduler state,
-the step, the position in the prompt stream, and the state of every random generator (one set per process).
+A checkpoint folder holds:
+
+* ``accelerate/`` - model, optimizer and scheduler state written by ``Accelerator.save_state`` (which knows how
+  to gather or shard them for every distributed backend);
+* ``model/`` - the full model in ``save_pretrained`` format, loadable on its own for evaluation;
+* ``state.pt`` - the trainer's own state: step, position in the prompt stream, and every random generator of
+  every process.
+
 It is written to a temporary folder and renamed into place, so a run killed mid-save leaves the previous
 checkpoint intact and never a half-written one.
 """
@@ -17,7 +23,7 @@ from typing import Any
 import torch
 
 from .errors import UserError
-from .models import DiffusionLM, save_diffusion_lm
+from .models import DiffusionLM
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -36,36 +42,61 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return max(complete)[1] if complete else None
 
 
+def export_model(accelerator, model: torch.nn.Module, dlm: DiffusionLM, path: str | Path) -> None:
+    """Write the full model + tokenizer in ``save_pretrained`` format (collective: call on every process)."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(path, state_dict=state_dict)
+        dlm.tokenizer.save_pretrained(path)
+
+
 def save_checkpoint(
+    accelerator,
     output_dir: str | Path,
     step: int,
+    model: torch.nn.Module,
     dlm: DiffusionLM,
     state: dict[str, Any],
     rank_states: list[dict[str, Any]],
     keep_last: int = 2,
 ) -> Path:
-    """Write model + ``state`` (shared) + ``rank_states`` (one per process, e.g. generator states) atomically."""
+    """Save everything needed to resume at ``step`` (collective: every process calls it)."""
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_diffusion_lm(dlm, tmp / "model")
-    torch.save({"state": state, "rank_states": rank_states}, tmp / "state.pt")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _prune(Path(output_dir) / "checkpoints", keep_last)
+    if accelerator.is_main_process:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp / "accelerate"))
+    export_model(accelerator, model, dlm, tmp / "model")
+    if accelerator.is_main_process:
+        torch.save({"state": state, "rank_states": rank_states}, tmp / "state.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _prune(final.parent, keep_last)
+    accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint_state(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def load_checkpoint(accelerator, path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Restore model/optimizer/scheduler in place (collective) and return the trainer state."""
     path = Path(path)
     try:
         blob = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, EOFError) as exc:
         raise UserError(f"cannot read checkpoint {path}: {exc}") from exc
+    accelerator.load_state(str(path / "accelerate"))
     return blob["state"], blob["rank_states"]
+
+
+def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
+    """The trainer state of a checkpoint without touching any model (e.g. to check its budget first)."""
+    try:
+        return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)["state"]
+    except (OSError, RuntimeError, EOFError, KeyError) as exc:
+        raise UserError(f"cannot read checkpoint {path}: {exc}") from exc
 
 
 def _prune(root: Path, keep_last: int) -> None:

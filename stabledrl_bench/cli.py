@@ -159,7 +159,7 @@ def _config_from(cls, overrides):
 
 
 def _cmd_eval(args) -> int:
-    from .evaluation import evaluate_and_record
+    from .evaluation import evaluate_and_record, model_record
     from .models.backends import load_model_spec
 
     budget = None
@@ -181,7 +181,7 @@ def _cmd_eval(args) -> int:
         "sampling": None,
         "protocol": args.protocol,
         "seed": args.seed,
-        "model": {**dlm.config_summary(), "checkpoint": str(args.model)},
+        "model": model_record(dlm, str(args.model)),
     }
     path = evaluate_and_record(
         dlm,

@@ -106,6 +106,13 @@ def evaluate(
     return EvalOutcome(metrics=metrics, samples=rows, settings={**settings.to_dict(), "protocol": proto.to_dict()})
 
 
+def model_record(dlm: DiffusionLM, checkpoint: str) -> dict[str, Any]:
+    """The ``model`` field of a result record (the rest of the model's summary goes into ``settings``)."""
+    summary = dlm.config_summary()
+    return {"family": summary["family"], "name": summary["name"], "checkpoint": checkpoint,
+            "parameters": summary["parameters"]}
+
+
 def evaluate_and_record(
     dlm: DiffusionLM,
     *,
@@ -135,7 +142,7 @@ def evaluate_and_record(
         **key,
         "actual_gen_length": actual_length,
         "budget": budget,
-        "settings": outcome.settings,
+        "settings": {**outcome.settings, "model": dlm.config_summary()},
         "metrics": outcome.metrics,
     }
     return write_result(results_dir, record, outcome.samples)

@@ -29,7 +29,7 @@ import torch
 from .budget import Budget
 from .checkpoint import latest_checkpoint
 from .errors import UserError
-from .evaluation import evaluate_and_record
+from .evaluation import evaluate_and_record, model_record
 from .leaderboard import write_leaderboard
 from .models.backends import load_diffusion_lm, load_model_spec
 from .optim import OptimConfig
@@ -340,7 +340,7 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
                 "sampling": sampling,
                 "protocol": protocol,
                 "seed": args.seed,
-                "model": {**dlm.config_summary(), "checkpoint": checkpoint},
+                "model": model_record(dlm, checkpoint),
             }
             path = evaluate_and_record(
                 dlm,

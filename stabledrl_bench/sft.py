@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .checkpoint import export_model
 from .config import from_dict, read_mapping, to_dict
 from .data import PromptStream, training_docs
 from .errors import UserError
 from .masks import staircase_mask, staircase_position_ids
-from .models import DiffusionLM, save_diffusion_lm
+from .models import DiffusionLM
 from .models.backends import load_model_spec
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .runlog import RunLog, plot_curves, read_log
@@ -110,7 +111,11 @@ def run_sft(cfg: SFTConfig) -> Path:
     """Train and save ``output_dir/final`` (a model folder loadable by ``load_diffusion_lm``)."""
     from accelerate import Accelerator
 
-    acc = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if cfg.bf16 else "no")
+    acc = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision="bf16" if cfg.bf16 else "no",
+        step_scheduler_with_optimizer=False,  # one schedule step per optimizer step, whatever the process count
+    )
     task = get_task(cfg.task)
     dlm = load_model_spec(cfg.model, seed=cfg.seed)
     model = dlm.model.train()
@@ -161,12 +166,12 @@ def run_sft(cfg: SFTConfig) -> Path:
                 "seconds": time.perf_counter() - start,
             }
         )
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
     if truncated_total:
         print(f"warning: {truncated_total} SFT targets were longer than completion_length={cfg.completion_length}")
     final = out_dir / "final"
+    export_model(acc, model, dlm, final)
     if main:
-        save_diffusion_lm(dlm, final)
         plot_curves(read_log(out_dir / "log.jsonl"), out_dir / "curves.png", title=f"SFT on {cfg.task}")
     acc.wait_for_everyone()
     return final

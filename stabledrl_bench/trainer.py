@@ -16,7 +16,6 @@ boundaries, resumes bit-identically, logs every step to ``log.jsonl`` and plots 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
@@ -29,12 +28,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .budget import Budget
-from .checkpoint import latest_checkpoint, load_checkpoint_state, save_checkpoint
+from .checkpoint import export_model, latest_checkpoint, load_checkpoint, read_checkpoint_state, save_checkpoint
 from .config import from_dict, read_mapping, to_dict
 from .data import PromptStream, training_docs
 from .errors import UserError
 from .estimators import Estimate, SequenceBatch, build_estimator
-from .models import save_diffusion_lm
 from .models.backends import load_model_spec
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .registry import LossInputs, build_baseline
@@ -119,6 +117,10 @@ class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
 
+def _no_gpu() -> bool:
+    return not torch.cuda.is_available()
+
+
 def _rank_generators(seed: int, rank: int) -> dict[str, torch.Generator]:
     """Private random streams of one process: sampling, estimator masks, stress noise."""
     base = 1_000_003 * seed + 7919 * rank
@@ -129,14 +131,11 @@ class RLTrainer:
     """Trains ``cfg.model`` on ``cfg.task`` with baseline ``cfg.baseline`` under ``cfg.budget``."""
 
     def __init__(self, cfg: TrainConfig, accelerator=None) -> None:
-        from accelerate import Accelerator
+        from accelerate import Accelerator, PartialState
 
         self.cfg = cfg
         self.budget = cfg.budget
-        self.acc = accelerator or Accelerator(
-            cpu=not torch.cuda.is_available(), mixed_precision="bf16" if cfg.bf16 else "no"
-        )
-        world = self.acc.num_processes
+        world = accelerator.num_processes if accelerator is not None else PartialState(cpu=_no_gpu()).num_processes
         per_process = cfg.budget.prompts_per_step / world
         if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
             raise UserError(
@@ -144,6 +143,14 @@ class RLTrainer:
                 f"in micro-batches of per_device_prompts={cfg.per_device_prompts}"
             )
         self.grad_accum = int(per_process) // cfg.per_device_prompts
+        # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed); the scheduler is stepped
+        # exactly once per optimizer step, not once per process as accelerate does by default.
+        self.acc = accelerator or Accelerator(
+            cpu=_no_gpu(),
+            mixed_precision="bf16" if cfg.bf16 else "no",
+            gradient_accumulation_steps=self.grad_accum,
+            step_scheduler_with_optimizer=False,
+        )
         self.task = get_task(cfg.task)
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         self.output_dir = Path(cfg.output_dir)
@@ -297,35 +304,39 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ optimisation
     def optimizer_step(self, micro_batches: list[MicroBatch | None], iteration: int) -> dict[str, float]:
-        """One optimizer step over all micro-batches of the current rollout (gradient accumulation)."""
+        """One optimizer step over all micro-batches of the current rollout (gradient accumulation).
+
+        A step whose gradient norm is not finite (after the all-reduce, so every process agrees) is skipped:
+        no parameter changes, the schedule still advances, and ``skipped`` is logged.
+        """
+        if len(micro_batches) != self.acc.gradient_accumulation_steps:
+            raise RuntimeError(f"{len(micro_batches)} micro-batches for {self.acc.gradient_accumulation_steps} steps")
+        model = self.train_dlm.model
         per_mb: list[dict[str, float]] = []
         losses = []
-        n = len(micro_batches)
-        for index, mb in enumerate(micro_batches):
-            sync = index == n - 1
-            context = self.acc.no_sync(self.train_dlm.model) if not sync else contextlib.nullcontext()
-            with context, self.acc.autocast():
-                if mb is None:  # every group of this micro-batch was filtered out: contribute zero gradient
-                    loss = sum(p.sum() for p in self.train_dlm.model.parameters() if p.requires_grad) * 0.0
-                    metrics = {}
-                else:
-                    loss, metrics = self._micro_loss(mb, iteration)
-                self.acc.backward(loss / n)
+        grad_norm = math.nan
+        for mb in micro_batches:
+            with self.acc.accumulate(model):
+                with self.acc.autocast():
+                    if mb is None:  # every group of this micro-batch was filtered out: contribute zero gradient
+                        loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+                        metrics = {}
+                    else:
+                        loss, metrics = self._micro_loss(mb, iteration)
+                self.acc.backward(loss)  # accelerate divides by the number of accumulation steps
+                if self.acc.sync_gradients:
+                    params = [p for p in model.parameters() if p.requires_grad]
+                    grad_norm = float(self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
+                    if math.isfinite(grad_norm):
+                        self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
             per_mb.append(metrics)
-        params = [p for p in self.train_dlm.model.parameters() if p.requires_grad]
-        grad_norm = float(self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
-        loss_value = sum(losses) / len(losses)
-        finite = math.isfinite(loss_value) and math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-            self._nonfinite = 0
-        else:
-            self._nonfinite += 1
+        finite = math.isfinite(grad_norm)
+        self._nonfinite = 0 if finite else self._nonfinite + 1
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         metrics = _merge_metrics(per_mb)
-        metrics.update({"loss": loss_value, "grad_norm": grad_norm, "skipped": not finite})
+        metrics.update({"loss": sum(losses) / len(losses), "grad_norm": grad_norm, "skipped": not finite})
         return metrics
 
     def _micro_loss(self, mb: MicroBatch, iteration: int):
@@ -410,8 +421,8 @@ class RLTrainer:
                 self.output_dir / "curves.png",
                 title=f"{cfg.baseline} on {cfg.task} (budget {budget.hash()})",
             )
-            if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
-                save_diffusion_lm(self.dlm, final)
+        if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
+            export_model(self.acc, self.train_dlm.model, self.dlm, final)
         self.acc.wait_for_everyone()
         return final
 
@@ -420,8 +431,6 @@ class RLTrainer:
         return {
             "step": self.step,
             "nfe_total": self.nfe_total,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
             "prompts": self.prompts.state_dict(),
             "budget_hash": self.budget.hash(),
             "config": to_dict(self.cfg),
@@ -430,30 +439,23 @@ class RLTrainer:
     def _save(self) -> Path:
         rank_state = {name: g.get_state() for name, g in self.generators.items()}
         gathered = self.acc.gather_for_metrics([rank_state], use_gather_object=True)
-        path = None
-        if self.acc.is_main_process:
-            path = save_checkpoint(self.output_dir, self.step, self.dlm, self._state(), list(gathered))
-        self.acc.wait_for_everyone()
-        return path or latest_checkpoint(self.output_dir)
+        return save_checkpoint(
+            self.acc, self.output_dir, self.step, self.train_dlm.model, self.dlm, self._state(), list(gathered)
+        )
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.output_dir)
         if path is None:
             raise UserError(f"--resume: no checkpoint in {self.output_dir}")
-        state, rank_states = load_checkpoint_state(path)
-        if state["budget_hash"] != self.budget.hash():
+        saved = read_checkpoint_state(path)
+        if saved["budget_hash"] != self.budget.hash():
             raise UserError(
-                f"--resume: checkpoint {path} was trained under budget {state['budget_hash']}, "
+                f"--resume: checkpoint {path} was trained under budget {saved['budget_hash']}, "
                 f"this config has {self.budget.hash()}"
             )
+        state, rank_states = load_checkpoint(self.acc, path)
         if len(rank_states) != self.acc.num_processes:
             raise UserError(f"--resume: checkpoint has {len(rank_states)} process(es), now {self.acc.num_processes}")
-        from safetensors.torch import load_file
-
-        weights = load_file(str(next((path / "model").glob("*.safetensors"))))
-        self.dlm.model.load_state_dict(weights, strict=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
         self.prompts.load_state_dict(state["prompts"])
         for name, g in self.generators.items():
             g.set_state(rank_states[self.acc.process_index][name])

@@ -1,0 +1,123 @@
+"""`reproduce` end to end (smoke preset), resumability, and the command line's one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stabledrl_bench.cli import main
+from stabledrl_bench.reproduce import TABLE_BASELINES, presets
+from stabledrl_bench.results import load_results
+
+
+def _run(tmp_path: Path, table: str, *extra: str) -> int:
+    return main(
+        [
+            "reproduce", table, "--preset", "smoke",
+            "--results", str(tmp_path / "results"),
+            "--runs", str(tmp_path / "runs"),
+            "--leaderboard", str(tmp_path / "leaderboard.md"),
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("table", ["table1", "table2"])
+def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, table, capsys):
+    assert _run(tmp_path, table) == 0
+    preset = presets(table)["smoke"]
+    records = load_results(tmp_path / "results")
+    baselines = {r["baseline"] for r in records}
+    assert baselines == {"sft", *TABLE_BASELINES}
+    per_row = len(preset.lengths) * len(preset.protocols)
+    assert len(records) == per_row * (len(TABLE_BASELINES) + 1)
+    rl = [r for r in records if r["baseline"] != "sft"]
+    assert {r["budget_hash"] for r in rl} == {preset.budget.hash()}
+    assert all(r["metrics"]["n"] == preset.eval_limit * _repeats(r) for r in records)
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert f"comparison `{table}-smoke`" in board
+    assert "Published (not measured here)" in board
+    out = capsys.readouterr().out
+    assert "preset 'smoke'" in out and "the paper preset needs" in out
+
+    # A second run finds everything done: nothing is retrained or re-evaluated.
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("*.json")}
+    assert _run(tmp_path, table) == 0
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("*.json")}
+    assert before == after
+    assert "SFT warm start: done" in capsys.readouterr().out
+
+
+def _repeats(record: dict) -> int:
+    return record["settings"]["protocol"]["repeats"]
+
+
+def test_interrupted_training_resumes(tmp_path, monkeypatch):
+    """A run killed after its checkpoint resumes instead of starting over."""
+    from stabledrl_bench import reproduce as rep
+
+    calls = []
+    original = rep.RLTrainer.train
+
+    def spy(self, *, resume=False, stop_after=None):
+        calls.append(resume)
+        return original(self, resume=resume, stop_after=stop_after)
+
+    monkeypatch.setattr(rep.RLTrainer, "train", spy)
+    run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "grpo"
+    from stabledrl_bench.trainer import RLTrainer, TrainConfig  # noqa: F401  (same class as rep.RLTrainer)
+
+    assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
+    assert calls == [False]
+    # Simulate a crash after the checkpoint: remove the final model and the results of that run.
+    import shutil
+
+    shutil.rmtree(run_dir / "final")
+    assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
+    assert calls == [False, True]
+    assert (run_dir / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["reproduce", "table1", "--preset", "huge"], "unknown preset"),
+        (["reproduce", "table1", "--preset", "paper"], "needs --model"),
+        (["reproduce", "table1", "--preset", "smoke", "--baselines", "grpo,nope"], "unknown baseline"),
+        (["eval", "--model", "/no/such/dir", "--task", "sudoku"], "model path does not exist"),
+        (["eval", "--model", "tiny", "--task", "nope"], "unknown task"),
+        (["train", "--config", "/no/such.yaml"], "config file not found"),
+        (["leaderboard", "--results", "RESULTS"], "corrupt"),
+    ],
+)
+def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):
+    if "RESULTS" in argv:
+        bad = tmp_path / "results" / "c"
+        bad.mkdir(parents=True)
+        (bad / "x.json").write_text("{not json")
+        argv = [a.replace("RESULTS", str(tmp_path / "results")) for a in argv] + ["--out", str(tmp_path / "lb.md")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert message in err
+
+
+def test_list_commands(capsys):
+    for what in ("baselines", "tasks", "protocols"):
+        assert main(["list", what]) == 0
+    out = capsys.readouterr().out
+    assert "stabledrl" in out and "sudoku" in out and "tracerl-dynamic" in out
+
+
+def test_grade_command(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        json.dumps({"prediction": "<answer>3+4-5</answer>", "numbers": [3, 4, 5], "target": 2}) + "\n" + "{oops\n"
+    )
+    out = tmp_path / "out.jsonl"
+    assert main(["grade", "--task", "countdown", "--input", str(path), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["correct"] is True and rows[0]["score"] == 1.0
+    assert "error" in rows[1]
