@@ -78,7 +78,7 @@ class SPGConfig(BaselineConfig):
     logp_estimation: str = "mix"  # A <= 0 branch: mix | elbo | eubo | zero
     num_t: int = 2  # MC mask samples per sequence
     p_mask_prompt: float = 0.15  # masking probability of prompt and earlier completion blocks
-    block_length: int = 32  # SPG masking block
+    block_length: int | None = None  # SPG masking block; None = the rollout block (StableDRL's block_size is both)
 
     def __post_init__(self) -> None:
         if self.logp_estimation not in LOGP_ESTIMATIONS:
@@ -105,7 +105,7 @@ class SPG(Baseline):
             "num_t": c.num_t,
             "eubo_beta": c.eubo_beta,
             "p_mask_prompt": c.p_mask_prompt,
-            "block_length": c.block_length,
+            **({"block_length": c.block_length} if c.block_length is not None else {}),
         }
 
     def advantages(

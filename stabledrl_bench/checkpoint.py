@@ -14,6 +14,7 @@ checkpoint intact and never a half-written one.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -43,10 +44,20 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def export_model(accelerator, model: torch.nn.Module, dlm: DiffusionLM, path: str | Path) -> None:
-    """Write the full model + tokenizer in ``save_pretrained`` format (collective: call on every process)."""
+    """Write the full model + tokenizer in ``save_pretrained`` format (collective: call on every process).
+
+    LoRA models are exported merged (adapter folded into the base weights), so every exported folder loads with
+    ``load_diffusion_lm`` and evaluates without peft.
+    """
+    unwrapped = accelerator.unwrap_model(model)
+    if hasattr(unwrapped, "merge_and_unload"):
+        if accelerator.is_main_process:
+            copy.deepcopy(unwrapped).merge_and_unload().save_pretrained(path)
+            dlm.tokenizer.save_pretrained(path)
+        return
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(path, state_dict=state_dict)
+        unwrapped.save_pretrained(path, state_dict=state_dict)
         dlm.tokenizer.save_pretrained(path)
 
 

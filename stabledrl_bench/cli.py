@@ -7,6 +7,7 @@ printed as one ``error: ...`` line with exit status 2; interrupted commands can 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -116,20 +117,21 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _load_config(cls, args, overrides: dict):
+    """``--config`` file (if any) with command-line overrides on top; every mistake is a one-line UserError."""
+    from .config import from_dict
+
+    if args.config:
+        return cls.from_file(args.config, **overrides)
+    return from_dict(cls, {k: v for k, v in overrides.items() if v is not None}, where="command line")
+
+
 def _cmd_train(args) -> int:
     from .trainer import RLTrainer, TrainConfig
 
-    overrides = {
-        "baseline": args.baseline,
-        "task": args.task,
-        "model": args.model,
-        "output_dir": args.output_dir,
-        "seed": args.seed,
-    }
-    cfg = TrainConfig.from_file(args.config, **overrides) if args.config else _config_from(TrainConfig, overrides)
+    fields = ("baseline", "task", "model", "output_dir", "seed")
+    cfg = _load_config(TrainConfig, args, {name: getattr(args, name) for name in fields})
     if args.max_steps:
-        import dataclasses
-
         cfg.budget = dataclasses.replace(cfg.budget, max_steps=args.max_steps)
     final = RLTrainer(cfg).train(resume=args.resume, stop_after=args.stop_after)
     if os.environ.get("RANK", "0") == "0":
@@ -140,22 +142,10 @@ def _cmd_train(args) -> int:
 def _cmd_sft(args) -> int:
     from .sft import SFTConfig, run_sft
 
-    overrides = {
-        "task": args.task,
-        "model": args.model,
-        "output_dir": args.output_dir,
-        "max_steps": args.max_steps,
-        "seed": args.seed,
-    }
-    cfg = SFTConfig.from_file(args.config, **overrides) if args.config else _config_from(SFTConfig, overrides)
+    fields = ("task", "model", "output_dir", "max_steps", "seed")
+    cfg = _load_config(SFTConfig, args, {name: getattr(args, name) for name in fields})
     print(f"final model: {run_sft(cfg)}")
     return 0
-
-
-def _config_from(cls, overrides):
-    from .config import from_dict
-
-    return from_dict(cls, {k: v for k, v in overrides.items() if v is not None}, where="command line")
 
 
 def _cmd_eval(args) -> int:

@@ -92,11 +92,17 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON mapping; a missing file or a syntax error is one clear line."""
+def read_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a YAML or JSON mapping; a missing file or a syntax error is one clear line.
+
+    A top-level ``base: other.yaml`` (relative to this file) is read first and deep-merged under this file, so
+    recipes share one base per method and state only what differs per task.
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
+    if path.resolve() in _seen:
+        raise UserError(f"{path}: 'base' files include each other in a cycle")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -106,4 +112,20 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise UserError(f"{path}: 'base' must be a file name")
+    return deep_merge(read_mapping(path.parent / base, (*_seen, path.resolve())), data)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` on top of ``base``; nested mappings merge key by key, everything else is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

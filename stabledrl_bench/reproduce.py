@@ -58,6 +58,7 @@ class Preset:
     budget: Budget
     protocols: tuple[str, ...]  # evaluation protocol(s); Table 2 has a static and a dynamic one
     prompt_protocol: str  # training prompts
+    reward_profile: str  # training rewards
     lengths: dict[int, int]  # nominal length (table column) -> tokens actually decoded
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig | None = None  # warm start (tiny / smoke); None: RL starts from the given model
@@ -105,100 +106,75 @@ _PAPER_TASKS_T1 = {
     "sudoku": TaskRecipe("train", 1e-6),
 }
 _TINY_SFT = SFTConfig(protocol="tiny", train_split="generated", max_steps=600, batch_size=64, completion_length=40)
-_TINY_OPTIM = OptimConfig(learning_rate=1e-4, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
+_TINY_OPTIM = OptimConfig(learning_rate=2e-5, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
+TINY_RL_STEPS = 40  # per baseline
+TINY_RL_LR = 2e-5
+
+
+def _smoke(tiny: Preset) -> Preset:
+    """The tiny preset shrunk to a pipeline check: 2 RL steps, 10 SFT steps, 8 evaluation docs."""
+    return dataclasses.replace(
+        tiny,
+        name="smoke",
+        description=f"pipeline check in minutes: a few steps of everything ({tiny.model} model)",
+        budget=dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations),
+        sft=dataclasses.replace(tiny.sft, max_steps=10, batch_size=16),
+        eval_limit=8,
+    )
 
 
 def presets(table: str) -> dict[str, Preset]:
     """The presets of ``table``; see the module docstring."""
-    if table == "table1":
-        return {
-            "paper": Preset(
-                "paper",
-                "LLaDA-8B-Instruct, official StableDRL settings (full-parameter, 2000 steps, mu = 2)",
-                None,
-                _PAPER_TASKS_T1,
-                _paper_budget(),
-                ("d1",),
-                "d1",
-                {128: 128, 256: 256, 512: 512},
-                optim=OptimConfig(learning_rate=2e-6),
-                bf16=True,
-                gradient_checkpointing=True,
-                eval_batch_size=8,
-                save_every=100,
-            ),
-            "tiny": Preset(
-                "tiny",
-                "built-in tiny model on CPU: SFT warm start, then RL; lengths 128/256/512 scaled to 40/48/64",
-                "tiny",
-                {"sudoku": TaskRecipe("generated", 1e-4)},
-                _tiny_budget(40, 40),
-                ("tiny",),
-                "tiny",
-                {128: 40, 256: 48, 512: 64},
-                optim=_TINY_OPTIM,
-                sft=_TINY_SFT,
-                per_device_prompts=8,
-            ),
-            "smoke": Preset(
-                "smoke",
-                "pipeline check in minutes: a few steps of everything on the tiny model",
-                "tiny",
-                {"sudoku": TaskRecipe("generated", 1e-4)},
-                _tiny_budget(2, 40),
-                ("tiny",),
-                "tiny",
-                {128: 40, 256: 48, 512: 64},
-                optim=_TINY_OPTIM,
-                sft=dataclasses.replace(_TINY_SFT, max_steps=10, batch_size=16),
-                per_device_prompts=8,
-                eval_limit=8,
-            ),
-        }
-    return {
-        "paper": Preset(
-            "paper",
-            "SDAR-8B block diffusion with staircase attention, official StableDRL settings",
-            None,
-            {"math500": TaskRecipe("train_l3to5", 1e-6)},
-            dataclasses.replace(_paper_budget(), block_length=4, diffusion_steps=256),
-            ("tracerl-static", "tracerl-dynamic"),
-            "d1",
-            {2000: 2000},
+    paper = Preset(
+        "paper",
+        "LLaDA-8B-Instruct, official StableDRL settings (full-parameter, 2000 steps, mu = 2)",
+        None,
+        _PAPER_TASKS_T1,
+        _paper_budget(),
+        ("d1",),
+        "stabledrl",
+        "stabledrl",
+        {128: 128, 256: 256, 512: 512},
+        optim=OptimConfig(learning_rate=2e-6),
+        bf16=True,
+        gradient_checkpointing=True,
+        eval_batch_size=8,
+        save_every=100,
+    )
+    tiny = Preset(
+        "tiny",
+        "built-in tiny model on CPU: SFT warm start, then RL; lengths 128/256/512 scaled to 40/48/64",
+        "tiny",
+        {"sudoku": TaskRecipe("generated", TINY_RL_LR)},
+        _tiny_budget(TINY_RL_STEPS, 40),
+        ("tiny",),
+        "tiny",
+        "d1",
+        {128: 40, 256: 48, 512: 64},
+        optim=_TINY_OPTIM,
+        sft=_TINY_SFT,
+        per_device_prompts=8,
+    )
+    if table == "table2":
+        paper = dataclasses.replace(
+            paper,
+            description="SDAR-8B block diffusion with staircase attention, official StableDRL settings",
+            tasks={"math500": TaskRecipe("train_l3to5", 1e-6)},
+            budget=dataclasses.replace(paper.budget, block_length=4, diffusion_steps=256),
+            protocols=("tracerl-static", "tracerl-dynamic"),
+            lengths={2000: 2000},
             optim=OptimConfig(learning_rate=1e-6),
-            bf16=True,
-            gradient_checkpointing=True,
-            eval_batch_size=8,
-            save_every=100,
-        ),
-        "tiny": Preset(
-            "tiny",
-            "built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 40 tokens",
-            "tiny-block",
-            {"sudoku": TaskRecipe("generated", 1e-4)},
-            dataclasses.replace(_tiny_budget(40, 40), block_length=4, diffusion_steps=40),
-            ("tiny-static", "tiny-dynamic"),
-            "tiny",
-            {2000: 40},
-            optim=_TINY_OPTIM,
+        )
+        tiny = dataclasses.replace(
+            tiny,
+            description="built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 40 tokens",
+            model="tiny-block",
+            budget=dataclasses.replace(tiny.budget, block_length=4, diffusion_steps=40),
+            protocols=("tiny-static", "tiny-dynamic"),
+            lengths={2000: 40},
             sft=dataclasses.replace(_TINY_SFT, model="tiny-block"),
-            per_device_prompts=8,
-        ),
-        "smoke": Preset(
-            "smoke",
-            "pipeline check in minutes on the tiny block-diffusion model",
-            "tiny-block",
-            {"sudoku": TaskRecipe("generated", 1e-4)},
-            dataclasses.replace(_tiny_budget(2, 40), block_length=4, diffusion_steps=40),
-            ("tiny-static", "tiny-dynamic"),
-            "tiny",
-            {2000: 40},
-            optim=_TINY_OPTIM,
-            sft=dataclasses.replace(_TINY_SFT, model="tiny-block", max_steps=10, batch_size=16),
-            per_device_prompts=8,
-            eval_limit=8,
-        ),
-    }
+        )
+    return {"paper": paper, "tiny": tiny, "smoke": _smoke(tiny)}
 
 
 def choose_preset(table: str, requested: str, model: str | None) -> Preset:
@@ -297,7 +273,7 @@ def _train(
         task=task,
         model=start,
         protocol=preset.prompt_protocol,
-        reward_profile="d1",
+        reward_profile=preset.reward_profile,
         train_split=recipe.train_split,
         generator_options=recipe.generator_options,
         budget=preset.budget,

@@ -157,8 +157,8 @@ class RLTrainer:
 
         dlm = load_model_spec(cfg.model, seed=cfg.seed)
         est_name, est_kwargs = self.baseline.estimator_for(dlm.attention)
-        if "block_length" in est_kwargs:  # SPG masks by the rollout block (StableDRL's block_size is both)
-            est_kwargs["block_length"] = cfg.budget.block_length
+        if est_name == "spg_block":  # SPG masks by the rollout block unless the baseline names another one
+            est_kwargs.setdefault("block_length", cfg.budget.block_length)
         if cfg.estimator_micro_batch:
             est_kwargs["micro_batch_size"] = cfg.estimator_micro_batch
         self.estimator = build_estimator(est_name, **est_kwargs).bind(dlm)

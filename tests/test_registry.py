@@ -36,7 +36,7 @@ def test_unknown_option_is_a_user_error() -> None:
     ("name", "estimator", "needs_old", "needs_ref", "coupled", "defaults"),
     [
         ("grpo", "d1_one_step", True, True, True, {"epsilon": 0.5, "beta": 0.04, "p_mask_prompt": 0.15}),
-        ("spg", "spg_block", False, False, True, {"omega": 0.5, "eubo_beta": 1.5, "num_t": 2, "block_length": 32}),
+        ("spg", "spg_block", False, False, True, {"omega": 0.5, "eubo_beta": 1.5, "num_t": 2, "block_length": None}),
         ("espo", "espo_elbo", True, True, True, {"epsilon": 0.2, "beta": 1e-3, "num_mc": 2, "reduce_var": True}),
         ("trado", "trace_replay", True, False, True, {"epsilon": 0.2, "beta": 0.01, "normalize": "length"}),
         ("stabledrl", "spg_block", True, False, False, {"mode": "official", "clip_threshold": 5.0, "omega": 0.5}),

@@ -100,6 +100,26 @@ def test_block_model_uses_staircase_estimator(small_models, tmp_path):
     assert len(read_log(tmp_path / "log.jsonl")) == 2
 
 
+def test_lora_training_uses_the_adapter_free_model_as_reference(small_models, tmp_path, monkeypatch):
+    from stabledrl_bench.tasks.base import RewardResult
+    from stabledrl_bench.trainer import LoraSettings
+
+    cfg = _config(small_models["full"], tmp_path, "grpo", lora=LoraSettings(r=4, alpha=8, target_modules=["qkv"]))
+    trainer = RLTrainer(cfg)
+    assert trainer.ref_model is None  # the reference is the base model with the adapter disabled
+    trainable = sum(p.numel() for p in trainer.dlm.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.dlm.model.parameters())
+    assert 0 < trainable < total
+    # a random tiny model earns no task reward; any reward that varies within a group gives a gradient
+    monkeypatch.setattr(trainer.task, "reward", lambda text, doc, profile: RewardResult(len(text) % 3, {}))
+    final = trainer.train()
+    merged = load_diffusion_lm(final)  # exported merged: loads without peft
+    base = load_diffusion_lm(small_models["full"])
+    changed = [k for k, v in merged.model.state_dict().items() if not torch.equal(v, base.model.state_dict()[k])]
+    assert changed and all("qkv" in k for k in changed)
+    assert "kl" in read_log(tmp_path / "log.jsonl")[0]
+
+
 def _params(path: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in load_diffusion_lm(path).model.state_dict().items()}
 

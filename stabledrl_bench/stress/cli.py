@@ -1,0 +1,373 @@
+"""``python -m stabledrl_bench stress {exploding,drift,clip,hull,all} [options]``: one command per experiment.
+
+Each command writes ``<results>/stability/<experiment>.json`` (settings, seeds, definitions, warm start, budget and
+its hash, hardware, per-run numbers and curves) and its PNG plots, then rebuilds the leaderboard (whose Stability
+section is generated from those files) unless ``--no-leaderboard``. Training runs are cached under ``--runs``
+(default ``runs/stress``), so an interrupted command resumes by being run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from ..budget import Budget
+from ..errors import UserError
+from . import drift as drift_mod
+from . import hull as hull_mod
+from .common import (
+    CONDITIONS,
+    Definitions,
+    ExplodingNoise,
+    WarmStartSpec,
+    ensure_warm_start,
+    parse_list,
+    write_record,
+)
+from .training import METHODS, RunSpec, TrainSettings, aggregate, conditions_arg, plot_sweep, sweep
+
+EXPERIMENTS = ("exploding", "drift", "clip", "hull")
+CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
+
+
+def stress_budget(args: argparse.Namespace) -> Budget:
+    """The stress budget: the tiny preset's canvas (L = 40, block 8, mu = 2, T = 0.9) with fewer prompts and
+    diffusion steps, so that a whole sweep fits ~15 minutes on 2 cores."""
+    return Budget(
+        max_steps=args.steps,
+        prompts_per_step=args.prompts,
+        num_generations=args.generations,
+        num_iterations=2,
+        max_completion_length=40,
+        diffusion_steps=args.diffusion_steps,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=64,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ parsers
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default="results", help="results folder (records go to <results>/stability)")
+    p.add_argument("--runs", default="runs/stress", help="cache of the warm start and the training runs")
+    p.add_argument("--leaderboard", default="leaderboard.md", help="leaderboard file to rebuild afterwards")
+    p.add_argument("--no-leaderboard", action="store_true", help="do not rebuild the leaderboard")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
+    p.add_argument("--sft-steps", type=int, default=WarmStartSpec.sft_steps, help="SFT steps of the warm start")
+    p.add_argument("--steps", type=int, default=80, help="optimizer steps per run (budget.max_steps)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    p.add_argument("--generations", type=int, default=8, help="completions per prompt (group size G)")
+    p.add_argument("--diffusion-steps", type=int, default=10, help="rollout denoising steps over the 40 tokens")
+
+
+def _add_noise(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--noise-df", type=float, default=ExplodingNoise.df, help="Student-t df of the noise (1 = Cauchy)")
+    p.add_argument("--noise-scale", type=float, default=ExplodingNoise.scale, help="noise scale on the log-ratio")
+    p.add_argument("--noise-prob", type=float, default=ExplodingNoise.probability, help="probability per ratio")
+
+
+def _add_definitions(p: argparse.ArgumentParser) -> None:
+    d = Definitions()
+    p.add_argument("--spike-k", type=float, default=d.spike_k, help="spike: norm > k x running median")
+    p.add_argument("--spike-window", type=int, default=d.spike_window, help="running-median window (steps)")
+    p.add_argument("--collapse-fraction", type=float, default=d.collapse_fraction, help="of the initial reward")
+    p.add_argument("--reward-window", type=int, default=d.reward_window, help="running-mean window (rollouts)")
+    p.add_argument("--confirm-steps", type=int, default=d.confirm_steps, help="steps a collapse must last")
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
+    p.add_argument("--lr", type=float, default=3e-4, help="constant learning rate (AdamW, no weight decay)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (pre-clip norm is logged)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel worker processes (one thread each)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m stabledrl_bench stress", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="experiment", required=True)
+    p = sub.add_parser("exploding", help="methods x {normal, exploding} x seeds: rewards, spikes, collapse")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    for add in (_add_output, _add_model, _add_noise, _add_definitions, _add_training):
+        add(p)
+    p = sub.add_parser("clip", help="StableDRL clip threshold C sweep x conditions x seeds")
+    p.add_argument("--thresholds", default=",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    for add in (_add_output, _add_model, _add_noise, _add_definitions, _add_training):
+        add(p)
+    p = sub.add_parser("drift", help="spike probability of each update rule vs drift from the rollout policy")
+    p.add_argument(
+        "--variants", default=",".join(drift_mod.VARIANTS), help=f"subset of {', '.join(drift_mod.VARIANTS)}"
+    )
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    p.add_argument("--levels", default="0,0.02,0.05,0.1,0.2,0.3", help="relative parameter-noise levels sigma")
+    p.add_argument("--repeats", type=int, default=16, help="drift directions and mask draws per level and seed")
+    p.add_argument("--rollouts", type=int, default=4, help="rollout batches per seed (cycled over repeats)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (rollouts, directions, masks)")
+    for add in (_add_output, _add_model, _add_noise):
+        add(p)
+    p.add_argument("--spike-k", type=float, default=Definitions.spike_k, help="spike: norm > k x reference median")
+    p = sub.add_parser("hull", help="convex-hull property of the update on random inputs (no model)")
+    p.add_argument("--trials", type=int, default=4000)
+    p.add_argument("--scales", default="0.1,0.3,1,3,10", help="Cauchy scales of the log-ratios, cycled over trials")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip-threshold", type=float, default=5.0)
+    _add_output(p)
+    p = sub.add_parser("all", help="every experiment in turn with its default settings")
+    _add_output(p)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--warm-start")
+    return parser
+
+
+# --------------------------------------------------------------------------------------------- experiments
+def _noise(args: argparse.Namespace) -> ExplodingNoise:
+    return ExplodingNoise(df=args.noise_df, scale=args.noise_scale, probability=args.noise_prob)
+
+
+def _definitions(args: argparse.Namespace) -> Definitions:
+    return Definitions(
+        spike_k=args.spike_k,
+        spike_window=args.spike_window,
+        collapse_fraction=args.collapse_fraction,
+        reward_window=args.reward_window,
+        confirm_steps=args.confirm_steps,
+    )
+
+
+def _warm_start(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """Warm-start folder, its description and the model summary (parameter count etc.)."""
+    from ..models.backends import load_diffusion_lm
+
+    if args.sft_steps < 1:
+        raise UserError("--sft-steps must be >= 1")
+    spec = WarmStartSpec(sft_steps=args.sft_steps)
+    path, info = ensure_warm_start(Path(args.runs), spec, args.warm_start)
+    return path, info, load_diffusion_lm(path).config_summary()
+
+
+def _check_positive(**values: float) -> None:
+    bad = [f"--{k.replace('_', '-')}" for k, v in values.items() if not v > 0]
+    if bad:
+        raise UserError(f"{', '.join(bad)} must be positive")
+
+
+def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) -> TrainSettings:
+    _check_positive(lr=args.lr, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
+    return TrainSettings(
+        warm_start=str(path),
+        warm_start_id=info.get("spec_hash") or str(path),
+        budget=stress_budget(args),
+        learning_rate=args.lr,
+        max_grad_norm=args.max_grad_norm,
+        noise=_noise(args),
+    )
+
+
+def _training_payload(args, settings, definitions, info, model, rows, summary, plots, start) -> dict[str, Any]:
+    return {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard")},
+        "seeds": parse_list(args.seeds, int, "--seeds"),
+        "noise": {**settings.noise.__dict__, "text": settings.noise.describe()},
+        "definitions": {**definitions.to_dict(), "text": definitions.describe()},
+        "warm_start": info,
+        "model": model,
+        "task": {"name": settings.task, "protocol": settings.protocol, "reward_profile": "d1"},
+        "optimizer": {"learning_rate": settings.learning_rate, "max_grad_norm": settings.max_grad_norm},
+        "budget": settings.budget.to_dict(),
+        "budget_hash": settings.budget.hash(),
+        "runs": rows,
+        "summary": summary,
+        "plots": plots,
+        "runtime_s": time.perf_counter() - start,
+    }
+
+
+def cmd_exploding(args: argparse.Namespace) -> Path:
+    start = time.perf_counter()
+    methods = [m for m in (x.strip() for x in args.methods.split(",")) if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise UserError(f"--methods: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(METHODS)}")
+    conditions = conditions_arg(args.conditions)
+    seeds = parse_list(args.seeds, int, "--seeds")
+    definitions = _definitions(args)
+    path, info, model = _warm_start(args)
+    settings = _train_settings(args, path, info)
+    specs = [
+        RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), c, s)
+        for m in methods
+        for c in conditions
+        for s in seeds
+    ]
+    rows = sweep(
+        specs,
+        settings,
+        Path(args.runs),
+        definitions,
+        args.jobs,
+        "exploding runs",
+        shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
+    )
+    plots = plot_sweep(rows, methods, conditions, Path(args.results), "exploding", "Exploding-weight stress test")
+    summary = aggregate(rows, methods, conditions)
+    payload = _training_payload(args, settings, definitions, info, model, rows, summary, plots, start)
+    return write_record(args.results, "exploding", {"title": "Exploding-weight stress test", **payload})
+
+
+def cmd_clip(args: argparse.Namespace) -> Path:
+    start = time.perf_counter()
+    thresholds = parse_list(args.thresholds, float, "--thresholds")
+    if any(not c > 0 for c in thresholds):
+        raise UserError("--thresholds must be positive")
+    conditions = conditions_arg(args.conditions)
+    seeds = parse_list(args.seeds, int, "--seeds")
+    definitions = _definitions(args)
+    path, info, model = _warm_start(args)
+    settings = _train_settings(args, path, info)
+    labels = [f"C={c:g}" for c in thresholds]
+    specs = [
+        RunSpec(label, "stabledrl", (("clip_threshold", c),), cond, s)
+        for label, c in zip(labels, thresholds, strict=True)
+        for cond in conditions
+        for s in seeds
+    ]
+    rows = sweep(specs, settings, Path(args.runs), definitions, args.jobs, "clip runs", shared_normal=lambda _: False)
+    plots = plot_sweep(rows, labels, conditions, Path(args.results), "clip", "StableDRL clip-threshold ablation")
+    summary = aggregate(rows, labels, conditions)
+    payload = _training_payload(args, settings, definitions, info, model, rows, summary, plots, start)
+    return write_record(args.results, "clip", {"title": "Clip-threshold ablation", "thresholds": thresholds, **payload})
+
+
+def cmd_drift(args: argparse.Namespace) -> Path:
+    import torch
+
+    from ..models.backends import load_diffusion_lm
+
+    start = time.perf_counter()
+    variants = [v for v in (x.strip() for x in args.variants.split(",")) if v]
+    unknown = [v for v in variants if v not in drift_mod.VARIANTS]
+    if unknown or not variants:
+        raise UserError(f"--variants: unknown {', '.join(unknown) or '(none)'}; choose {', '.join(drift_mod.VARIANTS)}")
+    conditions = conditions_arg(args.conditions)
+    levels = sorted(parse_list(args.levels, float, "--levels"))
+    if levels[0] < 0:
+        raise UserError("--levels must be >= 0")
+    seeds = parse_list(args.seeds, int, "--seeds")
+    _check_positive(repeats=args.repeats, rollouts=args.rollouts, spike_k=args.spike_k)
+    noise = _noise(args)
+    path, info, model = _warm_start(args)
+    budget = stress_budget(args)
+    torch.set_num_threads(1)
+    dlm = load_diffusion_lm(path)
+    records_by_seed = {}
+    for seed in seeds:
+        rollouts = drift_mod.collect_rollouts(
+            dlm, budget, task="sudoku", protocol="tiny", seed=seed, count=args.rollouts
+        )
+        records_by_seed[seed] = drift_mod.measure_update_norms(
+            dlm,
+            rollouts,
+            variants,
+            levels,
+            args.repeats,
+            conditions,
+            noise,
+            seed=seed,
+            block_length=budget.block_length,
+        )
+    summary = drift_mod.summarize(records_by_seed, variants, levels, conditions, args.spike_k)
+    plot = drift_mod.plot(summary, variants, conditions, Path(args.results), args.spike_k)
+    payload = {
+        "title": "Spike probability vs drift",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard")},
+        "seeds": seeds,
+        "levels": levels,
+        "variants": {v: {"baseline": drift_mod.VARIANTS[v][0], "options": drift_mod.VARIANTS[v][1]} for v in variants},
+        "noise": {**noise.__dict__, "text": noise.describe()},
+        "definitions": {
+            "spike_k": args.spike_k,
+            "text": {
+                "spike": f"update norm > {args.spike_k:g} x the variant's median norm at the smallest drift level "
+                "(normal condition), per seed; non-finite norms count as spikes",
+                "drift": "mean |E_theta - E_theta0| per completion (StableDRL's per-token ELBO, same masks)",
+                "policy": "theta = theta0 + sigma * rms(W) * N(0, 1) per parameter tensor W",
+            },
+        },
+        "warm_start": info,
+        "model": model,
+        "budget": budget.to_dict(),
+        "budget_hash": budget.hash(),
+        "records": records_by_seed,
+        "summary": summary,
+        "plots": {"spikes": plot},
+        "runtime_s": time.perf_counter() - start,
+    }
+    return write_record(args.results, "drift", payload)
+
+
+def cmd_hull(args: argparse.Namespace) -> Path:
+    start = time.perf_counter()
+    scales = parse_list(args.scales, float, "--scales")
+    _check_positive(trials=args.trials, clip_threshold=args.clip_threshold, **{f"scale {s:g}": s for s in scales})
+    records = hull_mod.run_hull(args.trials, scales, args.seed, clip_threshold=args.clip_threshold)
+    summary = hull_mod.summarize(records, scales)
+    plot = hull_mod.plot(records, Path(args.results), args.clip_threshold)
+    payload = {
+        "title": "Convex-hull property",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard")},
+        "seeds": [args.seed],
+        "scales": scales,
+        "tolerance": hull_mod.TOLERANCE,
+        "summary": summary,
+        "plots": {"hull": plot},
+        "runtime_s": time.perf_counter() - start,
+    }
+    return write_record(args.results, "hull", payload)
+
+
+COMMANDS = {"exploding": cmd_exploding, "drift": cmd_drift, "clip": cmd_clip, "hull": cmd_hull}
+
+
+def _refresh_leaderboard(args: argparse.Namespace) -> None:
+    if args.no_leaderboard:
+        return
+    from ..leaderboard import write_leaderboard
+    from .report import stability_section
+
+    try:
+        path = write_leaderboard(
+            args.results,
+            args.leaderboard,
+            plots_dir=Path(args.results) / "plots",
+            extra_sections=[stability_section],
+        )
+    except UserError as exc:  # the stability records are written; a problem elsewhere must not hide that
+        print(f"warning: leaderboard not rebuilt: {exc}")
+        return
+    print(f"leaderboard: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point behind ``python -m stabledrl_bench stress``; user errors raise :class:`UserError`."""
+    args = build_parser().parse_args(argv)
+    names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
+    for name in names:
+        sub_args = args
+        if args.experiment == "all":
+            extra = ["--results", args.results, "--runs", args.runs, "--no-leaderboard"]
+            if name in ("exploding", "clip"):
+                extra += ["--jobs", str(args.jobs)]
+            if name != "hull" and args.warm_start:
+                extra += ["--warm-start", args.warm_start]
+            sub_args = build_parser().parse_args([name, *extra])
+        start = time.perf_counter()
+        path = COMMANDS[name](sub_args)
+        print(f"stress {name}: {path} ({time.perf_counter() - start:.0f} s)")
+    _refresh_leaderboard(args)
+    return 0

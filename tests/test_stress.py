@@ -1,0 +1,362 @@
+"""Stability experiments: definitions (hand-computed), the convex-hull property (independent slow loops), the CI
+regression on the tiny model, the leaderboard section, and one end-to-end run of every command at toy size.
+
+CI regression thresholds (``test_ci_regression_gap_*``), measured with this file's ``_gap_statistics`` on seeds
+0-19 (random-init 2-layer width-32 tiny model, 2 groups x 4 random completions of 16 tokens, 6 repeats, drift level
+0, exploding noise = default ``ExplodingNoise``: Cauchy, scale 1, every ratio); statistic r = largest update norm
+under ``exploding`` / median update norm under ``normal`` of the same variant:
+
+* StableDRL: r in [1.23, 3.66] over the 20 seeds (seed 0: 1.23)   -> must stay <= 10   (2.7x margin above the max);
+* GRPO:      r = inf (non-finite update) on 18 seeds, 1.3e6 and 3.2e19 on the other two -> must be >= 1e3.
+
+The gap disappears (test fails) if StableDRL's update grows with the noise or GRPO's stops doing so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from stabledrl_bench.baselines.grpo import grpo_loss
+from stabledrl_bench.baselines.spg import sandwich_bound
+from stabledrl_bench.baselines.stabledrl import stabledrl_loss
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.estimators import SequenceBatch, build_estimator
+from stabledrl_bench.models import build_tiny
+from stabledrl_bench.stress import main, stability_section
+from stabledrl_bench.stress import hull as hull_mod
+from stabledrl_bench.stress.common import Definitions, ExplodingNoise, collapse_step, spike_steps
+from stabledrl_bench.stress.drift import Rollout, measure_update_norms
+from stabledrl_bench.trainer import _inject_noise
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+STABLEDRL_MAX_GAP = 10.0
+GRPO_MIN_GAP = 1e3
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Models this small run faster on one intra-op thread (as the stress commands do); restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------- definitions
+def test_spike_steps_hand_computed():
+    d = Definitions(spike_k=5.0, spike_window=3, spike_min_history=2)
+    steps = list(range(1, 9))
+    norms = [1.0, 20.0, 1.0, 2.0, None, 11.0, 12.0, float("nan")]
+    # step 2: only 1 finite value before it (< min history) -> no spike despite 20x;
+    # step 3: median(1, 20) = 10.5 -> 1 is not a spike; step 4: median(1, 20, 1) = 1 -> 2 < 5;
+    # step 5: non-finite -> spike (and not part of the history); step 6: median(20, 1, 2) = 2 -> 11 > 10 spike;
+    # step 7: median(1, 2, 11) = 2 -> 12 > 10 spike; step 8: NaN -> spike.
+    assert spike_steps(steps, norms, d) == [5, 6, 7, 8]
+
+
+def test_collapse_step_hand_computed():
+    d = Definitions(initial_rollouts=2, reward_window=2, collapse_fraction=0.5, confirm_steps=4)
+    steps = [1, 3, 5, 7, 9, 11, 13]
+    # R0 = 0.4 -> threshold 0.2; running means (window 2): .4 .4 .3 .15 .05 0 0 -> below from index 3 (step 7).
+    rewards = [0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0]
+    assert collapse_step(steps, rewards, last_step=14, diverged_at=None, d=d) == (7, "reward")
+    # The same drop seen only 3 steps before the end is not confirmed.
+    assert collapse_step(steps[:4], rewards[:4], last_step=8, diverged_at=None, d=d) == (None, None)
+    # A recovery at the end means no collapse; a non-finite stop always is one.
+    assert collapse_step(steps, [*rewards[:-1], 0.9], last_step=14, diverged_at=None, d=d) == (None, None)
+    assert collapse_step(steps[:2], rewards[:2], last_step=3, diverged_at=3, d=d) == (3, "nonfinite")
+
+
+def test_exploding_noise_scales_to_each_methods_log_ratio():
+    noise = ExplodingNoise(df=1.0, scale=0.5, probability=0.25)
+    assert noise.injection("espo", 40).scale == pytest.approx(20.0)  # ESPO's log-ratio is Delta ELBO / L
+    for baseline in ("grpo", "stabledrl", "stabledrl_clip_only"):
+        injection = noise.injection(baseline, 40)
+        assert (injection.df, injection.scale, injection.probability) == (1.0, 0.5, 0.25)
+    with pytest.raises(UserError):
+        ExplodingNoise(scale=0.0)
+    with pytest.raises(UserError):
+        ExplodingNoise(probability=1.5)
+
+
+# ----------------------------------------------------------------------------------------------- convex hull
+def _slow_stabledrl_update(x: hull_mod.HullInputs, clip: float) -> torch.Tensor:
+    """Independent loop: per group, w_i = min(rho_i, C) / sum_j min(rho_j, C); u = -(1/G) sum_i w_i A_i grad b_i."""
+    groups = x.num_groups
+    update = torch.zeros(x.elbo_vec.shape[1], dtype=torch.float64)
+    for g in range(groups):
+        members = [i for i in range(len(x.group_ids)) if int(x.group_ids[i]) == g]
+        top = max(min(float(x.log_ratio[i]), math.log(clip)) for i in members)
+        clipped = {i: math.exp(min(float(x.log_ratio[i]), math.log(clip)) - top) for i in members}
+        total = sum(clipped.values())
+        for i in members:
+            a = float(x.advantages[i])
+            grad_bound = x.elbo_vec[i] if a > 0 else 0.5 * x.eubo_vec[i] + 0.5 * x.elbo_vec[i]
+            update -= clipped[i] / total * a * grad_bound / groups
+    return update
+
+
+def _slow_grpo_update(x: hull_mod.HullInputs, eps: float = 0.5) -> torch.Tensor:
+    """Independent loop: u = -(1/N) sum_ik rho_ik A_i grad log pi_ik over the entries whose PPO min is unclipped."""
+    n, k, dim = x.token_vec.shape
+    update = torch.zeros(dim, dtype=torch.float64)
+    for i in range(n):
+        a = float(x.advantages[i])
+        for j in range(k):
+            log_rho = float(x.token_log_ratio[i, j])
+            rho = math.exp(log_rho) if log_rho < 700 else math.inf
+            clipped = (rho > 1 + eps and a > 0) or (rho < 1 - eps and a < 0)
+            if not clipped:
+                update -= rho * a * x.token_vec[i, j] / (n * k)
+    return update
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0])
+def test_hull_updates_match_slow_loops(scale):
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(5):
+        x = hull_mod.draw_inputs(generator, scale)
+        u = hull_mod.updates(x, clip_threshold=5.0)
+        slow = _slow_stabledrl_update(x, 5.0)
+        assert torch.allclose(u["stabledrl"], slow, rtol=1e-5, atol=1e-7 * float(slow.norm()))
+        slow_grpo = _slow_grpo_update(x)
+        if torch.isfinite(u["grpo"]).all():
+            assert torch.allclose(u["grpo"], slow_grpo, rtol=1e-4, atol=1e-6 * float(slow_grpo.norm()))
+        else:  # the loss computes in float32: only a ratio beyond its range (e^88.7) may overflow
+            assert float(x.token_log_ratio.max()) > 80
+
+
+def test_hull_bound_holds_for_stabledrl_and_not_for_grpo():
+    records = hull_mod.run_hull(150, [0.3, 3.0, 30.0], seed=0)
+    rows = {(r["variant"], r["scale"]): r for r in hull_mod.summarize(records, [0.3, 3.0, 30.0])}
+    for variant in ("stabledrl", "selfnorm_only"):
+        assert rows[(variant, "all")]["fraction_above_1"] == 0
+        assert rows[(variant, "all")]["ratio_max"] <= 1 + hull_mod.TOLERANCE
+    assert rows[("clip_only", "all")]["ratio_max"] <= 5.0 + hull_mod.TOLERANCE  # bounded by C, not by 1
+    assert rows[("stabledrl", "all")]["residual_max"] < 1e-5
+    assert rows[("stabledrl", "all")]["weight_sum_error_max"] < 1e-5
+    # GRPO: the update leaves the bound, more often and further as the ratios get heavier.
+    assert rows[("grpo", 30.0)]["fraction_above_1"] > rows[("grpo", 0.3)]["fraction_above_1"]
+    assert rows[("grpo", "all")]["fraction_above_1"] > 0.3
+
+
+# ------------------------------------------------------------------------------------- tiny model (CI regression)
+def _random_rollout(dlm, generator, groups=2, size=4, prompt=8, length=16) -> Rollout:
+    """Random prompts and completions (EOS-terminated), rewards U[0, 1]: the mechanics need no trained model."""
+    rows = groups * size
+    vocab = dlm.model.config.vocab_size
+    prompt_ids = torch.randint(10, vocab, (rows, prompt), generator=generator)
+    completion = torch.randint(10, vocab, (rows, length), generator=generator)
+    stop = torch.randint(length // 2, length, (rows,), generator=generator)
+    completion = torch.where(torch.arange(length)[None] >= stop[:, None], dlm.eos_id, completion)
+    batch = SequenceBatch(
+        prompt_ids, torch.ones_like(prompt_ids, dtype=torch.bool), completion, dlm.completion_mask(completion)
+    )
+    rewards = torch.rand(rows, generator=generator)
+    return Rollout(batch, rewards, (rewards > 0.5).float(), torch.arange(groups).repeat_interleave(size))
+
+
+def test_ci_regression_stabledrl_gradient_within_analytic_bound_on_tiny_model():
+    """||grad L|| <= (1/G) sum_g max_{i in g} ||A_i grad bound_i||, and grad L equals the explicit convex combination
+    (per-sample gradients from a slow loop), under exploding noise on the real tiny model and estimator."""
+    dlm = build_tiny(seed=0, **SMALL)
+    generator = torch.Generator().manual_seed(0)
+    rollout = _random_rollout(dlm, generator)
+    estimator = build_estimator("spg_block", block_length=8)
+    params = [p for p in dlm.model.parameters()]
+    with torch.no_grad():
+        old = estimator.evaluate(dlm, rollout.batch, estimator.draw(rollout.batch, generator))
+    old = _inject_noise(old, ExplodingNoise(scale=3.0).injection("stabledrl", 16), generator)
+    new = estimator.evaluate(dlm, rollout.batch, estimator.draw(rollout.batch, generator))
+    advantages = rollout.rewards - rollout.rewards.view(2, 4).mean(1).repeat_interleave(4)
+    loss, _ = stabledrl_loss(new.elbo, new.eubo, old.elbo, advantages, rollout.group_ids)
+    grad = torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, retain_graph=True)]).double()
+    bound = sandwich_bound(new.elbo, new.eubo, advantages)
+    per_sample = [
+        torch.cat([g.flatten() for g in torch.autograd.grad(bound[i], params, retain_graph=True)]).double()
+        for i in range(len(bound))
+    ]
+    log_ratio = [float(new.elbo[i].detach() - old.elbo[i]) for i in range(len(bound))]
+    expected = torch.zeros_like(grad)
+    analytic = 0.0
+    for g in range(2):
+        members = range(4 * g, 4 * g + 4)
+        clipped = {i: min(math.exp(log_ratio[i]), 5.0) for i in members}
+        for i in members:
+            expected -= clipped[i] / sum(clipped.values()) * float(advantages[i]) * per_sample[i] / 2
+        analytic += max(abs(float(advantages[i])) * float(per_sample[i].norm()) for i in members) / 2
+    assert max(abs(x) for x in log_ratio) > math.log(5.0)  # the noise did push some ratios past the clip
+    assert torch.allclose(grad, expected, rtol=1e-4, atol=1e-6 * float(expected.norm()))
+    assert float(grad.norm()) <= analytic * (1 + 1e-5)
+
+
+def _gap_statistics(seed: int) -> dict[str, float]:
+    """Per variant: largest update norm under exploding noise / median update norm under normal (6 repeats)."""
+    dlm = build_tiny(seed=seed, **SMALL)
+    rollout = _random_rollout(dlm, torch.Generator().manual_seed(seed))
+    records = measure_update_norms(
+        dlm, [rollout], ["grpo", "stabledrl"], [0.0], 6, ["normal", "exploding"], ExplodingNoise(), seed=seed,
+        block_length=8,
+    )  # fmt: skip
+    out = {}
+    for variant in ("grpo", "stabledrl"):
+        median = statistics.median(r["variants"][variant]["normal"]["norm"] for r in records)
+        exploding = [r["variants"][variant]["exploding"]["norm"] for r in records]
+        out[variant] = max(math.inf if x is None else x / median for x in exploding)
+    return out
+
+
+def test_ci_regression_gap_between_grpo_and_stabledrl_under_exploding_noise():
+    gap = _gap_statistics(0)
+    assert gap["stabledrl"] <= STABLEDRL_MAX_GAP
+    assert gap["grpo"] >= GRPO_MIN_GAP
+
+
+def test_measure_update_norms_restores_the_policy_and_is_deterministic():
+    dlm = build_tiny(seed=1, **SMALL)
+    before = {k: v.clone() for k, v in dlm.model.state_dict().items()}
+    rollout = _random_rollout(dlm, torch.Generator().manual_seed(1))
+    args = (dlm, [rollout], ["stabledrl", "clip_only"], [0.0, 0.2], 2, ["normal"], ExplodingNoise())
+    first = measure_update_norms(*args, seed=3, block_length=8)
+    second = measure_update_norms(*args, seed=3, block_length=8)
+    assert first == second
+    assert all(torch.equal(before[k], v) for k, v in dlm.model.state_dict().items())
+    drifts = {r["level"]: r["policy_drift"] for r in first}
+    assert drifts[0.0] == 0.0 and drifts[0.2] > 0
+
+
+def test_grpo_update_leaves_the_per_token_bound_under_exploding_noise():
+    """Reference point for the gap: GRPO's gradient exceeds its largest per-token term when a ratio explodes."""
+    logp = torch.zeros(2, 3, requires_grad=True)
+    advantages = torch.tensor([-1.0, 1.0])
+    old = torch.tensor([[-4.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # log rho = 4 on one token of the A < 0 sample
+    loss, _ = grpo_loss(logp, old, None, torch.ones(2, 3, dtype=torch.bool), advantages, beta=0.0)
+    (grad,) = torch.autograd.grad(loss, logp)
+    # d/dlogp of -min(rho A, clip(rho) A) / 6: A < 0, rho = e^4 unclipped -> e^4 / 6; A > 0, rho = 1 -> -1/6.
+    expected = torch.tensor([[math.exp(4) / 6, 1 / 6, 1 / 6], [-1 / 6, -1 / 6, -1 / 6]])
+    assert torch.allclose(grad, expected, rtol=1e-5)
+    assert grad.abs().max() > 1.0  # per-token terms |A| * 1 = 1: the update is outside their hull
+
+
+# ------------------------------------------------------------------------------------------- leaderboard section
+def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5, spikes=0.0):
+    def b(v):
+        return {"mean": v, "min": v, "max": v, "n": seeds}
+
+    return {
+        "label": label,
+        "condition": condition,
+        "seeds": seeds,
+        "collapsed": collapsed,
+        "collapse_steps": steps,
+        "collapse_kinds": ["reward"] if collapsed else [],
+        "spikes": b(spikes),
+        "nonfinite_steps": b(0.0),
+        "initial_reward": b(initial),
+        "final_reward": b(final),
+        "grad_norm_median": b(1.0),
+        "grad_norm_max": b(2.0),
+        "shared_with_normal": label == "spg" and condition == "exploding",
+    }
+
+
+def _write(folder: Path, name: str, record: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    base = {"schema": "stabledrl-bench/stability/v1", "experiment": name, "seeds": [0, 1, 2], "runtime_s": 1.0}
+    (folder / f"{name}.json").write_text(json.dumps({**base, **record}))
+
+
+def test_stability_section_is_none_without_records(tmp_path):
+    assert stability_section(tmp_path) is None
+
+
+def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
+    folder = tmp_path / "stability"
+    budget = {"max_steps": 80, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 40}
+    budget |= {"diffusion_steps": 10, "num_iterations": 2}
+    summary = [
+        _summary("stabledrl", "normal", 0, []),
+        _summary("stabledrl", "exploding", 0, []),
+        _summary("espo", "normal", 0, []),
+        _summary("espo", "exploding", 3, [5, 9, 13]),  # all collapsed, median 9 <= 20: "immediately"
+        _summary("spg", "normal", 1, [60]),
+        _summary("spg", "exploding", 1, [60]),
+        _summary("grpo", "normal", 0, [], spikes=4.0),
+        _summary("grpo", "exploding", 3, [3, 3, 3], spikes=3.0),
+    ]
+    _write(folder, "exploding", {"title": "Exploding", "budget": budget, "budget_hash": "abc", "summary": summary})
+    clip = [
+        _summary("C=1", "exploding", 0, []),
+        _summary("C=5", "exploding", 0, []),
+        _summary("C=100", "exploding", 0, []),
+        _summary("C=1000", "exploding", 2, [30, 50]),
+    ]
+    _write(folder, "clip", {"budget": budget, "budget_hash": "abc", "summary": clip, "thresholds": [1, 5, 100, 1000]})
+    text = stability_section(tmp_path)
+    assert text.startswith("## Stability")
+    assert f"]({tmp_path.as_posix()}/stability/" not in text  # no plots recorded, so no image links
+    lines = {line.split("paper: ")[1].split(" (")[0]: line for line in text.splitlines() if "paper: " in line}
+    assert lines["StableDRL improves stably under Normal and Exploding"].startswith("* **agrees**")
+    assert lines["ESPO collapses immediately under Exploding"].startswith("* **agrees**")
+    assert lines["SPG collapses under both Normal and Exploding, from off-policy bias"].startswith("* **partly agrees**")
+    assert "1/3 collapsed at step(s) 60" in lines["SPG collapses under both Normal and Exploding, from off-policy bias"]
+    grpo_line = next(line for key, line in lines.items() if key.startswith("with estimated ratios GRPO"))
+    assert grpo_line.startswith("* **agrees**")
+    clip_line = lines["C in {1, 5} is stable, C in {100, 1000} collapses"]
+    assert clip_line.startswith("* **partly agrees**") and "C=100: exploding 0/3 collapsed" in clip_line
+    assert "not run (`python -m stabledrl_bench stress drift`)" in text
+    assert "| stabledrl | exploding | 0/3 |" in text
+
+
+def test_stability_section_rejects_a_foreign_record(tmp_path):
+    (tmp_path / "stability").mkdir()
+    (tmp_path / "stability" / "hull.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(UserError, match="hull.json"):
+        stability_section(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------- command line
+def test_command_line_errors_are_user_errors(tmp_path):
+    common = ["--results", str(tmp_path), "--runs", str(tmp_path / "runs"), "--no-leaderboard"]
+    with pytest.raises(UserError, match="--methods"):
+        main(["exploding", "--methods", "grpo,nope", *common])
+    with pytest.raises(UserError, match="--conditions"):
+        main(["clip", "--conditions", "stormy", *common])
+    with pytest.raises(UserError, match="--variants"):
+        main(["drift", "--variants", "ppo", *common])
+    with pytest.raises(UserError, match="exploding noise"):
+        main(["drift", "--noise-scale", "-1", *common])
+    with pytest.raises(UserError, match="--scales"):
+        main(["hull", "--scales", "a,b", *common])
+
+
+def test_every_command_end_to_end_at_toy_size(tmp_path):
+    """Warm start (few SFT steps), two training commands, drift and hull write records, plots and the section."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    common = ["--results", str(results), "--runs", str(runs), "--no-leaderboard"]
+    toy = ["--sft-steps", "2", "--steps", "2", "--prompts", "2", "--generations", "2", "--diffusion-steps", "5"]
+    main(["exploding", "--methods", "spg,stabledrl", "--seeds", "0", "--jobs", "1", *toy, *common])
+    main(["clip", "--thresholds", "5", "--conditions", "exploding", "--seeds", "0", "--jobs", "1", *toy, *common])
+    main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", "--seeds", "0", *toy, *common])
+    main(["hull", "--trials", "10", *common])
+    records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
+    assert set(records) == {"exploding", "clip", "drift", "hull"}
+    exploding = records["exploding"]
+    assert exploding["budget_hash"] and exploding["environment"]["hardware"]
+    spg = [r for r in exploding["runs"] if r["label"] == "spg"]
+    assert [r["shared_with_normal"] for r in spg] == [False, True] and spg[0]["run_dir"] == spg[1]["run_dir"]
+    # StableDRL with C = 5 is the same configuration in both sweeps: one run folder, trained once.
+    shared = {r["run_dir"] for r in exploding["runs"] if r["label"] == "stabledrl" and r["condition"] == "exploding"}
+    assert shared == {r["run_dir"] for r in records["clip"]["runs"] if r["label"] == "C=5"}
+    for record in records.values():
+        for name in record["plots"].values():
+            assert (results / "stability" / name).is_file()
+    text = stability_section(results)
+    assert "### What we observed" in text and "not run" not in text
+    assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text
