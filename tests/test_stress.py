@@ -27,10 +27,17 @@ from stabledrl_bench.baselines.spg import sandwich_bound
 from stabledrl_bench.baselines.stabledrl import stabledrl_loss
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.estimators import SequenceBatch, build_estimator
-from stabledrl_bench.models import build_tiny
-from stabledrl_bench.stress import main, stability_section
+from stabledrl_bench.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.stress import hull as hull_mod
-from stabledrl_bench.stress.common import Definitions, ExplodingNoise, collapse_step, spike_steps
+from stabledrl_bench.stress import main, stability_section
+from stabledrl_bench.stress.common import (
+    Definitions,
+    ExplodingNoise,
+    WarmStartSpec,
+    collapse_step,
+    ensure_warm_start,
+    spike_steps,
+)
 from stabledrl_bench.stress.drift import Rollout, measure_update_norms
 from stabledrl_bench.trainer import _inject_noise
 
@@ -260,6 +267,7 @@ def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5
         "nonfinite_steps": b(0.0),
         "initial_reward": b(initial),
         "final_reward": b(final),
+        "final_vs_frozen": b(final - initial),
         "grad_norm_median": b(1.0),
         "grad_norm_max": b(2.0),
         "shared_with_normal": label == "spg" and condition == "exploding",
@@ -304,8 +312,8 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
     lines = {line.split("paper: ")[1].split(" (")[0]: line for line in text.splitlines() if "paper: " in line}
     assert lines["StableDRL improves stably under Normal and Exploding"].startswith("* **agrees**")
     assert lines["ESPO collapses immediately under Exploding"].startswith("* **agrees**")
-    assert lines["SPG collapses under both Normal and Exploding, from off-policy bias"].startswith("* **partly agrees**")
-    assert "1/3 collapsed at step(s) 60" in lines["SPG collapses under both Normal and Exploding, from off-policy bias"]
+    spg_line = lines["SPG collapses under both Normal and Exploding, from off-policy bias"]
+    assert spg_line.startswith("* **partly agrees**") and "1/3 collapsed at step(s) 60" in spg_line
     grpo_line = next(line for key, line in lines.items() if key.startswith("with estimated ratios GRPO"))
     assert grpo_line.startswith("* **agrees**")
     clip_line = lines["C in {1, 5} is stable, C in {100, 1000} collapses"]
@@ -317,7 +325,7 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
 def test_stability_section_rejects_a_foreign_record(tmp_path):
     (tmp_path / "stability").mkdir()
     (tmp_path / "stability" / "hull.json").write_text(json.dumps({"schema": "other"}))
-    with pytest.raises(UserError, match="hull.json"):
+    with pytest.raises(UserError, match=r"hull\.json"):
         stability_section(tmp_path)
 
 
@@ -336,27 +344,43 @@ def test_command_line_errors_are_user_errors(tmp_path):
         main(["hull", "--scales", "a,b", *common])
 
 
+def test_cached_warm_start_built_with_other_settings_is_refused(tmp_path):
+    folder = tmp_path / "sft"
+    folder.mkdir()
+    (folder / "warm_start.json").write_text(json.dumps({"spec_hash": "something-else"}))
+    with pytest.raises(UserError, match="other settings"):
+        ensure_warm_start(tmp_path, WarmStartSpec())
+    with pytest.raises(UserError, match="not a model folder"):
+        ensure_warm_start(tmp_path, WarmStartSpec(), override=str(tmp_path))
+
+
 def test_every_command_end_to_end_at_toy_size(tmp_path):
-    """Warm start (few SFT steps), two training commands, drift and hull write records, plots and the section."""
-    results, runs = tmp_path / "results", tmp_path / "runs"
-    common = ["--results", str(results), "--runs", str(runs), "--no-leaderboard"]
-    toy = ["--sft-steps", "2", "--steps", "2", "--prompts", "2", "--generations", "2", "--diffusion-steps", "5"]
-    main(["exploding", "--methods", "spg,stabledrl", "--seeds", "0", "--jobs", "1", *toy, *common])
-    main(["clip", "--thresholds", "5", "--conditions", "exploding", "--seeds", "0", "--jobs", "1", *toy, *common])
-    main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", "--seeds", "0", *toy, *common])
-    main(["hull", "--trials", "10", *common])
+    """Both training commands, drift and hull write records and plots; runs are shared; the section renders."""
+    results, runs, model = tmp_path / "results", tmp_path / "runs", tmp_path / "model"
+    save_diffusion_lm(build_tiny(seed=0, **SMALL), model)
+    common = ["--results", str(results), "--runs", str(runs), "--no-leaderboard", "--warm-start", str(model)]
+    toy = ["--prompts", "2", "--generations", "2", "--diffusion-steps", "5", "--seeds", "0"]
+    train = [*toy, "--steps", "2", "--jobs", "1", "--conditions", "exploding"]
+    main(["exploding", "--methods", "spg,stabledrl", *train, *common])
+    main(["clip", "--thresholds", "5", *train, *common])
+    main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", *toy, *common])
+    main(["hull", "--trials", "10", *common[:-2]])
     records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
     assert set(records) == {"exploding", "clip", "drift", "hull"}
     exploding = records["exploding"]
     assert exploding["budget_hash"] and exploding["environment"]["hardware"]
-    spg = [r for r in exploding["runs"] if r["label"] == "spg"]
-    assert [r["shared_with_normal"] for r in spg] == [False, True] and spg[0]["run_dir"] == spg[1]["run_dir"]
+    assert exploding["warm_start"] == {"path": str(model), "source": "user"}
+    assert list(exploding["frozen"]) == ["0"] and len(exploding["frozen"]["0"]["reward_mean"]) == 1
+    assert records["drift"]["budget"]["max_steps"] == 2  # one rollout phase: rollout, then inner step mu = 2
+    (spg,) = [r for r in exploding["runs"] if r["label"] == "spg"]
+    assert spg["shared_with_normal"] and "-normal-" in Path(spg["run_dir"]).name  # no ratio: the normal run
     # StableDRL with C = 5 is the same configuration in both sweeps: one run folder, trained once.
-    shared = {r["run_dir"] for r in exploding["runs"] if r["label"] == "stabledrl" and r["condition"] == "exploding"}
-    assert shared == {r["run_dir"] for r in records["clip"]["runs"] if r["label"] == "C=5"}
+    (stable,) = [r for r in exploding["runs"] if r["label"] == "stabledrl"]
+    (clip5,) = records["clip"]["runs"]
+    assert stable["run_dir"] == clip5["run_dir"] and len(list((runs / "train").iterdir())) == 2
     for record in records.values():
         for name in record["plots"].values():
             assert (results / "stability" / name).is_file()
     text = stability_section(results)
-    assert "### What we observed" in text and "not run" not in text
+    assert "### What we observed" in text and "not run (`python" not in text
     assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text

@@ -92,13 +92,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of ``x`` [B, H, Q, D] at integer positions ``position_ids`` [B, Q]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+def rope_tables(position_ids: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """cos/sin tables [B or 1, 1, Q, D] for integer positions [B, Q]; computed once per forward for all layers.
+
+    Rows with identical positions (the usual case) share one table, so the cost does not grow with the batch.
+    """
+    if position_ids.shape[0] > 1 and bool((position_ids == position_ids[:1]).all()):
+        position_ids = position_ids[:1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim))
     freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # [B, Q, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, Q, D]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [B, H, Q, D] with precomputed tables (see :func:`rope_tables`)."""
     return x * cos + rotate_half(x) * sin
 
 
@@ -107,21 +115,20 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.theta = config.rope_theta
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(
         self,
         x: torch.Tensor,
-        position_ids: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, q_len, _ = x.shape
         q, k, v = self.qkv(x).view(b, q_len, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q = apply_rope(q, position_ids, self.theta)
-        k = apply_rope(k, position_ids, self.theta)
+        q = apply_rope(q, *rope)
+        k = apply_rope(k, *rope)
         if past is not None:
             k = torch.cat((past[0], k), dim=2)
             v = torch.cat((past[1], v), dim=2)
@@ -148,8 +155,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, x, position_ids, mask, past):
-        h, kv = self.attn(self.attn_norm(x), position_ids, mask, past)
+    def forward(self, x, rope, mask, past):
+        h, kv = self.attn(self.attn_norm(x), rope, mask, past)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -234,13 +241,15 @@ class TinyDLM(PreTrainedModel):
             )
         mask = _expand_mask(attention_mask, batch, q_len, past_len + q_len, input_ids.device)
         h = self.embed(input_ids)
+        head_dim = self.config.hidden_size // self.config.num_attention_heads
+        rope = rope_tables(position_ids, head_dim, self.config.rope_theta, h.dtype)
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
             past = kv_cache[i] if kv_cache else None
             if self.gradient_checkpointing and self.training:
-                h, kv = checkpoint(layer, h, position_ids, mask, past, use_reentrant=False)
+                h, kv = checkpoint(layer, h, rope, mask, past, use_reentrant=False)
             else:
-                h, kv = layer(h, position_ids, mask, past)
+                h, kv = layer(h, rope, mask, past)
             new_cache.append(kv)
         logits = self.lm_head(self.norm(h))
         return TinyDLMOutput(logits=logits, kv_cache=new_cache if use_cache else None)

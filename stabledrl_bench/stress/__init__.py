@@ -21,7 +21,15 @@ leaderboard, whose Stability section (:func:`stability_section`) is generated fr
 collapse, exploding noise) live in :mod:`.common`; the CI regression is ``tests/test_stress.py``.
 """
 
-from .cli import main
 from .report import stability_section
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stabledrl_bench stress ...`` (:func:`.cli.main`); imported on call, so that the leaderboard,
+    which only needs :func:`stability_section`, does not load the training stack."""
+    from .cli import main as cli_main
+
+    return cli_main(argv)
+
 
 __all__ = ["main", "stability_section"]

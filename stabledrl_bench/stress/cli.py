@@ -9,7 +9,9 @@ section is generated from those files) unless ``--no-leaderboard``. Training run
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +34,11 @@ EXPERIMENTS = ("exploding", "drift", "clip", "hull")
 CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
 
 
-def stress_budget(args: argparse.Namespace) -> Budget:
+def stress_budget(args: argparse.Namespace, steps: int) -> Budget:
     """The stress budget: the tiny preset's canvas (L = 40, block 8, mu = 2, T = 0.9) with fewer prompts and
     diffusion steps, so that a whole sweep fits ~15 minutes on 2 cores."""
     return Budget(
-        max_steps=args.steps,
+        max_steps=steps,
         prompts_per_step=args.prompts,
         num_generations=args.generations,
         num_iterations=2,
@@ -59,7 +61,6 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
     p.add_argument("--sft-steps", type=int, default=WarmStartSpec.sft_steps, help="SFT steps of the warm start")
-    p.add_argument("--steps", type=int, default=80, help="optimizer steps per run (budget.max_steps)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--generations", type=int, default=8, help="completions per prompt (group size G)")
     p.add_argument("--diffusion-steps", type=int, default=10, help="rollout denoising steps over the 40 tokens")
@@ -82,7 +83,8 @@ def _add_definitions(p: argparse.ArgumentParser) -> None:
 
 def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
-    p.add_argument("--lr", type=float, default=3e-4, help="constant learning rate (AdamW, no weight decay)")
+    p.add_argument("--steps", type=int, default=120, help="optimizer steps per run (budget.max_steps)")
+    p.add_argument("--lr", type=float, default=1e-4, help="constant AdamW learning rate (the tiny preset's RL lr)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (pre-clip norm is logged)")
     p.add_argument("--jobs", type=int, default=2, help="parallel worker processes (one thread each)")
 
@@ -162,17 +164,64 @@ def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) 
     return TrainSettings(
         warm_start=str(path),
         warm_start_id=info.get("spec_hash") or str(path),
-        budget=stress_budget(args),
+        budget=stress_budget(args, args.steps),
         learning_rate=args.lr,
         max_grad_norm=args.max_grad_norm,
         noise=_noise(args),
     )
 
 
-def _training_payload(args, settings, definitions, info, model, rows, summary, plots, start) -> dict[str, Any]:
+def _runtime(
+    start: tuple[float, float], workers: int, warm_start: Mapping[str, Any] | None, worker_cpu: float = 0.0
+) -> dict[str, Any]:
+    """Wall time of this invocation, and the cost of the whole experiment from scratch, which does not depend on
+    what was cached: CPU seconds of the warm-start SFT (as recorded when it was built; its wall time for older
+    records), of this process and of every run (as recorded by the run), and from them the estimated wall time on
+    ``workers`` free cores. A shared machine makes measured wall times pessimistic, hence the load average."""
+    main_cpu = time.process_time() - start[1]
+    warm = warm_start or {}
+    sft_cpu = warm.get("sft_cpu_seconds") or warm.get("sft_seconds") or 0.0
+    other_cpu = main_cpu - (sft_cpu if warm.get("built_now") else 0.0)
     return {
-        "settings": {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard")},
-        "seeds": parse_list(args.seeds, int, "--seeds"),
+        "runtime_s": time.perf_counter() - start[0],
+        "cpu_seconds": {"warm_start": sft_cpu, "main": other_cpu, "workers": worker_cpu},
+        "estimated_free_cores_s": sft_cpu + other_cpu + worker_cpu / max(1, workers),
+        "cores": workers,
+        "load_average": os.getloadavg(),
+    }
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Every command-line setting except where files go."""
+    return {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard", "no_leaderboard")}
+
+
+def _training_experiment(
+    args: argparse.Namespace,
+    experiment: str,
+    title: str,
+    labels: list[str],
+    make_spec: Callable[[str, str, int], RunSpec],
+    shared_normal: Callable[[RunSpec], bool],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Shared body of ``exploding`` and ``clip``: labels x conditions x seeds of real runs from one warm start."""
+    start = (time.perf_counter(), time.process_time())
+    conditions = conditions_arg(args.conditions)
+    seeds = parse_list(args.seeds, int, "--seeds")
+    definitions = _definitions(args)
+    path, info, model = _warm_start(args)
+    settings = _train_settings(args, path, info)
+    specs = [make_spec(label, condition, seed) for label in labels for condition in conditions for seed in seeds]
+    rows, frozen, cost = sweep(
+        specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
+    )
+    plots = plot_sweep(rows, frozen, labels, conditions, Path(args.results), experiment, title)
+    payload = {
+        "title": title,
+        **(extra or {}),
+        "settings": _settings(args),
+        "seeds": seeds,
         "noise": {**settings.noise.__dict__, "text": settings.noise.describe()},
         "definitions": {**definitions.to_dict(), "text": definitions.describe()},
         "warm_start": info,
@@ -182,78 +231,58 @@ def _training_payload(args, settings, definitions, info, model, rows, summary, p
         "budget": settings.budget.to_dict(),
         "budget_hash": settings.budget.hash(),
         "runs": rows,
-        "summary": summary,
+        "frozen": frozen,
+        "summary": aggregate(rows, labels, conditions),
         "plots": plots,
-        "runtime_s": time.perf_counter() - start,
+        "jobs": cost,
+        **_runtime(start, args.jobs, info, cost["worker_cpu_seconds"]),
     }
+    return write_record(args.results, experiment, payload)
+
+
+def _names(text: str, known: Mapping[str, Any], option: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UserError(f"{option}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
+    return names
 
 
 def cmd_exploding(args: argparse.Namespace) -> Path:
-    start = time.perf_counter()
-    methods = [m for m in (x.strip() for x in args.methods.split(",")) if m]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise UserError(f"--methods: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(METHODS)}")
-    conditions = conditions_arg(args.conditions)
-    seeds = parse_list(args.seeds, int, "--seeds")
-    definitions = _definitions(args)
-    path, info, model = _warm_start(args)
-    settings = _train_settings(args, path, info)
-    specs = [
-        RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), c, s)
-        for m in methods
-        for c in conditions
-        for s in seeds
-    ]
-    rows = sweep(
-        specs,
-        settings,
-        Path(args.runs),
-        definitions,
-        args.jobs,
-        "exploding runs",
+    methods = _names(args.methods, METHODS, "--methods")
+    return _training_experiment(
+        args,
+        "exploding",
+        "Exploding-weight stress test",
+        methods,
+        lambda m, condition, seed: RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), condition, seed),
         shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
     )
-    plots = plot_sweep(rows, methods, conditions, Path(args.results), "exploding", "Exploding-weight stress test")
-    summary = aggregate(rows, methods, conditions)
-    payload = _training_payload(args, settings, definitions, info, model, rows, summary, plots, start)
-    return write_record(args.results, "exploding", {"title": "Exploding-weight stress test", **payload})
 
 
 def cmd_clip(args: argparse.Namespace) -> Path:
-    start = time.perf_counter()
     thresholds = parse_list(args.thresholds, float, "--thresholds")
     if any(not c > 0 for c in thresholds):
         raise UserError("--thresholds must be positive")
-    conditions = conditions_arg(args.conditions)
-    seeds = parse_list(args.seeds, int, "--seeds")
-    definitions = _definitions(args)
-    path, info, model = _warm_start(args)
-    settings = _train_settings(args, path, info)
-    labels = [f"C={c:g}" for c in thresholds]
-    specs = [
-        RunSpec(label, "stabledrl", (("clip_threshold", c),), cond, s)
-        for label, c in zip(labels, thresholds, strict=True)
-        for cond in conditions
-        for s in seeds
-    ]
-    rows = sweep(specs, settings, Path(args.runs), definitions, args.jobs, "clip runs", shared_normal=lambda _: False)
-    plots = plot_sweep(rows, labels, conditions, Path(args.results), "clip", "StableDRL clip-threshold ablation")
-    summary = aggregate(rows, labels, conditions)
-    payload = _training_payload(args, settings, definitions, info, model, rows, summary, plots, start)
-    return write_record(args.results, "clip", {"title": "Clip-threshold ablation", "thresholds": thresholds, **payload})
+    by_label = {f"C={c:g}": c for c in thresholds}
+    return _training_experiment(
+        args,
+        "clip",
+        "Clip-threshold ablation",
+        list(by_label),
+        lambda label, condition, seed: RunSpec(
+            label, "stabledrl", (("clip_threshold", by_label[label]),), condition, seed
+        ),
+        shared_normal=lambda _: False,
+        extra={"thresholds": thresholds},
+    )
 
 
 def cmd_drift(args: argparse.Namespace) -> Path:
-    import torch
-
     from ..models.backends import load_diffusion_lm
 
-    start = time.perf_counter()
-    variants = [v for v in (x.strip() for x in args.variants.split(",")) if v]
-    unknown = [v for v in variants if v not in drift_mod.VARIANTS]
-    if unknown or not variants:
-        raise UserError(f"--variants: unknown {', '.join(unknown) or '(none)'}; choose {', '.join(drift_mod.VARIANTS)}")
+    start = (time.perf_counter(), time.process_time())
+    variants = _names(args.variants, drift_mod.VARIANTS, "--variants")
     conditions = conditions_arg(args.conditions)
     levels = sorted(parse_list(args.levels, float, "--levels"))
     if levels[0] < 0:
@@ -262,8 +291,7 @@ def cmd_drift(args: argparse.Namespace) -> Path:
     _check_positive(repeats=args.repeats, rollouts=args.rollouts, spike_k=args.spike_k)
     noise = _noise(args)
     path, info, model = _warm_start(args)
-    budget = stress_budget(args)
-    torch.set_num_threads(1)
+    budget = stress_budget(args, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
     dlm = load_diffusion_lm(path)
     records_by_seed = {}
     for seed in seeds:
@@ -285,7 +313,7 @@ def cmd_drift(args: argparse.Namespace) -> Path:
     plot = drift_mod.plot(summary, variants, conditions, Path(args.results), args.spike_k)
     payload = {
         "title": "Spike probability vs drift",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard")},
+        "settings": _settings(args),
         "seeds": seeds,
         "levels": levels,
         "variants": {v: {"baseline": drift_mod.VARIANTS[v][0], "options": drift_mod.VARIANTS[v][1]} for v in variants},
@@ -306,13 +334,13 @@ def cmd_drift(args: argparse.Namespace) -> Path:
         "records": records_by_seed,
         "summary": summary,
         "plots": {"spikes": plot},
-        "runtime_s": time.perf_counter() - start,
+        **_runtime(start, 1, info),
     }
     return write_record(args.results, "drift", payload)
 
 
 def cmd_hull(args: argparse.Namespace) -> Path:
-    start = time.perf_counter()
+    start = (time.perf_counter(), time.process_time())
     scales = parse_list(args.scales, float, "--scales")
     _check_positive(trials=args.trials, clip_threshold=args.clip_threshold, **{f"scale {s:g}": s for s in scales})
     records = hull_mod.run_hull(args.trials, scales, args.seed, clip_threshold=args.clip_threshold)
@@ -320,13 +348,13 @@ def cmd_hull(args: argparse.Namespace) -> Path:
     plot = hull_mod.plot(records, Path(args.results), args.clip_threshold)
     payload = {
         "title": "Convex-hull property",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard")},
+        "settings": _settings(args),
         "seeds": [args.seed],
         "scales": scales,
         "tolerance": hull_mod.TOLERANCE,
         "summary": summary,
         "plots": {"hull": plot},
-        "runtime_s": time.perf_counter() - start,
+        **_runtime(start, 1, None),
     }
     return write_record(args.results, "hull", payload)
 
@@ -354,8 +382,16 @@ def _refresh_leaderboard(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point behind ``python -m stabledrl_bench stress``; user errors raise :class:`UserError`."""
+    """Entry point behind ``python -m stabledrl_bench stress``; user errors raise :class:`UserError`.
+
+    Every process of a stress command uses one intra-op thread: for a 0.1 M-parameter model, threads cost more in
+    synchronisation than they gain (measured: SFT 2.6x slower with 2 threads on a loaded 2-core machine), and the
+    training sweeps get their parallelism from ``--jobs`` worker processes instead.
+    """
+    import torch
+
     args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     for name in names:
         sub_args = args

@@ -21,11 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..results import STABILITY_DIR, atomic_write_text, environment_info
-from ..trainer import NoiseInjection
+
+if TYPE_CHECKING:
+    from ..trainer import NoiseInjection
 
 SCHEMA = "stabledrl-bench/stability/v1"
 CONDITIONS = ("normal", "exploding")
@@ -86,12 +88,13 @@ def ensure_warm_start(runs_dir: Path, spec: WarmStartSpec, override: str | None 
                 "delete it or pass --runs DIR"
             )
         if final.is_dir():
-            return final, {**info, "sft_seconds": cached.get("sft_seconds")}
-    return final, {**info, "sft_seconds": _build_warm_start(folder, spec)}
+            cost = {k: cached.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}
+            return final, {**info, **cost, "built_now": False}
+    return final, {**info, **_build_warm_start(folder, spec), "built_now": True}
 
 
-def _build_warm_start(folder: Path, spec: WarmStartSpec) -> float:
-    """Initialise the stress model, SFT it, record the spec; returns the SFT wall time."""
+def _build_warm_start(folder: Path, spec: WarmStartSpec) -> dict[str, float]:
+    """Initialise the stress model, SFT it, record the spec; returns the SFT wall and CPU time."""
     import shutil
     import time
 
@@ -127,13 +130,12 @@ def _build_warm_start(folder: Path, spec: WarmStartSpec) -> float:
         seed=spec.sft_seed,
         output_dir=str(folder),
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     print(f"stress warm start: {spec.sft_steps} SFT steps -> {folder / 'final'}")
     run_sft(cfg)
-    seconds = time.perf_counter() - start
-    info = {"spec": spec.to_dict(), "spec_hash": spec.hash(), "sft_seconds": seconds}
-    atomic_write_text(folder / WARM_START_FILE, json.dumps(info, indent=2))
-    return seconds
+    cost = {"sft_seconds": time.perf_counter() - start, "sft_cpu_seconds": time.process_time() - cpu_start}
+    atomic_write_text(folder / WARM_START_FILE, json.dumps({"spec": spec.to_dict(), "spec_hash": spec.hash(), **cost}))
+    return cost
 
 
 # ------------------------------------------------------------------------------------------- exploding noise
@@ -167,6 +169,8 @@ class ExplodingNoise:
         ESPO's log-ratio is Delta ELBO / L on a summed ELBO, so its ELBO noise is scaled by L to give the same
         ``scale`` on the log-ratio; every other method's estimate is already on its log-ratio scale.
         """
+        from ..trainer import NoiseInjection  # the trainer stack is heavy; the leaderboard imports this module
+
         factor = gen_length if baseline == "espo" else 1
         return NoiseInjection(df=self.df, scale=self.scale * factor, probability=self.probability)
 
@@ -329,14 +333,16 @@ class Series:
 
     label: str
     runs: list[tuple[list[float], list[float]]] = field(default_factory=list)
-    stopped: list[tuple[float, float]] = field(default_factory=list)  # (x, y) where a run diverged
+    stopped: list[float] = field(default_factory=list)  # x where a run stopped on non-finite steps
 
 
 def seed_band(ax, series: Series, color, *, log: bool = False) -> bool:
-    """Mean over the seeds that reached each x (geometric on a log axis), shaded min/max band, an x where a run
-    stopped; returns whether anything was drawn (a log axis needs some positive value)."""
+    """Mean over the seeds that reached each x (geometric on a log axis), shaded min/max band, a dotted vertical
+    line where a run stopped; returns whether any curve was drawn (a log axis needs some positive value)."""
     import numpy as np
 
+    for x in series.stopped:
+        ax.axvline(x, color=color, ls=":", lw=1.2)
     xs = sorted({x for run_x, _ in series.runs for x in run_x})
     table: dict[float, list[float]] = {x: [] for x in xs}
     for run_x, run_y in series.runs:
@@ -349,8 +355,6 @@ def seed_band(ax, series: Series, color, *, log: bool = False) -> bool:
     mean = [float(np.exp(np.mean(np.log(table[x])))) if log else float(np.mean(table[x])) for x in kept]
     ax.plot(kept, mean, color=color, lw=1.3, label=series.label)
     ax.fill_between(kept, [min(table[x]) for x in kept], [max(table[x]) for x in kept], color=color, alpha=0.18)
-    for x, y in series.stopped:
-        ax.plot([x], [y], marker="x", color=color, ms=7, mew=2)
     return True
 
 

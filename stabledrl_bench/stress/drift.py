@@ -156,7 +156,7 @@ def measure_update_norms(
     """One record per (level, repeat): the measured policy drift and every variant's update norm per condition.
 
     The model's parameters are restored to theta_0 afterwards. Randomness (directions, masks, noise) comes from
-    a generator seeded with (seed, level index, repeat), so a record does not depend on which variants ran.
+    generators seeded with (seed, level index, repeat); every variant of a repeat sees the same drifted policy.
     """
     model = dlm.model
     params = [p for p in model.parameters() if p.requires_grad]
@@ -215,6 +215,7 @@ def _variant_norms(
     generator: torch.Generator,
     params: Sequence[torch.Tensor],
 ) -> dict[str, dict[str, float | None]]:
+    """Update norm and ratio diagnostics of one variant under each condition (the method's own advantages)."""
     advantages, _ = baseline.advantages(rollout.rewards, rollout.group_ids, rollout.correct)
     out = {}
     for condition in conditions:

@@ -68,7 +68,17 @@ def _setting_line(record: Mapping[str, Any]) -> str:
         opt = record["optimizer"]
         parts.append(f"AdamW lr {fmt(opt['learning_rate'])} (constant), grad clip {fmt(opt['max_grad_norm'])}")
     parts.append(f"seeds {', '.join(str(s) for s in record.get('seeds', []))}")
-    parts.append(f"{hardware_label(record.get('environment') or {})}, {fmt(record.get('runtime_s'))} s")
+    runtime = f"{hardware_label(record.get('environment') or {})}: {fmt(record.get('runtime_s'))} s wall"
+    jobs = record.get("jobs") or {}
+    if jobs.get("jobs_reused"):
+        runtime += f" ({jobs['jobs_reused']} of {jobs['jobs']} runs reused from the cache)"
+    if record.get("estimated_free_cores_s") is not None:
+        load = record.get("load_average") or [None]
+        runtime += (
+            f"; from scratch on {record.get('cores')} free core(s) ≈ {fmt(record['estimated_free_cores_s'])} s "
+            f"(CPU-time estimate; 1-min load average at the end {fmt(load[0])})"
+        )
+    parts.append(runtime)
     return "Settings: " + "; ".join(parts) + "."
 
 
@@ -98,6 +108,7 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
                 fmt_band(s["spikes"]),
                 fmt_band(s["nonfinite_steps"]),
                 f"{fmt_band(s['initial_reward'])} → {fmt_band(s['final_reward'])}",
+                fmt_band(s.get("final_vs_frozen")),
                 fmt_band(s["grad_norm_median"]),
                 fmt_band(s["grad_norm_max"]),
             ]
@@ -110,6 +121,7 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
         "spikes",
         "non-finite steps",
         "reward first → last",
+        "last − frozen",
         "median grad norm",
         "max grad norm",
     ]
@@ -121,7 +133,9 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
             "\n".join(_definitions_lines(record)),
             table(header, rows),
             "Spikes and non-finite steps are counts per run (mean [min, max] over seeds); rewards are the mean of the "
-            "first and of the last rollouts (see the collapse definition for the windows); grad norms are pre-clip.",
+            "first and of the last rollouts (see the collapse definition for the windows); *last − frozen* compares "
+            "the last rollouts with the never-updated warm start on the same prompts (positive = learned something); "
+            "grad norms are pre-clip.",
             " ".join(_image(link_base, plots.get(k), f"{record['experiment']} {k}") for k in ("reward", "gradnorm")),
         ]
     )
@@ -225,9 +239,9 @@ def _exploding_claims(record: Mapping[str, Any] | None) -> list[str]:
     if s_n or s_e:
         stable = _none(s_n) and _none(s_e)
         gains = [
-            e["final_reward"]["mean"] - e["initial_reward"]["mean"]
+            e["final_vs_frozen"]["mean"]
             for e in (s_n, s_e)
-            if e and e["final_reward"]["mean"] is not None and e["initial_reward"]["mean"] is not None
+            if e and e.get("final_vs_frozen") and e["final_vs_frozen"]["mean"] is not None
         ]
         improves = bool(gains) and all(g > 0 for g in gains)
         verdict = "agrees" if stable and improves else ("partly agrees" if stable else "disagrees")
@@ -235,8 +249,9 @@ def _exploding_claims(record: Mapping[str, Any] | None) -> list[str]:
             _claim(
                 "StableDRL improves stably under Normal and Exploding (§1.4).",
                 verdict,
-                f"normal {_collapse_text(s_n)}, exploding {_collapse_text(s_e)}; mean reward change first → last "
-                + ", ".join(fmt(g) for g in gains),
+                f"normal {_collapse_text(s_n)}, exploding {_collapse_text(s_e)}; last rollouts minus the frozen warm "
+                f"start on the same prompts: {', '.join(fmt(g) for g in gains) or MISSING} (stable"
+                f"{', improving' if improves else ', not improving'})",
             )
         )
     e_e = _entry(record, "espo", "exploding")
@@ -322,17 +337,22 @@ def _drift_claims(record: Mapping[str, Any] | None) -> list[str]:
 
     conditional = [v for v in ("grpo", "espo") if p(v, high) is not None and p(v, low) is not None]
     stable = p("stabledrl", high)
-    rising = [v for v in conditional if p(v, high) > p(v, low) and (stable is None or p(v, high) > stable)]
-    verdict = (
-        "agrees" if conditional and len(rising) == len(conditional) else ("partly agrees" if rising else "disagrees")
+    claim = (
+        "drift from the rollout policy makes spikes more likely under conditional clipping (the self-reinforcing "
+        "loop), while StableDRL's update stays bounded (§5.2-5.5)."
     )
+    if not conditional:
+        return [
+            _claim(claim, "not tested", "no spike probabilities for GRPO / ESPO (variant not run, or zero updates)")
+        ]
+    rising = [v for v in conditional if p(v, high) > p(v, low) and (stable is None or p(v, high) > stable)]
+    verdict = "agrees" if len(rising) == len(conditional) else ("partly agrees" if rising else "disagrees")
     evidence = "; ".join(
         f"{v} {fmt(p(v, low))} → {fmt(p(v, high))}" for v in (*conditional, "stabledrl") if p(v, low) is not None
     )
     return [
         _claim(
-            "drift from the rollout policy makes spikes more likely under conditional clipping (the self-reinforcing "
-            "loop), while StableDRL's update stays bounded (§5.2-5.5).",
+            claim,
             verdict,
             f"spike probability ({condition} condition) from the smallest to the largest drift level: {evidence}",
         )

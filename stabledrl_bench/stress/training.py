@@ -105,6 +105,7 @@ def run_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> dict[str,
     key = short_hash(identity)
     folder = runs_dir / "train" / f"{spec.baseline}-{spec.condition}-s{spec.seed}-{key[:8]}"
     return {
+        "kind": "train",
         "key": key,
         "folder": str(folder),
         "spec": dataclasses.asdict(spec),
@@ -116,6 +117,61 @@ def run_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> dict[str,
         "task": settings.task,
         "protocol": settings.protocol,
     }
+
+
+def frozen_job(seed: int, settings: TrainSettings, runs_dir: Path) -> dict[str, Any]:
+    """The reference of a seed: the warm start, never updated, rolled out on the same prompt sequence."""
+    identity = {"frozen": seed, "settings": {k: v for k, v in settings.to_dict().items() if k != "noise"}}
+    key = short_hash(identity)
+    return {
+        "kind": "frozen",
+        "key": key,
+        "path": str(runs_dir / "frozen" / f"s{seed}-{key[:8]}.json"),
+        "seed": seed,
+        "warm_start": settings.warm_start,
+        "budget": settings.budget.to_dict(),
+        "task": settings.task,
+        "protocol": settings.protocol,
+    }
+
+
+def frozen_run(job: dict[str, Any]) -> dict[str, Any]:
+    """Rewards of the frozen warm start at every rollout of a run with this seed (same prompts as the trainer's
+    ``PromptStream``, independent samples), so that reward changes are not confused with prompt difficulty."""
+    import torch
+
+    from ..models.backends import load_diffusion_lm
+    from .drift import collect_rollouts
+
+    torch.set_num_threads(1)
+    path = Path(job["path"])
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("key") == job["key"]:
+            return {**cached, "cached": True}
+    budget = Budget(**job["budget"])
+    cpu_start = time.process_time()
+    rollouts = collect_rollouts(
+        load_diffusion_lm(job["warm_start"]),
+        budget,
+        task=job["task"],
+        protocol=job["protocol"],
+        seed=job["seed"],
+        count=budget.rollout_phases,
+    )
+    result = {
+        "key": job["key"],
+        "reward_step": [i * budget.num_iterations + 1 for i in range(len(rollouts))],
+        "reward_mean": [float(r.rewards.mean()) for r in rollouts],
+        "cpu_seconds": time.process_time() - cpu_start,
+    }
+    atomic_write_text(path, json.dumps(result))
+    return result
+
+
+def execute(job: dict[str, Any]) -> dict[str, Any]:
+    """Worker entry point: a training run or a frozen-policy reference."""
+    return train_run(job) if job["kind"] == "train" else frozen_run(job)
 
 
 def train_run(job: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +187,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
     if summary_path.is_file():
         cached = json.loads(summary_path.read_text())
         if cached.get("key") == job["key"]:
-            return cached
+            return {**cached, "cached": True}
     shutil.rmtree(folder, ignore_errors=True)
     spec = job["spec"]
     budget = Budget(**job["budget"])
@@ -156,7 +212,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
         output_dir=str(folder),
         progress=False,
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     diverged = False
     try:
         RLTrainer(cfg).train()
@@ -167,6 +223,7 @@ def train_run(job: dict[str, Any]) -> dict[str, Any]:
         "key": job["key"],
         "spec": spec,
         "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu_start,
         "last_step": records[-1]["step"] if records else 0,
         "diverged_at": records[-1]["step"] if diverged and records else None,
         "curves": _curves(records),
@@ -195,29 +252,34 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, list]:
 
 
 def run_all(jobs: Sequence[dict[str, Any]], workers: int, desc: str) -> list[dict[str, Any]]:
-    """Every job's summary, in job order; ``workers`` > 1 uses spawned worker processes (one thread each)."""
+    """Every job's result, in job order; ``workers`` > 1 uses spawned worker processes (one thread each)."""
     if workers <= 1 or len(jobs) <= 1:
-        return [train_run(job) for job in tqdm(jobs, desc=desc, dynamic_ncols=True)]
+        return [execute(job) for job in tqdm(jobs, desc=desc, dynamic_ncols=True)]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     results: list[dict[str, Any] | None] = [None] * len(jobs)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(train_run, job): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(execute, job): i for i, job in enumerate(jobs)}
         for future in tqdm(as_completed(futures), total=len(jobs), desc=desc, dynamic_ncols=True):
             results[futures[future]] = future.result()
     return [r for r in results if r is not None]
 
 
 # ------------------------------------------------------------------------------------------------ analysis
-def analyze(summary: dict[str, Any], d: Definitions) -> dict[str, Any]:
-    """Spike steps, collapse and reward statistics of one run (definitions in :class:`Definitions`)."""
+def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions) -> dict[str, Any]:
+    """Spike steps, collapse and reward statistics of one run (definitions in :class:`Definitions`); the final
+    reward is also compared with the frozen warm start's reward on the same rollout steps (same prompts)."""
     c = summary["curves"]
     spikes = spike_steps(c["step"], c["grad_norm"], d)
     collapse, kind = collapse_step(c["reward_step"], c["reward_mean"], summary["last_step"], summary["diverged_at"], d)
     rewards = [r for r in c["reward_mean"] if finite(r)]
     norms = [g for g in c["grad_norm"] if finite(g)]
+    frozen_at = dict(zip(frozen["reward_step"], frozen["reward_mean"], strict=True))
+    last_steps = c["reward_step"][-d.reward_window :]
+    frozen_final = band([frozen_at[step] for step in last_steps if step in frozen_at])["mean"]
+    final = band(rewards[-d.reward_window :])["mean"]
     return {
         "spike_steps": spikes,
         "spike_count": len(spikes),
@@ -225,7 +287,9 @@ def analyze(summary: dict[str, Any], d: Definitions) -> dict[str, Any]:
         "collapse_step": collapse,
         "collapse_kind": kind,
         "initial_reward": band(rewards[: d.initial_rollouts])["mean"],
-        "final_reward": band(rewards[-d.reward_window :])["mean"],
+        "final_reward": final,
+        "frozen_final_reward": frozen_final,
+        "final_vs_frozen": None if final is None or frozen_final is None else final - frozen_final,
         "mean_reward": band(rewards)["mean"],
         "grad_norm_median": sorted(norms)[len(norms) // 2] if norms else None,
         "grad_norm_max": max(norms) if norms else None,
@@ -253,6 +317,7 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
                     "nonfinite_steps": band([r["nonfinite_steps"] for r in group]),
                     "initial_reward": band([r["initial_reward"] for r in group]),
                     "final_reward": band([r["final_reward"] for r in group]),
+                    "final_vs_frozen": band([r["final_vs_frozen"] for r in group]),
                     "grad_norm_median": band([r["grad_norm_median"] for r in group]),
                     "grad_norm_max": band([r["grad_norm_max"] for r in group]),
                     "shared_with_normal": any(r.get("shared_with_normal") for r in group),
@@ -269,18 +334,27 @@ def sweep(
     workers: int,
     desc: str,
     shared_normal: Callable[[RunSpec], bool],
-) -> list[dict[str, Any]]:
-    """Train (or reuse) every run and return one analysed row per spec.
+) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], dict[str, Any]]:
+    """Train (or reuse) every run; returns one analysed row per spec, the frozen reference of every seed and the
+    cost (worker CPU seconds of every distinct job, how many ran now and how many were reused).
 
     ``shared_normal(spec)``: the spec's ``exploding`` row is its ``normal`` run (a method without ratios).
     """
     resolved = [dataclasses.replace(s, condition="normal") if shared_normal(s) else s for s in specs]
     jobs = [run_job(s, settings, runs_dir) for s in resolved]
-    unique: dict[str, dict[str, Any]] = {job["key"]: job for job in jobs}
-    summaries = dict(zip(unique, run_all(list(unique.values()), workers, desc), strict=True))
+    seeds = sorted({s.seed for s in specs})
+    frozen_jobs = {seed: frozen_job(seed, settings, runs_dir) for seed in seeds}
+    unique: dict[str, dict[str, Any]] = {job["key"]: job for job in [*frozen_jobs.values(), *jobs]}
+    results = dict(zip(unique, run_all(list(unique.values()), workers, desc), strict=True))
+    frozen = {seed: results[job["key"]] for seed, job in frozen_jobs.items()}
+    cost = {
+        "jobs": len(results),
+        "jobs_reused": sum(bool(r.get("cached")) for r in results.values()),
+        "worker_cpu_seconds": sum(r.get("cpu_seconds") or 0.0 for r in results.values()),
+    }
     rows = []
     for spec, resolved_spec, job in zip(specs, resolved, jobs, strict=True):
-        summary = summaries[job["key"]]
+        summary = results[job["key"]]
         rows.append(
             {
                 **dataclasses.asdict(spec),
@@ -288,25 +362,28 @@ def sweep(
                 "shared_with_normal": resolved_spec.condition != spec.condition,
                 "run_dir": job["folder"],
                 "seconds": summary["seconds"],
+                "cpu_seconds": summary.get("cpu_seconds"),
                 "last_step": summary["last_step"],
                 "diverged_at": summary["diverged_at"],
-                **analyze(summary, definitions),
+                **analyze(summary, frozen[spec.seed], definitions),
                 "curves": summary["curves"],
             }
         )
-    return rows
+    return rows, frozen, cost
 
 
 # --------------------------------------------------------------------------------------------------- plots
 def plot_sweep(
     rows: list[dict[str, Any]],
+    frozen: dict[int, dict[str, Any]],
     labels: Sequence[str],
     conditions: Sequence[str],
     results_dir: Path,
     experiment: str,
     title: str,
 ) -> dict[str, str]:
-    """``<experiment>_reward.png`` and ``<experiment>_gradnorm.png``: one panel per condition, seed bands."""
+    """``<experiment>_reward.png`` and ``<experiment>_gradnorm.png``: one panel per condition, seed bands; the
+    reward panels also show the frozen warm start on the same prompts (black)."""
     out = {}
     for metric, x_key, y_key, log in (
         ("reward", "reward_step", "reward_mean", False),
@@ -323,10 +400,11 @@ def plot_sweep(
                     xs, ys = r["curves"][x_key], r["curves"][y_key]
                     series.runs.append((xs, ys))
                     if r["diverged_at"] is not None:
-                        last = next((y for y in reversed(ys) if finite(y) and (y > 0 or not log)), None)
-                        if last is not None:
-                            series.stopped.append((xs[-1], last))
+                        series.stopped.append(r["diverged_at"])
                 drawn |= seed_band(ax, series, color, log=log)
+            if metric == "reward":
+                reference = Series("frozen warm start", [(f["reward_step"], f["reward_mean"]) for f in frozen.values()])
+                drawn |= seed_band(ax, reference, "black")
             ax.set_title(f"{condition}", fontsize=9)
             ax.set_xlabel("optimizer step", fontsize=8)
             ax.set_ylabel("rollout reward" if metric == "reward" else "pre-clip grad norm", fontsize=8)
@@ -340,7 +418,7 @@ def plot_sweep(
             fig,
             stability_dir(results_dir) / f"{experiment}_{metric}.png",
             f"{title}: {'reward' if metric == 'reward' else 'pre-clip gradient norm'} (mean, min-max over seeds; "
-            "x = non-finite stop)",
+            "dotted = stopped on non-finite steps)",
         )
         out[metric] = name
     return out
