@@ -109,8 +109,12 @@ def evaluate(
 def model_record(dlm: DiffusionLM, checkpoint: str) -> dict[str, Any]:
     """The ``model`` field of a result record (the rest of the model's summary goes into ``settings``)."""
     summary = dlm.config_summary()
-    return {"family": summary["family"], "name": summary["name"], "checkpoint": checkpoint,
-            "parameters": summary["parameters"]}
+    return {
+        "family": summary["family"],
+        "name": summary["name"],
+        "checkpoint": checkpoint,
+        "parameters": summary["parameters"],
+    }
 
 
 def evaluate_and_record(

@@ -42,11 +42,12 @@ TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
 
 @dataclass
 class TaskRecipe:
-    """Per-task settings of a preset (data split, learning rate, generator options)."""
+    """Per-task settings of a preset (data split, learning rate, generator options for RL and for SFT)."""
 
     train_split: str = "train"
     learning_rate: float = 1e-6
     generator_options: dict[str, Any] = field(default_factory=dict)
+    sft_generator_options: dict[str, Any] | None = None  # None: same puzzles as RL
 
 
 @dataclass
@@ -253,7 +254,9 @@ def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, for
         model=model,
         seed=seed,
         output_dir=str(out),
-        generator_options=recipe.generator_options,
+        generator_options=recipe.generator_options
+        if recipe.sft_generator_options is None
+        else recipe.sft_generator_options,
     )
     print(f"  [{task}] SFT warm start: {cfg.max_steps} steps -> {final}")
     return run_sft(cfg)

@@ -32,7 +32,8 @@ from .checkpoint import export_model, latest_checkpoint, load_checkpoint, read_c
 from .config import from_dict, read_mapping, to_dict
 from .data import PromptStream, training_docs
 from .errors import UserError
-from .estimators import Estimate, SequenceBatch, build_estimator
+from .estimators import Estimate, Estimator, SequenceBatch, build_estimator
+from .models import DiffusionLM
 from .models.backends import load_model_spec
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .registry import LossInputs, build_baseline
@@ -117,6 +118,20 @@ class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
 
+def baseline_estimator(baseline, dlm: DiffusionLM, block_length: int, micro_batch_size: int | None = None) -> Estimator:
+    """The likelihood estimator ``baseline`` trains ``dlm`` with, bound to it.
+
+    SPG's block masking follows the rollout block (StableDRL's ``block_size`` is both) unless the baseline names
+    its own ``block_length``; block-diffusion models get the staircase estimator (``Baseline.estimator_for``).
+    """
+    name, kwargs = baseline.estimator_for(dlm.attention)
+    if name == "spg_block":
+        kwargs.setdefault("block_length", block_length)
+    if micro_batch_size:
+        kwargs["micro_batch_size"] = micro_batch_size
+    return build_estimator(name, **kwargs).bind(dlm)
+
+
 def _no_gpu() -> bool:
     return not torch.cuda.is_available()
 
@@ -156,12 +171,7 @@ class RLTrainer:
         self.output_dir = Path(cfg.output_dir)
 
         dlm = load_model_spec(cfg.model, seed=cfg.seed)
-        est_name, est_kwargs = self.baseline.estimator_for(dlm.attention)
-        if est_name == "spg_block":  # SPG masks by the rollout block unless the baseline names another one
-            est_kwargs.setdefault("block_length", cfg.budget.block_length)
-        if cfg.estimator_micro_batch:
-            est_kwargs["micro_batch_size"] = cfg.estimator_micro_batch
-        self.estimator = build_estimator(est_name, **est_kwargs).bind(dlm)
+        self.estimator = baseline_estimator(self.baseline, dlm, cfg.budget.block_length, cfg.estimator_micro_batch)
         model = dlm.model
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -346,7 +356,7 @@ class RLTrainer:
         if self.baseline.needs_old:
             old = mb.old[iteration] if mb.old[iteration] is not None else new.detach()
             if self.cfg.log_ratio_noise is not None:
-                old = _inject_noise(old, self.cfg.log_ratio_noise, self.generators["noise"])
+                old = inject_log_ratio_noise(old, self.cfg.log_ratio_noise, self.generators["noise"])
         inputs = LossInputs(
             new=new,
             old=old,
@@ -493,7 +503,7 @@ def _merge_metrics(per_mb: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def _inject_noise(old: Estimate, noise: NoiseInjection, generator: torch.Generator) -> Estimate:
+def inject_log_ratio_noise(old: Estimate, noise: NoiseInjection, generator: torch.Generator) -> Estimate:
     """Add heavy-tailed noise to the rollout-policy estimate (see :class:`NoiseInjection`)."""
 
     def perturb(t: torch.Tensor | None) -> torch.Tensor | None:

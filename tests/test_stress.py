@@ -36,10 +36,11 @@ from stabledrl_bench.stress.common import (
     WarmStartSpec,
     collapse_step,
     ensure_warm_start,
+    running_mean,
     spike_steps,
 )
 from stabledrl_bench.stress.drift import Rollout, measure_update_norms
-from stabledrl_bench.trainer import _inject_noise
+from stabledrl_bench.trainer import inject_log_ratio_noise
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 STABLEDRL_MAX_GAP = 10.0
@@ -65,6 +66,11 @@ def test_spike_steps_hand_computed():
     # step 5: non-finite -> spike (and not part of the history); step 6: median(20, 1, 2) = 2 -> 11 > 10 spike;
     # step 7: median(1, 2, 11) = 2 -> 12 > 10 spike; step 8: NaN -> spike.
     assert spike_steps(steps, norms, d) == [5, 6, 7, 8]
+
+
+def test_running_mean_skips_missing_values():
+    assert running_mean([1.0, None, 3.0, 5.0, float("nan")], 2) == [1.0, 1.0, 2.0, 4.0, 4.0]
+    assert running_mean([None, 2.0], 3) == [None, 2.0]
 
 
 def test_collapse_step_hand_computed():
@@ -179,7 +185,7 @@ def test_ci_regression_stabledrl_gradient_within_analytic_bound_on_tiny_model():
     params = [p for p in dlm.model.parameters()]
     with torch.no_grad():
         old = estimator.evaluate(dlm, rollout.batch, estimator.draw(rollout.batch, generator))
-    old = _inject_noise(old, ExplodingNoise(scale=3.0).injection("stabledrl", 16), generator)
+    old = inject_log_ratio_noise(old, ExplodingNoise(scale=3.0).injection("stabledrl", 16), generator)
     new = estimator.evaluate(dlm, rollout.batch, estimator.draw(rollout.batch, generator))
     advantages = rollout.rewards - rollout.rewards.view(2, 4).mean(1).repeat_interleave(4)
     loss, _ = stabledrl_loss(new.elbo, new.eubo, old.elbo, advantages, rollout.group_ids)
@@ -313,7 +319,7 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
     assert lines["StableDRL improves stably under Normal and Exploding"].startswith("* **agrees**")
     assert lines["ESPO collapses immediately under Exploding"].startswith("* **agrees**")
     spg_line = lines["SPG collapses under both Normal and Exploding, from off-policy bias"]
-    assert spg_line.startswith("* **partly agrees**") and "1/3 collapsed at step(s) 60" in spg_line
+    assert spg_line.startswith("* **partly agrees**") and "1/3 collapsed at step(s) 60 (reward)" in spg_line
     grpo_line = next(line for key, line in lines.items() if key.startswith("with estimated ratios GRPO"))
     assert grpo_line.startswith("* **agrees**")
     clip_line = lines["C in {1, 5} is stable, C in {100, 1000} collapses"]

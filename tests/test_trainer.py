@@ -23,7 +23,7 @@ from stabledrl_bench.optim import OptimConfig
 from stabledrl_bench.registry import available_baselines
 from stabledrl_bench.runlog import read_log
 from stabledrl_bench.sft import SFTConfig, encode_targets, run_sft, sft_loss
-from stabledrl_bench.trainer import NoiseInjection, RLTrainer, TrainConfig, TrainingDiverged, _inject_noise
+from stabledrl_bench.trainer import NoiseInjection, RLTrainer, TrainConfig, TrainingDiverged, inject_log_ratio_noise
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
@@ -184,13 +184,13 @@ def test_config_errors_are_one_line(tmp_path):
 def test_noise_injection_is_heavy_tailed_and_seeded():
     old = Estimate(elbo=torch.zeros(20000))
     cfg = NoiseInjection(df=1.0, scale=1.0)
-    a = _inject_noise(old, cfg, torch.Generator().manual_seed(0)).elbo
-    b = _inject_noise(old, cfg, torch.Generator().manual_seed(0)).elbo
+    a = inject_log_ratio_noise(old, cfg, torch.Generator().manual_seed(0)).elbo
+    b = inject_log_ratio_noise(old, cfg, torch.Generator().manual_seed(0)).elbo
     assert torch.equal(a, b)
     # Cauchy: median |x| = 1, but the largest of 20000 draws is in the thousands (a normal's would be ~4).
     assert abs(a.abs().median().item() - 1.0) < 0.1
     assert a.abs().max().item() > 100
-    none = _inject_noise(old, NoiseInjection(df=1.0, scale=1.0, probability=0.0), torch.Generator()).elbo
+    none = inject_log_ratio_noise(old, NoiseInjection(df=1.0, scale=1.0, probability=0.0), torch.Generator()).elbo
     assert torch.equal(none, old.elbo)
 
 

@@ -216,7 +216,9 @@ def _training_experiment(
     rows, frozen, cost = sweep(
         specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
     )
-    plots = plot_sweep(rows, frozen, labels, conditions, Path(args.results), experiment, title)
+    plots = plot_sweep(
+        rows, frozen, labels, conditions, Path(args.results), experiment, title, definitions.reward_window
+    )
     payload = {
         "title": title,
         **(extra or {}),

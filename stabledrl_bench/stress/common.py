@@ -248,6 +248,17 @@ def spike_steps(steps: Sequence[int], grad_norms: Sequence[float], d: Definition
     return spikes
 
 
+def running_mean(values: Sequence[float | None], window: int) -> list[float | None]:
+    """Trailing mean over the last ``window`` finite values (None until there is one): the collapse statistic."""
+    out, kept = [], []
+    for value in values:
+        if finite(value):
+            kept.append(value)
+        recent = kept[-window:]
+        out.append(sum(recent) / len(recent) if recent else None)
+    return out
+
+
 def collapse_step(
     reward_steps: Sequence[int], rewards: Sequence[float], last_step: int, diverged_at: int | None, d: Definitions
 ) -> tuple[int | None, str | None]:
@@ -256,11 +267,14 @@ def collapse_step(
         return diverged_at, "nonfinite"
     if len(rewards) <= d.initial_rollouts:
         return None, None
-    threshold = d.collapse_fraction * statistics.fmean(rewards[: d.initial_rollouts])
-    running = [statistics.fmean(rewards[max(0, i + 1 - d.reward_window) : i + 1]) for i in range(len(rewards))]
+    initial = [r for r in rewards[: d.initial_rollouts] if finite(r)]
+    if not initial:
+        return None, None
+    threshold = d.collapse_fraction * statistics.fmean(initial)
+    running = running_mean(rewards, d.reward_window)
     start = None
     for i in range(len(running) - 1, d.initial_rollouts - 1, -1):  # walk back while the tail stays below
-        if running[i] >= threshold:
+        if running[i] is None or running[i] >= threshold:
             break
         start = i
     if start is None or last_step - reward_steps[start] < d.confirm_steps:
@@ -294,7 +308,7 @@ def stability_dir(results_dir: Path | str) -> Path:
 
 
 def write_record(results_dir: Path | str, experiment: str, payload: Mapping[str, Any]) -> Path:
-    """``results/stability/<experiment>.json`` (atomic), with schema, timestamp and environment added."""
+    """``results/stability/<experiment>.json`` (atomic, strict JSON), with schema, timestamp and environment."""
     record = {
         "schema": SCHEMA,
         "experiment": experiment,
@@ -303,16 +317,23 @@ def write_record(results_dir: Path | str, experiment: str, payload: Mapping[str,
         "environment": environment_info(),
     }
     path = stability_dir(results_dir) / f"{experiment}.json"
-    atomic_write_text(path, json.dumps(record, indent=1, default=_json_default, allow_nan=True))
+    atomic_write_text(path, json.dumps(_strict(record), indent=1, allow_nan=False))
     return path
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+def _strict(value: Any) -> Any:
+    """Plain JSON: non-finite floats become null (= not finite / undefined), tuples lists, paths strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -45,12 +45,12 @@ from tqdm.auto import tqdm
 
 from ..budget import Budget
 from ..data import PromptStream, training_docs
-from ..estimators import Estimate, Estimator, SequenceBatch, build_estimator
+from ..estimators import Estimate, Estimator, SequenceBatch
 from ..models import DiffusionLM
 from ..registry import Baseline, LossInputs, build_baseline
 from ..sampling import DecodeSettings, generate
 from ..tasks import get_task
-from ..trainer import NoiseInjection, _inject_noise
+from ..trainer import NoiseInjection, baseline_estimator, inject_log_ratio_noise
 from .common import COLORS, ExplodingNoise, band, figure, finite, save_figure, stability_dir
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -118,11 +118,9 @@ def collect_rollouts(
 
 def variant_estimator(baseline: Baseline, dlm: DiffusionLM, block_length: int) -> tuple[Estimator, tuple]:
     """The estimator the trainer would build for ``baseline`` and a key that groups variants sharing it."""
-    name, kwargs = baseline.estimator_for(dlm.attention)
-    if name == "spg_block":  # as the trainer does: SPG masks by the rollout block unless the baseline names one
-        kwargs.setdefault("block_length", block_length)
-    key = (name, tuple(sorted(kwargs.items())), baseline.config.coupled)
-    return build_estimator(name, **kwargs).bind(dlm), key
+    estimator = baseline_estimator(baseline, dlm, block_length)
+    key = (type(estimator).name, repr(sorted(vars(estimator).items())), baseline.config.coupled)
+    return estimator, key
 
 
 def perturb_(model: torch.nn.Module, theta0: dict[str, torch.Tensor], sigma: float, generator) -> None:
@@ -222,7 +220,7 @@ def _variant_norms(
         injection: NoiseInjection | None = noise.injection(baseline.name, length) if condition == "exploding" else None
         inputs = LossInputs(
             new=new,
-            old=old if injection is None else _inject_noise(old, injection, generator),
+            old=old if injection is None else inject_log_ratio_noise(old, injection, generator),
             ref=None,
             advantages=advantages,
             completion_mask=rollout.batch.completion_mask,

@@ -59,10 +59,14 @@ def _setting_line(record: Mapping[str, Any]) -> str:
     budget = record.get("budget") or {}
     parts = []
     if budget:
+        steps = (
+            "each measurement = one rollout, then the off-policy inner step"
+            if record.get("experiment") == "drift"
+            else f"mu = {budget['num_iterations']}, {budget['max_steps']} optimizer steps"
+        )
         parts.append(
             f"budget `{record.get('budget_hash')}`: {budget['prompts_per_step']} prompts x {budget['num_generations']}"
-            f" completions, L = {budget['max_completion_length']}, {budget['diffusion_steps']} denoising steps, "
-            f"mu = {budget['num_iterations']}, {budget['max_steps']} optimizer steps"
+            f" completions, L = {budget['max_completion_length']}, {budget['diffusion_steps']} denoising steps, {steps}"
         )
     if record.get("optimizer"):
         opt = record["optimizer"]
@@ -105,7 +109,7 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
                 condition,
                 collapsed,
                 ", ".join(str(x) for x in s["collapse_steps"]) or MISSING,
-                fmt_band(s["spikes"]),
+                f"{fmt_band(s['spikes'])} ({fmt_band(s.get('spike_rate'))})",
                 fmt_band(s["nonfinite_steps"]),
                 f"{fmt_band(s['initial_reward'])} → {fmt_band(s['final_reward'])}",
                 fmt_band(s.get("final_vs_frozen")),
@@ -118,7 +122,7 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
         "condition",
         "collapsed",
         "collapse step(s)",
-        "spikes",
+        "spikes (per step)",
         "non-finite steps",
         "reward first → last",
         "last − frozen",
@@ -215,7 +219,9 @@ def _collapse_text(entry: Mapping[str, Any] | None) -> str:
         return "not run"
     steps = f" at step(s) {', '.join(str(x) for x in entry['collapse_steps'])}" if entry["collapse_steps"] else ""
     kinds = f" ({', '.join(entry['collapse_kinds'])})" if entry["collapse_kinds"] else ""
-    return f"{entry['collapsed']}/{entry['seeds']} collapsed{steps}{kinds}"
+    versus = entry.get("final_vs_frozen") or {}
+    change = f", last − frozen {fmt_band(versus)}" if versus.get("mean") is not None else ""
+    return f"{entry['collapsed']}/{entry['seeds']} collapsed{steps}{kinds}{change}"
 
 
 def _all(entry: Mapping[str, Any] | None) -> bool:
@@ -282,14 +288,23 @@ def _exploding_claims(record: Mapping[str, Any] | None) -> list[str]:
     g_e, g_n = _entry(record, "grpo", "exploding"), _entry(record, "grpo", "normal")
     if g_e and s_e:
         verdict = "agrees" if _all(g_e) and _none(s_e) else ("partly agrees" if g_e["collapsed"] else "disagrees")
+        rates = ", ".join(
+            f"{name} {condition} {fmt_band(e.get('spike_rate'))}"
+            for name, condition, e in (
+                ("GRPO", "normal", g_n),
+                ("GRPO", "exploding", g_e),
+                ("StableDRL", "normal", s_n),
+                ("StableDRL", "exploding", s_e),
+            )
+            if e
+        )
         out.append(
             _claim(
                 "with estimated ratios GRPO's conditional clip is bypassed, giving spikes and reward collapse "
                 "(abstract, §5.2).",
                 verdict,
-                f"GRPO exploding {_collapse_text(g_e)}, spikes {fmt_band(g_e['spikes'])} per run vs StableDRL "
-                f"{fmt_band(s_e['spikes'])}; GRPO normal {_collapse_text(g_n)}, spikes "
-                f"{fmt_band(g_n['spikes']) if g_n else MISSING}",
+                f"GRPO exploding {_collapse_text(g_e)}, non-finite steps {fmt_band(g_e['nonfinite_steps'])} per run; "
+                f"GRPO normal {_collapse_text(g_n)}; spikes per step: {rates}",
             )
         )
     for label, claim in (
@@ -302,6 +317,15 @@ def _exploding_claims(record: Mapping[str, Any] | None) -> list[str]:
             verdict = "agrees" if (_all(n) or _all(e)) else ("partly agrees" if any_collapse else "disagrees")
             out.append(_claim(claim, verdict, f"normal {_collapse_text(n)}, exploding {_collapse_text(e)}"))
     return out
+
+
+def _per_threshold(record: Mapping[str, Any], condition: str, key: str) -> str:
+    """``C=1 x, C=5 y, ...``: the seed mean of one summary statistic per clip threshold."""
+    values = []
+    for c in record["thresholds"]:
+        entry = _entry(record, f"C={c:g}", condition) or {}
+        values.append(f"C={c:g} {fmt((entry.get(key) or {}).get('mean'))}")
+    return ", ".join(values)
 
 
 def _clip_claims(record: Mapping[str, Any] | None) -> list[str]:
@@ -318,7 +342,18 @@ def _clip_claims(record: Mapping[str, Any] | None) -> list[str]:
             f"C={c:g}: " + ", ".join(f"{cond} {_collapse_text(e)}" for cond, e in zip(conditions, entries, strict=True))
         )
     verdict = "agrees" if all(matches) else ("partly agrees" if any(matches) else "disagrees")
-    return [_claim("C in {1, 5} is stable, C in {100, 1000} collapses (§1.5, Fig. 7).", verdict, "; ".join(per_c))]
+    trend = "; ".join(
+        f"{cond}: spikes per run {_per_threshold(record, cond, 'spikes')}, max grad norm "
+        f"{_per_threshold(record, cond, 'grad_norm_max')}"
+        for cond in conditions
+    )
+    return [
+        _claim(
+            "C in {1, 5} is stable, C in {100, 1000} collapses (§1.5, Fig. 7).",
+            verdict,
+            "; ".join(per_c) + f". Trend with C ({trend})",
+        )
+    ]
 
 
 def _drift_claims(record: Mapping[str, Any] | None) -> list[str]:

@@ -10,7 +10,9 @@ shared by both experiments); an unfinished one is restarted from scratch. Runs a
 uses two cores well.
 
 Methods without an importance ratio (SPG) are unaffected by the noise, so their ``exploding`` row is the ``normal``
-run itself (marked ``shared_with_normal``), not a second identical run.
+run itself (marked ``shared_with_normal``), not a second identical run. Every seed also gets a *frozen* reference: the
+warm start, never updated, rolled out on the same prompt sequence (the trainer's ``PromptStream`` is seeded by the
+run seed alone), so that a reward change is not confused with easier or harder prompts later in the run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .common import (
     collapse_step,
     figure,
     finite,
+    running_mean,
     save_figure,
     seed_band,
     short_hash,
@@ -283,6 +286,7 @@ def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions) -> 
     return {
         "spike_steps": spikes,
         "spike_count": len(spikes),
+        "spike_rate": len(spikes) / summary["last_step"] if summary["last_step"] else None,
         "nonfinite_steps": sum(not finite(g) for g in c["grad_norm"]),
         "collapse_step": collapse,
         "collapse_kind": kind,
@@ -314,6 +318,7 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
                     "collapse_steps": collapsed,
                     "collapse_kinds": sorted({r["collapse_kind"] for r in group if r["collapse_kind"]}),
                     "spikes": band([r["spike_count"] for r in group]),
+                    "spike_rate": band([r["spike_rate"] for r in group]),
                     "nonfinite_steps": band([r["nonfinite_steps"] for r in group]),
                     "initial_reward": band([r["initial_reward"] for r in group]),
                     "final_reward": band([r["final_reward"] for r in group]),
@@ -381,46 +386,42 @@ def plot_sweep(
     results_dir: Path,
     experiment: str,
     title: str,
+    window: int,
 ) -> dict[str, str]:
-    """``<experiment>_reward.png`` and ``<experiment>_gradnorm.png``: one panel per condition, seed bands; the
-    reward panels also show the frozen warm start on the same prompts (black)."""
+    """``<experiment>_reward.png`` (running mean over ``window`` rollouts, the frozen warm start on the same prompts
+    in black) and ``<experiment>_gradnorm.png`` (pre-clip, log scale): one panel per condition, seed bands."""
     out = {}
-    for metric, x_key, y_key, log in (
-        ("reward", "reward_step", "reward_mean", False),
-        ("gradnorm", "step", "grad_norm", True),
-    ):
+    for metric, x_key, y_key in (("reward", "reward_step", "reward_mean"), ("gradnorm", "step", "grad_norm")):
+        log = metric == "gradnorm"
         plt, fig, axes = figure(len(conditions))
         for ax, condition in zip(axes, conditions, strict=True):
             drawn = False
             for color, label in zip(COLORS, labels, strict=False):
                 series = Series(label)
-                for r in rows:
-                    if r["label"] != label or r["condition"] != condition:
-                        continue
-                    xs, ys = r["curves"][x_key], r["curves"][y_key]
-                    series.runs.append((xs, ys))
+                for r in (r for r in rows if r["label"] == label and r["condition"] == condition):
+                    ys = r["curves"][y_key]
+                    series.runs.append((r["curves"][x_key], ys if log else running_mean(ys, window)))
                     if r["diverged_at"] is not None:
                         series.stopped.append(r["diverged_at"])
                 drawn |= seed_band(ax, series, color, log=log)
-            if metric == "reward":
-                reference = Series("frozen warm start", [(f["reward_step"], f["reward_mean"]) for f in frozen.values()])
-                drawn |= seed_band(ax, reference, "black")
-            ax.set_title(f"{condition}", fontsize=9)
+            if not log:
+                runs = [(f["reward_step"], running_mean(f["reward_mean"], window)) for f in frozen.values()]
+                drawn |= seed_band(ax, Series("frozen warm start", runs), "black")
+            ax.set_title(condition, fontsize=9)
             ax.set_xlabel("optimizer step", fontsize=8)
-            ax.set_ylabel("rollout reward" if metric == "reward" else "pre-clip grad norm", fontsize=8)
+            ax.set_ylabel(f"reward, mean of last {window} rollouts" if not log else "pre-clip grad norm", fontsize=8)
             if log and drawn:
                 ax.set_yscale("log")
             ax.tick_params(labelsize=7)
             if drawn:
                 ax.legend(fontsize=7)
-        name = save_figure(
+        what = "reward" if not log else "pre-clip gradient norm"
+        out[metric] = save_figure(
             plt,
             fig,
             stability_dir(results_dir) / f"{experiment}_{metric}.png",
-            f"{title}: {'reward' if metric == 'reward' else 'pre-clip gradient norm'} (mean, min-max over seeds; "
-            "dotted = stopped on non-finite steps)",
+            f"{title}: {what} (mean, min-max over seeds; dotted = stopped on non-finite steps)",
         )
-        out[metric] = name
     return out
 
 
