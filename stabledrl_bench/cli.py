@@ -84,9 +84,8 @@ def _add_misc(sub) -> None:
     p.add_argument("--task", required=True)
     p.add_argument("--input", required=True)
     p.add_argument("--output")
-    p = sub.add_parser("stress", help="stability experiments of the paper on the tiny model")
-    p.add_argument("experiment", nargs="?", default=None)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    # listed for --help only: main() hands everything after `stress` to the stress command's own parser
+    sub.add_parser("stress", help="stability experiments of the paper on the tiny model (stress --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,12 +210,6 @@ def _cmd_reproduce(args) -> int:
     return 0
 
 
-def _cmd_stress(args) -> int:
-    from .stress import main as stress_main
-
-    return stress_main([args.experiment, *args.rest] if args.experiment else args.rest)
-
-
 COMMANDS = {
     "list": _cmd_list,
     "train": _cmd_train,
@@ -225,13 +218,17 @@ COMMANDS = {
     "leaderboard": _cmd_leaderboard,
     "grade": _cmd_grade,
     "reproduce": _cmd_reproduce,
-    "stress": _cmd_stress,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv[:1] == ["stress"]:
+            from .stress import main as stress_main
+
+            return stress_main(argv[1:])
+        args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -106,9 +106,18 @@ _PAPER_TASKS_T1 = {
     "countdown": TaskRecipe("train_cd3", 1e-6),
     "sudoku": TaskRecipe("train", 1e-6),
 }
-_TINY_SFT = SFTConfig(protocol="tiny", train_split="generated", max_steps=600, batch_size=64, completion_length=40)
+_TINY_SFT = SFTConfig(
+    protocol="tiny",
+    train_split="generated",
+    max_steps=800,
+    batch_size=64,
+    completion_length=40,
+    optim=OptimConfig(
+        learning_rate=1e-3, weight_decay=0.0, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
+    ),
+)
 _TINY_OPTIM = OptimConfig(learning_rate=2e-5, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
-TINY_RL_STEPS = 40  # per baseline
+TINY_RL_STEPS = 60  # per baseline
 TINY_RL_LR = 2e-5
 
 
