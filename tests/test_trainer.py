@@ -120,6 +120,29 @@ def test_lora_training_uses_the_adapter_free_model_as_reference(small_models, tm
     assert "kl" in read_log(tmp_path / "log.jsonl")[0]
 
 
+@pytest.mark.parametrize("baseline", ["stabledrl", "spg", "espo"])
+def test_rl_raises_a_learnable_reward(baseline, small_models, tmp_path, monkeypatch):
+    """End-to-end learning check: reward = fraction of '7' characters, which a policy can raise by itself.
+
+    Measured on seeds 0-2 (12 steps, lr 1e-2): first rollout 0.01-0.03, last 0.17-0.49 for StableDRL, SPG and
+    ESPO, so last > 3 x first + 0.05 has a wide margin. (diffu-GRPO's one-step all-masked estimator does not
+    move this reward on the tiny model: 0.01-0.10 after 12 steps, which is why it is not asserted here.)
+    """
+    from stabledrl_bench.tasks.base import RewardResult
+
+    cfg = _config(small_models["full"], tmp_path, baseline, steps=12)
+    cfg.budget = Budget(**{**cfg.budget.to_dict(), "num_generations": 8, "temperature": 1.0})
+    cfg.optim = OptimConfig(learning_rate=1e-2, lr_scheduler_type="constant", max_grad_norm=1.0)
+    cfg.per_device_prompts = 2
+    trainer = RLTrainer(cfg)
+    monkeypatch.setattr(
+        trainer.task, "reward", lambda text, doc, profile: RewardResult(text.count("7") / max(1, len(text)), {})
+    )
+    trainer.train()
+    rewards = [r["reward_mean"] for r in read_log(tmp_path / "log.jsonl") if r["phase_iteration"] == 0]
+    assert rewards[-1] > 3 * rewards[0] + 0.05, rewards
+
+
 def _params(path: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in load_diffusion_lm(path).model.state_dict().items()}
 
