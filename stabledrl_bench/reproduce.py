@@ -111,7 +111,7 @@ _TINY_SFT = SFTConfig(
     train_split="generated",
     max_steps=800,
     batch_size=64,
-    completion_length=40,
+    completion_length=64,  # EOS-padded to the longest evaluation canvas, as LLaDA's SFT pads to its sequence length
     optim=OptimConfig(
         learning_rate=1e-3, weight_decay=0.0, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
     ),
@@ -153,10 +153,10 @@ def presets(table: str) -> dict[str, Preset]:
     )
     tiny = Preset(
         "tiny",
-        "built-in tiny model on CPU: SFT warm start, then RL; lengths 128/256/512 scaled to 40/48/64",
+        "built-in tiny model on CPU: SFT warm start, then RL at 48 tokens; lengths 128/256/512 scaled to 40/48/64",
         "tiny",
         {"sudoku": TaskRecipe("generated", TINY_RL_LR)},
-        _tiny_budget(TINY_RL_STEPS, 40),
+        _tiny_budget(TINY_RL_STEPS, 48),  # RL at the "256" canvas, as the paper trains at 256
         ("tiny",),
         "tiny",
         "d1",
@@ -177,11 +177,11 @@ def presets(table: str) -> dict[str, Preset]:
         )
         tiny = dataclasses.replace(
             tiny,
-            description="built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 40 tokens",
+            description="built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 48 tokens",
             model="tiny-block",
-            budget=dataclasses.replace(tiny.budget, block_length=4, diffusion_steps=40),
+            budget=dataclasses.replace(tiny.budget, block_length=4, diffusion_steps=tiny.budget.max_completion_length),
             protocols=("tiny-static", "tiny-dynamic"),
-            lengths={2000: 40},
+            lengths={2000: 48},
             sft=dataclasses.replace(_TINY_SFT, model="tiny-block"),
         )
     return {"paper": paper, "tiny": tiny, "smoke": _smoke(tiny)}

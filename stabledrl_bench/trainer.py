@@ -527,10 +527,8 @@ def inject_log_ratio_noise(old: Estimate, noise: NoiseInjection, generator: torc
 
 
 def _apply_lora(model, lora: LoraSettings):
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as exc:  # pragma: no cover - peft is a declared dependency
-        raise UserError("LoRA needs the 'peft' package: pip install peft") from exc
+    from peft import LoraConfig, get_peft_model
+
     names = {name.split(".")[-1] for name, _ in model.named_modules()}
     targets = [t for t in lora.target_modules if t in names]
     if not targets:
