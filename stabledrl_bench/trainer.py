@@ -174,7 +174,9 @@ class RLTrainer:
         self.estimator = baseline_estimator(self.baseline, dlm, cfg.budget.block_length, cfg.estimator_micro_batch)
         model = dlm.model
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5 renamed the switch; older releases (>=4.51 is supported) only have the old name.
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         if cfg.lora is not None:
             model = _apply_lora(model, cfg.lora)
         self.ref_model = None

@@ -89,7 +89,7 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
         (["eval", "--model", "/no/such/dir", "--task", "sudoku"], "model path does not exist"),
         (["eval", "--model", "tiny", "--task", "nope"], "unknown task"),
         (["train", "--config", "/no/such.yaml"], "config file not found"),
-        (["leaderboard", "--results", "RESULTS"], "corrupt"),
+        (["leaderboard", "--results", "RESULTS"], "unreadable result file"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, tmp_path, capsys):

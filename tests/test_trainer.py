@@ -93,6 +93,14 @@ def test_each_baseline_runs_and_writes_log_plot_checkpoint(baseline, small_model
     assert load_diffusion_lm(final).family == "tiny"
 
 
+def test_gradient_checkpointing_gives_the_same_step(small_models, tmp_path):
+    """Activation checkpointing (the GPU recipes' memory setting) must not change the maths."""
+    a = RLTrainer(_config(small_models["full"], tmp_path / "a")).train()
+    b = RLTrainer(_config(small_models["full"], tmp_path / "b", gradient_checkpointing=True)).train()
+    pa, pb = _params(a), _params(b)
+    assert all(torch.allclose(pa[k], pb[k], rtol=0, atol=1e-6) for k in pa)
+
+
 def test_block_model_uses_staircase_estimator(small_models, tmp_path):
     trainer = RLTrainer(_config(small_models["block"], tmp_path, "stabledrl"))
     assert type(trainer.estimator).name == "staircase_elbo"
