@@ -17,6 +17,12 @@ Measured rows are grouped by their ``comparison``: each comparison is its own ta
 comparison must share one ``budget_hash`` (reference rows ``base``/``sft`` are exempt), otherwise building the
 leaderboard fails - results trained under different budgets are not comparable. Several seeds of one row are pooled.
 
+Under a comparison that has a starting point (an ``sft`` row, else ``base``), a "Change from the starting point"
+table gives every RL row minus that start, paired by test item (:func:`paired_change`): the learning signal, with
+the item difficulty shared by both rows taken out. Where ``<results>/training/<comparison>__<task>.csv`` exists
+(written by ``reproduce``), a "Training reward" table gives each run's reward over its last rollouts minus a frozen
+control's on the same rollouts (:func:`training_changes`).
+
 Intervals are percentile bootstraps (1000 resamples, ``numpy.random.default_rng(0)``, so the file is reproducible)
 of the mean per-sample correctness. An average column resamples each of its cells independently and averages:
 for cells c = 1..K with samples x_c, one resample is (1/K) Σ_c mean(x*_c), x*_c drawn with replacement from x_c.
@@ -74,6 +80,10 @@ BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 MISSING = "–"
 OVERALL = "overall"
+TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
+CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts
+TRAINING_WINDOW = 10
+TRAINING_COLUMNS = ("task", "run", "step", "reward_mean")
 AVG = "avg"
 
 TASK_LABELS = {
@@ -370,10 +380,12 @@ def _join_unique(values: Sequence[Any]) -> str:
 
 @dataclass
 class MeasuredRow:
-    """One displayed row: its descriptive columns and the estimate of every numeric column (None = missing)."""
+    """One displayed row: its descriptive columns, the estimate of every numeric column (None = missing), and per
+    cell the mean headline value of every test item (over seeds and repeats), which the paired comparison needs."""
 
     info: dict[str, str]
     estimates: dict[CellKey, Interval | None]
+    per_item: dict[CellKey, dict[str, float]]
 
 
 def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: list[Column]) -> list[MeasuredRow]:
@@ -385,10 +397,15 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
     rows = []
     for _, group in _row_order(frame).groupby(ROW_KEY, sort=False):
         cells: dict[CellKey, np.ndarray] = {}
+        per_item: dict[CellKey, dict[str, float]] = {}
         for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
             field = HEADLINE_FIELD.get(task, "correct")
-            pooled = [float(sample[field]) for i in runs["index"] for sample in load_samples(records[i])]
-            cells[(task, sub)] = np.asarray(pooled, dtype=np.float64)
+            samples = [sample for i in runs["index"] for sample in load_samples(records[i])]
+            cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
+            by_item: dict[str, list[float]] = {}
+            for sample in samples:
+                by_item.setdefault(str(sample["doc_id"]), []).append(float(sample[field]))
+            per_item[(task, sub)] = {doc: float(np.mean(values)) for doc, values in by_item.items()}
         first = group.iloc[0]
         budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
         info = {
@@ -406,8 +423,59 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
             else None
             for column in columns
         }
-        rows.append(MeasuredRow(info, estimates))
+        rows.append(MeasuredRow(info, estimates, per_item))
     return rows
+
+
+def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> tuple[Interval, int] | None:
+    """Change of ``row`` over ``reference`` in one column, paired by test item, and the number of items paired.
+
+    Why paired: both rows answered the same test items, so the per-item difference d_i = x_i - x_ref_i removes
+    the item difficulty that dominates the spread of either row alone; the interval is the bootstrap of
+    (1/K) Σ_c mean(d_c) over the column's cells c (:func:`bootstrap_mean_ci` on the differences). It measures the
+    test-set sampling noise only: one training seed says nothing about the spread over training seeds.
+    ``None`` when a cell is missing in either row or the two rows share no item.
+    """
+    differences = []
+    for part in column.parts:
+        if part not in row.per_item or part not in reference.per_item:
+            return None
+        ours, theirs = row.per_item[part], reference.per_item[part]
+        shared = sorted(ours.keys() & theirs.keys())
+        if not shared:
+            return None
+        differences.append(np.asarray([ours[doc] - theirs[doc] for doc in shared], dtype=np.float64))
+    return bootstrap_mean_ci(differences), min(len(d) for d in differences)
+
+
+def _format_change(change: tuple[Interval, int] | None) -> str:
+    if change is None:
+        return MISSING
+    interval, _ = change
+    return f"{100 * interval.mean:+.1f} [{100 * interval.low:+.1f}, {100 * interval.high:+.1f}]"
+
+
+def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
+    """Every RL row minus the comparison's starting point (``sft`` if measured, else ``base``), paired by item."""
+    references = {row.info["Baseline"]: row for row in rows if row.info["Baseline"] in REFERENCE_BASELINES}
+    start = references.get("sft") or references.get("base")
+    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES]
+    if start is None or not others:
+        return ""
+    display = pd.DataFrame(
+        [
+            {"Baseline": row.info["Baseline"], "Model": row.info["Model"]}
+            | {c.header: _format_change(paired_change(row, start, c)) for c in columns}
+            for row in others
+        ]
+    )
+    caption = (
+        f"**Change from the starting point** (`{start.info['Baseline']}`, {start.info['Model']}), in percentage "
+        "points, paired by test item, with a percentile-bootstrap 95% interval over the items. An interval above "
+        "0 is a learning signal beyond the test-set sampling noise; it does not cover the spread over training "
+        "seeds.\n"
+    )
+    return caption + "\n" + markdown_table(display)
 
 
 def _caption(comparison: str, table: str, frame: pd.DataFrame) -> str:
@@ -459,6 +527,7 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
 
 
 def _measured_blocks(
+    results_dir: Path,
     table: str,
     frame: pd.DataFrame,
     records: list[dict[str, Any]],
@@ -476,12 +545,81 @@ def _measured_blocks(
             [row.info | {c.header: _format_measured(row.estimates[c.key]) for c in columns} for row in rows]
         )
         block = _caption(comparison, table, group) + "\n" + markdown_table(display)
+        change = _change_block(rows, columns)
+        if change:
+            block += "\n" + change
+        training = _training_block(results_dir, comparison)
+        if training:
+            block += "\n" + training
         if plots_dir is not None:
             plot_path = Path(plots_dir) / f"{table}__{slugify(comparison, 80)}.png"
             _plot(plot_path, f"{TABLE_TITLES[table]}: {comparison}", rows, columns)
             link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
             block += f"\n![{table} {comparison}]({link})\n"
         blocks.append(block)
+    return "\n".join(blocks)
+
+
+# ------------------------------------------------------------------------------------ training reward
+def training_path(results_dir: Path | str, comparison: str, task: str) -> Path:
+    return Path(results_dir) / TRAINING_DIR / f"{slugify(comparison, 80)}__{slugify(task)}.csv"
+
+
+def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd.DataFrame:
+    """Each run's mean training reward over its last ``window`` rollouts, minus the frozen control's on the same
+    rollouts (same step = same prompts and random numbers), with a bootstrap 95% interval over those rollouts.
+
+    ``rewards`` has :data:`TRAINING_COLUMNS` for one task; the control is the run named :data:`CONTROL_RUN`.
+    Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
+    """
+    frozen = rewards[rewards["run"] == CONTROL_RUN].set_index("step")["reward_mean"]
+    rows = []
+    for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=False):
+        ours = group.set_index("step")["reward_mean"]
+        steps = sorted(set(ours.index) & set(frozen.index))[-window:]
+        if not steps:
+            continue
+        change = bootstrap_mean_ci([(ours[steps] - frozen[steps]).to_numpy()])
+        rows.append(
+            {
+                "run": run,
+                "rollouts": len(steps),
+                "reward": float(ours[steps].mean()),
+                "frozen": float(frozen[steps].mean()),
+                "change": change,
+            }
+        )
+    return pd.DataFrame(rows, columns=["run", "rollouts", "reward", "frozen", "change"])
+
+
+def _training_block(results_dir: Path, comparison: str) -> str:
+    blocks = []
+    for path in sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv")):
+        try:
+            rewards = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: unreadable training-reward file: {exc}") from exc
+        if list(rewards.columns) != list(TRAINING_COLUMNS) or rewards.empty:
+            raise UserError(f"{path}: a training-reward file needs the columns {', '.join(TRAINING_COLUMNS)}")
+        changes = training_changes(rewards)
+        if changes.empty:
+            continue
+        display = pd.DataFrame(
+            {
+                "Baseline": changes["run"],
+                "Rollouts": changes["rollouts"],
+                "Training reward": changes["reward"].map("{:.3f}".format),
+                "Frozen start": changes["frozen"].map("{:.3f}".format),
+                "Change": changes["change"].map(lambda c: f"{c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}]"),
+            }
+        )
+        task = rewards["task"].iloc[0]
+        blocks.append(
+            f"**Training reward, {TASK_LABELS.get(task, task)}** (`{path.name}`): mean reward of each run's last "
+            f"rollouts (sampled at the budget's temperature) against the frozen start, trained with learning rate 0 "
+            f"on the same prompts with the same random numbers; change with a percentile-bootstrap 95% interval over "
+            f"the rollouts.\n\n" + markdown_table(display)
+        )
     return "\n".join(blocks)
 
 
@@ -507,7 +645,8 @@ Two kinds of numbers appear here, always in separate blocks:
   with a percentile-bootstrap 95% interval over per-sample correctness ({n_resamples} resamples, fixed seed), e.g.
   `62.5 [55.1, 69.9]`. Measured rows are grouped by comparison; all RL rows of one comparison were trained under one
   budget (its hash is shown); reference rows (`base`, `sft`) are exempt. Model, preset, hardware and seeds are listed
-  per row. Average columns are unweighted means over their cells.
+  per row. Average columns are unweighted means over their cells. Where a comparison has a starting point (`sft`,
+  else `base`), a second table gives each RL row's change from it in percentage points, paired by test item.
 * **Published (not measured here)**: numbers copied from papers, each marked with its source grade: P = the paper's
   own text or table, C = the authors' code, S = a third-party note quoting the paper (not checked against it),
   D = derived by arithmetic from P or S numbers. Unreliable (U) values are never shown. Published numbers come from
@@ -538,7 +677,7 @@ def build_leaderboard(
     plots = None if plots_dir is None else Path(plots_dir)
     parts = [HEADER.format(results_dir=results_dir.as_posix(), n_resamples=N_RESAMPLES, missing=MISSING)]
     for table in ("table1", "table2"):
-        measured = _measured_blocks(table, frame, records, plots, Path(markdown_dir or "."))
+        measured = _measured_blocks(results_dir, table, frame, records, plots, Path(markdown_dir or "."))
         published_block = _published_block(table, tables.get(table, EMPTY_BLOCK))
         parts.append(f"## {TABLE_TITLES[table]}\n\n{measured}\n{published_block}")
     for section in extra_sections:

@@ -29,8 +29,10 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.lr_scheduler_type not in SCHEDULES:
             raise UserError(f"lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got {self.lr_scheduler_type!r}")
-        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
-            raise UserError("learning_rate and max_grad_norm must be positive")
+        # learning_rate 0 is allowed on purpose: it is the frozen-policy control run (same prompts, same random
+        # numbers, no learning) that `reproduce` compares the RL runs' training reward with.
+        if self.learning_rate < 0 or self.max_grad_norm <= 0:
+            raise UserError("learning_rate must be >= 0 and max_grad_norm positive")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

@@ -24,20 +24,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from .budget import Budget
 from .checkpoint import latest_checkpoint
 from .errors import UserError
 from .evaluation import evaluate_and_record, model_record
-from .leaderboard import write_leaderboard
+from .leaderboard import (
+    CONTROL_RUN,
+    TRAINING_COLUMNS,
+    TRAINING_WINDOW,
+    training_changes,
+    training_path,
+    write_leaderboard,
+)
 from .models.backends import load_diffusion_lm, load_model_spec
 from .optim import OptimConfig
 from .registry import available_baselines
+from .results import atomic_write_text
+from .runlog import plot_runs, read_log
 from .sft import SFTConfig, run_sft
 from .trainer import RLTrainer, TrainConfig
 
 TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
+# The control run of every task (leaderboard.CONTROL_RUN): the start model trained with learning rate 0, so its
+# updates are zero, rolling out the same prompts with the same random numbers as every RL run.
+FROZEN_BASELINE = "grpo"
 
 
 @dataclass
@@ -231,12 +244,49 @@ def reproduce(args) -> None:
         for baseline in baselines:
             final = _train(preset, recipe, task, baseline, start, runs / task / baseline, args.seed, args.force)
             _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), args, limit)
+        _train(preset, recipe, task, FROZEN_BASELINE, start, runs / task / CONTROL_RUN, args.seed, args.force, 0.0)
+        run_dirs = {name: runs / task / name for name in (*baselines, CONTROL_RUN)}
+        _training_summary(task, run_dirs, Path(args.results), comparison)
     from .stress import stability_section
 
     path = write_leaderboard(
         args.results, args.leaderboard, plots_dir=Path(args.results) / "plots", extra_sections=[stability_section]
     )
     print(f"leaderboard: {path}")
+
+
+def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, comparison: str) -> None:
+    """Store every run's per-rollout training reward with the frozen control's, print the paired change, plot.
+
+    Why a control: the reward of a rollout depends on which prompts were drawn and on the sampling noise. The
+    frozen run (learning rate 0) draws the same prompts with the same random numbers, so the per-rollout
+    difference isolates what training changed (:func:`training_changes`). The evaluation-side signal (each RL
+    row minus the start on the test set, paired by item) is in the leaderboard next to it.
+    """
+    rollouts = {run: _rollout_records(d / "log.jsonl") for run, d in run_dirs.items() if (d / "log.jsonl").is_file()}
+    rewards = pd.DataFrame(
+        [(task, run, r["step"], r["reward_mean"]) for run, records in rollouts.items() for r in records],
+        columns=list(TRAINING_COLUMNS),
+    )
+    path = training_path(results_dir, comparison, task)
+    atomic_write_text(path, rewards.to_csv(index=False))
+    print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones:")
+    for row in training_changes(rewards).itertuples():
+        c = row.change
+        print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}]")
+    labels = {run: f"{run} (learning rate 0)" if run == CONTROL_RUN else run for run in rollouts}
+    plot = plot_runs(
+        {labels[run]: records for run, records in rollouts.items()},
+        path.with_suffix(".png"),
+        window=5,
+        title=f"{comparison}: {task}, reward of each rollout",
+    )
+    print(f"  [{task}] training rewards: {path}" + (f", curves: {plot}" if plot else ""))
+
+
+def _rollout_records(log: Path) -> list[dict[str, Any]]:
+    """One record per rollout phase: the phase's first optimizer step carries the reward of its rollout."""
+    return [r for r in read_log(log) if r.get("phase_iteration") == 0 and r.get("reward_mean") is not None]
 
 
 def _select(requested: str | None, default: tuple[str, ...], what: str, known) -> list[str]:
@@ -272,13 +322,21 @@ def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, for
 
 
 def _train(
-    preset: Preset, recipe: TaskRecipe, task: str, baseline: str, start: str, out: Path, seed: int, force: bool
+    preset: Preset,
+    recipe: TaskRecipe,
+    task: str,
+    baseline: str,
+    start: str,
+    out: Path,
+    seed: int,
+    force: bool,
+    learning_rate: float | None = None,
 ) -> Path:
     final = out / "final"
     if force:
         shutil.rmtree(out, ignore_errors=True)
     if final.is_dir() and _same_budget(out, preset.budget):
-        print(f"  [{task}] {baseline}: trained ({final})")
+        print(f"  [{task}] {out.name}: trained ({final})")
         return final
     cfg = TrainConfig(
         baseline=baseline,
@@ -289,7 +347,9 @@ def _train(
         train_split=recipe.train_split,
         generator_options=recipe.generator_options,
         budget=preset.budget,
-        optim=dataclasses.replace(preset.optim, learning_rate=recipe.learning_rate),
+        optim=dataclasses.replace(
+            preset.optim, learning_rate=recipe.learning_rate if learning_rate is None else learning_rate
+        ),
         per_device_prompts=preset.per_device_prompts,
         seed=seed,
         bf16=preset.bf16,
@@ -298,7 +358,7 @@ def _train(
         save_every=preset.save_every,
     )
     resume = latest_checkpoint(out) is not None
-    print(f"  [{task}] {baseline}: {'resuming' if resume else 'training'} {preset.budget.max_steps} steps -> {out}")
+    print(f"  [{task}] {out.name}: {'resuming' if resume else 'training'} {preset.budget.max_steps} steps -> {out}")
     return RLTrainer(cfg).train(resume=resume)
 
 

@@ -80,30 +80,74 @@ def plot_curves(
     present = [k for k in keys if any(_finite(r.get(k)) for r in records)]
     if not present:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = min(4, len(present))
     rows = math.ceil(len(present) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    fig = _figure(3.2 * cols, 2.4 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, present, strict=False):
-        pts = [(r[x_key], r[key]) for r in records if x_key in r and _finite(r.get(key))]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2)
+        xs, ys = _points(records, x_key, key)
+        ax.plot(xs, ys, lw=1.2)
         ax.set_title(key, fontsize=9)
         ax.tick_params(labelsize=7)
-        if key in ("grad_norm", "ratio_max") and all(p[1] > 0 for p in pts):
+        if key in ("grad_norm", "ratio_max") and all(y > 0 for y in ys):
             ax.set_yscale("log")
     for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
+    return _save(fig, out_png)
+
+
+def plot_runs(
+    runs: dict[str, Sequence[dict]],
+    out_png: str | Path,
+    *,
+    key: str = "reward_mean",
+    window: int = 10,
+    title: str = "",
+    x_key: str = "step",
+) -> Path | None:
+    """One metric of several runs on one axis (trailing moving average over ``window`` points); None if no data."""
+    curves = {}
+    for label, records in runs.items():
+        xs, ys = _points(records, x_key, key)
+        if xs:
+            starts = [max(0, i - window + 1) for i in range(len(ys))]
+            curves[label] = (xs, [sum(ys[a : i + 1]) / (i + 1 - a) for i, a in enumerate(starts)])
+    if not curves:
+        return None
+    fig = _figure(6.0, 3.6)
+    ax = fig.subplots()
+    for label, (xs, ys) in curves.items():
+        ax.plot(xs, ys, lw=1.4, label=label)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(f"{key} ({window}-point moving average)")
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return _save(fig, out_png)
+
+
+def _points(records: Sequence[dict], x_key: str, key: str) -> tuple[list, list]:
+    pts = [(r[x_key], r[key]) for r in records if x_key in r and _finite(r.get(key))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _figure(width: float, height: float):
+    """A matplotlib figure on the Agg canvas, without pyplot's global state (safe in threads and workers)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, out_png: str | Path) -> Path:
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
-    plt.close(fig)
     return out_png
 
 

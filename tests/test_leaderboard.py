@@ -17,9 +17,12 @@ from test_results import BUDGET, store
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.leaderboard import (
     ROW_COLUMNS,
+    TRAINING_COLUMNS,
     bootstrap_mean_ci,
     build_leaderboard,
     load_published,
+    training_changes,
+    training_path,
     write_leaderboard,
 )
 from stabledrl_bench.results import budget_hash
@@ -42,6 +45,10 @@ def parse_tables(markdown: str) -> list[tuple[str, list[dict[str, str]]]]:
             kind = "measured"
         elif line.startswith("**Published"):
             kind = "published"
+        elif line.startswith("**Change"):
+            kind = "change"
+        elif line.startswith("**Training"):
+            kind = "training"
         if line.startswith("|"):
             cells = [cell.strip() for cell in line.strip("|").split(" | ")]
             if not previous.startswith("|"):
@@ -53,6 +60,10 @@ def parse_tables(markdown: str) -> list[tuple[str, list[dict[str, str]]]]:
 
 def measured_tables(markdown: str) -> list[list[dict[str, str]]]:
     return [rows for kind, rows in parse_tables(markdown) if kind == "measured"]
+
+
+def change_tables(markdown: str) -> list[list[dict[str, str]]]:
+    return [rows for kind, rows in parse_tables(markdown) if kind == "change"]
 
 
 def store_cells(results_dir: Path, cells: dict[tuple[str, int], list[int]], **overrides: Any) -> None:
@@ -69,8 +80,9 @@ def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
     assert markdown.startswith("# stabledrl-bench leaderboard")
     assert "python -m stabledrl_bench leaderboard" in markdown
     assert markdown.index("## Table 1") < markdown.index("## Table 2")
-    (kind, rows), (published_kind, published_rows), *rest = parse_tables(markdown)
-    assert kind == "measured" and published_kind == "published"
+    (kind, rows), (change_kind, change_rows), (published_kind, published_rows), *rest = parse_tables(markdown)
+    assert kind == "measured" and change_kind == "change" and published_kind == "published"
+    assert [row["Baseline"] for row in change_rows] == ["test_rl_a", "test_rl_b"]  # each against sft
     assert list(rows[0]) == [*ROW_COLUMNS, *TABLE1_HEADERS]
     assert [row["Baseline"] for row in rows] == ["base", "sft", "test_rl_a", "test_rl_b"]
     assert rows[0]["Model"] == "tiny-dlm" and rows[0]["Preset"] == "tiny" and rows[0]["Hardware"] == "CPU ×2"
@@ -142,6 +154,55 @@ def test_seeds_are_pooled_and_listed(tmp_path: Path) -> None:
     assert row["Seeds"] == "1, 7"
     pooled = bootstrap_mean_ci([np.array([1.0, 1, 1, 1, 0, 0])])
     assert row["GSM8K 128"] == f"66.7 [{100 * pooled.low:.1f}, {100 * pooled.high:.1f}]"
+
+
+def test_change_from_the_start_is_paired_by_item(tmp_path: Path) -> None:
+    # Per item: sft 1 1 0 0 1 0 0 0, RL 1 1 1 0 1 0 1 0 -> differences 0 0 1 0 0 0 1 0: +25 points, never below 0.
+    store(tmp_path, [True, True, False, False, True, False, False, False], baseline="sft", budget=None)
+    store(tmp_path, [True, True, True, False, True, False, True, False], baseline="test_rl_a")
+    (row,) = change_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    expected = bootstrap_mean_ci([np.array([0.0, 0, 1, 0, 0, 0, 1, 0])])
+    assert expected.low >= 0.0
+    assert row["GSM8K 128"] == f"+25.0 [{100 * expected.low:+.1f}, {100 * expected.high:+.1f}]"
+    assert row["GSM8K avg"] == "–" and row["Overall avg"] == "–"  # 256/512 not measured
+
+
+def test_change_pairs_shared_items_and_averages_seeds_per_item(tmp_path: Path) -> None:
+    # Items 4 and 5 exist only in the RL row: they raise its accuracy (25% -> 50%) but pair with nothing.
+    store(tmp_path, [True, False, False, False], baseline="sft", budget=None)
+    store(tmp_path, [True, False, False, False, True, True], baseline="test_rl_a")
+    # Two seeds: item means (1 + 0) / 2 = 0.5 and (1 + 1) / 2 = 1 against base 0 and 1 -> differences 0.5, 0.
+    store(tmp_path, [False, True], baseline="base", budget=None, comparison="seeds")
+    store(tmp_path, [True, True], baseline="test_rl_b", comparison="seeds", seed=1)
+    store(tmp_path, [False, True], baseline="test_rl_b", comparison="seeds", seed=2)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    (shared,), (seeds,) = change_tables(markdown)
+    assert measured_tables(markdown)[0][1]["GSM8K 128"].startswith("50.0 [")
+    assert shared["GSM8K 128"] == "+0.0 [+0.0, +0.0]"
+    assert seeds["Baseline"] == "test_rl_b" and seeds["GSM8K 128"].startswith("+25.0 [+0.0, ")
+
+
+def test_change_average_column_and_reference_choice(tmp_path: Path) -> None:
+    # sft: 0 0 at every length; RL: 1 0 at 128, 1 1 at 256, 0 0 at 512 -> +50, +100, +0, average +50.
+    for length, rl in ((128, [1, 0]), (256, [1, 1]), (512, [0, 0])):
+        store(tmp_path, [False, False], baseline="sft", budget=None, length=length)
+        store(tmp_path, [True, True], baseline="base", budget=None, length=length)  # ignored: sft is the start
+        store(tmp_path, [bool(flag) for flag in rl], length=length)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    assert "(`sft`, " in markdown
+    (row,) = change_tables(markdown)[0]
+    assert [row[f"GSM8K {sub}"].split(" ")[0] for sub in ("128", "256", "512", "avg")] == [
+        "+50.0",
+        "+100.0",
+        "+0.0",
+        "+50.0",
+    ]
+
+
+def test_no_change_block_without_a_starting_point(tmp_path: Path) -> None:
+    store(tmp_path, [True, False], baseline="test_rl_a")
+    store(tmp_path, [True], baseline="test_rl_b")
+    assert change_tables(build_leaderboard(tmp_path, NO_PUBLISHED)) == []
 
 
 def test_mixed_budgets_are_refused(tmp_path: Path) -> None:
@@ -300,3 +361,55 @@ def test_write_leaderboard_with_plots(tmp_path: Path) -> None:
     assert (tmp_path / "docs" / "plots" / "table1__cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in out.parent.iterdir()) == ["LEADERBOARD.md", "plots"]
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def _training_csv(results_dir: Path, rows: list[tuple[str, int, float]], comparison: str = "cmp") -> Path:
+    path = training_path(results_dir, comparison, "sudoku")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["task,run,step,reward_mean", *(f"sudoku,{run},{step},{reward}" for run, step, reward in rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_training_changes_pair_the_last_rollouts_with_the_frozen_control() -> None:
+    import pandas as pd
+
+    frozen = [("frozen", step, 0.5 + 0.1 * (step % 2)) for step in range(1, 14)]  # prompts alternate in difficulty
+    learner = [("learner", step, 0.5 + 0.1 * (step % 2) + (0.2 if step > 3 else 0.0)) for step in range(1, 14)]
+    flat = [("flat", step, 0.5 + 0.1 * (step % 2)) for step in range(1, 14)]
+    rewards = pd.DataFrame([("sudoku", *row) for row in frozen + learner + flat], columns=TRAINING_COLUMNS)
+    changes = training_changes(rewards, window=10).set_index("run")
+    assert list(changes.index) == ["learner", "flat"]
+    assert changes.loc["learner", "rollouts"] == 10
+    learned = changes.loc["learner", "change"]
+    assert (learned.mean, learned.low, learned.high) == pytest.approx((0.2, 0.2, 0.2))  # a constant difference
+    assert changes.loc["flat", "change"].mean == pytest.approx(0.0)
+    # Steps 4..13: rewards 0.6, 0.5, ... -> mean 0.55 for the control, + 0.2 for the learner.
+    assert changes.loc["learner", "frozen"] == pytest.approx(0.55)
+    assert changes.loc["learner", "reward"] == pytest.approx(0.75)
+
+
+def test_training_block_is_shown_with_its_comparison(tmp_path: Path) -> None:
+    store(tmp_path, [True], baseline="sft", budget=None)
+    store(tmp_path, [True], baseline="test_rl_a")
+    _training_csv(tmp_path, [("frozen", 1, 0.5), ("frozen", 3, 0.5), ("test_rl_a", 1, 0.5), ("test_rl_a", 3, 0.7)])
+    _training_csv(tmp_path, [("frozen", 1, 0.1), ("other", 1, 0.9)], comparison="another")  # no such comparison
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    assert "**Training reward, Sudoku** (`cmp__sudoku.csv`)" in markdown and "another" not in markdown
+    (row,) = next(rows for kind, rows in parse_tables(markdown) if kind == "training")
+    assert row == {
+        "Baseline": "test_rl_a",
+        "Rollouts": "2",
+        "Training reward": "0.600",
+        "Frozen start": "0.500",
+        "Change": "+0.100 [+0.000, +0.200]",
+    }
+
+
+@pytest.mark.parametrize("text", ["task,run\nsudoku,frozen\n", "", "\x00\x01garbage"])
+def test_bad_training_file_is_one_clear_error(tmp_path: Path, text: str) -> None:
+    store(tmp_path, [True])
+    path = _training_csv(tmp_path, [])
+    path.write_text(text)
+    with pytest.raises(UserError, match="training-reward file"):
+        build_leaderboard(tmp_path, NO_PUBLISHED)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.reproduce import TABLE_BASELINES, presets
@@ -39,8 +40,12 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     board = (tmp_path / "leaderboard.md").read_text()
     assert f"comparison `{table}-smoke`" in board
     assert "Published (not measured here)" in board
+    assert "Change from the starting point** (`sft`" in board
     out = capsys.readouterr().out
     assert "preset 'smoke'" in out and "the paper preset needs" in out
+    assert "vs the frozen start on the same ones" in out
+    _check_frozen_control(tmp_path, table, preset)
+    assert "**Training reward, " in board
 
     # A second run finds everything done: nothing is retrained or re-evaluated.
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("*.json")}
@@ -48,6 +53,22 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("*.json")}
     assert before == after
     assert "SFT warm start: done" in capsys.readouterr().out
+
+
+def _check_frozen_control(tmp_path: Path, table: str, preset) -> None:
+    """The control kept the start's weights exactly and drew the same first rollout as every RL run."""
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    for task in preset.tasks:
+        runs = tmp_path / "runs" / f"{table}-smoke" / task
+        start, frozen = (load_file(runs / name / "final" / "model.safetensors") for name in ("sft", "frozen"))
+        assert start.keys() == frozen.keys() and all(torch.equal(start[k], frozen[k]) for k in start)
+        rewards = pd.read_csv(tmp_path / "results" / "training" / f"{table}-smoke__{task}.csv")
+        assert set(rewards["run"]) == {"frozen", *TABLE_BASELINES}
+        first = rewards[rewards["step"] == 1]["reward_mean"]
+        assert len(first) == len(TABLE_BASELINES) + 1 and first.nunique() == 1
+        assert (tmp_path / "results" / "training" / f"{table}-smoke__{task}.png").is_file()
 
 
 def _repeats(record: dict) -> int:
@@ -62,7 +83,7 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
     original = rep.RLTrainer.train
 
     def spy(self, *, resume=False, stop_after=None):
-        calls.append(resume)
+        calls.append((self.output_dir.name, resume))
         return original(self, resume=resume, stop_after=stop_after)
 
     monkeypatch.setattr(rep.RLTrainer, "train", spy)
@@ -70,13 +91,13 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
     from stabledrl_bench.trainer import RLTrainer, TrainConfig  # noqa: F401  (same class as rep.RLTrainer)
 
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
-    assert calls == [False]
+    assert calls == [("grpo", False), ("frozen", False)]
     # Simulate a crash after the checkpoint: remove the final model and the results of that run.
     import shutil
 
     shutil.rmtree(run_dir / "final")
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
-    assert calls == [False, True]
+    assert calls == [("grpo", False), ("frozen", False), ("grpo", True)]  # the finished control is not rerun
     assert (run_dir / "final" / "config.json").is_file()
 
 

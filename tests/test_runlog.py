@@ -1,0 +1,16 @@
+"""Run-log helpers: the multi-run reward plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stabledrl_bench.runlog import plot_runs
+
+
+def test_plot_runs_writes_one_png_and_ignores_runs_without_data(tmp_path: Path) -> None:
+    runs = {"a": [{"step": i, "reward_mean": i / 10} for i in range(20)], "b": [{"step": 0, "loss": 1.0}]}
+    path = plot_runs(runs, tmp_path / "sub" / "reward.png", title="t")
+    assert path == tmp_path / "sub" / "reward.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_runs({"b": runs["b"]}, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
