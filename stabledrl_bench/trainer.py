@@ -20,6 +20,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,7 +231,7 @@ class RLTrainer:
         group_offset = rank * len(local)
         self.dlm.model.eval()
         micro_batches, rewards_all, correct_all, components = [], [], [], {}
-        nfe = 0
+        nfe, informative = 0, 0
         for start in range(0, len(local), cfg.per_device_prompts):
             chunk = local[start : start + cfg.per_device_prompts]
             specs = [self.task.prompt(doc, cfg.protocol) for doc in chunk]
@@ -257,6 +258,8 @@ class RLTrainer:
             correct_t = torch.tensor(correct, dtype=torch.float32)
             group_ids = torch.arange(len(chunk)).repeat_interleave(budget.num_generations) + group_offset + start
             advantages, keep = self.baseline.advantages(rewards_t, group_ids, correct_t)
+            spread = rewards_t.view(len(chunk), budget.num_generations)
+            informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
             rewards_all.append(rewards_t)
             correct_all.append(correct_t)
             batch = SequenceBatch(
@@ -280,6 +283,8 @@ class RLTrainer:
             "reward_std": rewards_cat.std(unbiased=False).item(),
             "accuracy": torch.cat(correct_all).mean().item(),
             "rollout_nfe": nfe,
+            # groups whose completions got different rewards: the only ones any of the baselines learns from
+            "informative_groups": informative / max(1, len(local)),
             "kept_fraction": sum(mb.batch.completion_ids.shape[0] for mb in micro_batches if mb) / rewards_cat.numel(),
         }
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in components.items()})
@@ -428,11 +433,10 @@ class RLTrainer:
         self._save()
         final = self.output_dir / "final"
         if main:
-            plot_curves(
-                read_log(self.output_dir / "log.jsonl"),
-                self.output_dir / "curves.png",
-                title=f"{cfg.baseline} on {cfg.task} (budget {budget.hash()})",
-            )
+            records = read_log(self.output_dir / "log.jsonl")
+            title = f"{cfg.baseline} on {cfg.task} (budget {budget.hash()})"
+            plot_curves(records, self.output_dir / "curves.png", title=title)
+            _warn_if_nothing_to_learn(records, cfg)
         if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
             export_model(self.acc, self.train_dlm.model, self.dlm, final)
         self.acc.wait_for_everyone()
@@ -503,6 +507,23 @@ def _merge_metrics(per_mb: list[dict[str, float]]) -> dict[str, float]:
         values = [m[key] for m in per_mb if key in m]
         merged[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
     return merged
+
+
+def _warn_if_nothing_to_learn(records: list[dict[str, Any]], cfg: TrainConfig) -> None:
+    """Warn when no rollout of the run had a group with different rewards.
+
+    Group-relative advantages are then zero everywhere, so every loss is a clean 0 and the run "succeeds" without
+    changing the model: easy to miss, and usually a reward problem (e.g. completions in the wrong format).
+    """
+    fractions = [r["informative_groups"] for r in records if "informative_groups" in r]
+    if fractions and max(fractions) == 0:
+        rewards = sorted({round(r["reward_mean"], 6) for r in records if "reward_mean" in r})
+        warnings.warn(
+            f"{cfg.baseline} on {cfg.task}: in all {len(fractions)} rollouts every group's completions got the same "
+            f"reward (mean rewards seen: {rewards[:5]}), so nothing was learned; check the reward and the "
+            f"completions' format (log: {Path(cfg.output_dir) / 'log.jsonl'})",
+            stacklevel=2,
+        )
 
 
 def inject_log_ratio_noise(old: Estimate, noise: NoiseInjection, generator: torch.Generator) -> Estimate:

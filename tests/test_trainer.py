@@ -327,3 +327,33 @@ def test_accelerate_launch_two_cpu_processes(small_models, tmp_path):
     assert info["world_size"] == 2
     assert [r["step"] for r in read_log(tmp_path / "run" / "log.jsonl")] == [1, 2]
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def _counting_reward(pattern: list[float]):
+    """A reward that ignores the text: the i-th scored completion gets pattern[i % len(pattern)]."""
+    from stabledrl_bench.tasks.base import RewardResult
+
+    calls = []
+
+    def reward(text, doc, profile):
+        calls.append(text)
+        return RewardResult(pattern[(len(calls) - 1) % len(pattern)], {})
+
+    return reward
+
+
+def test_informative_groups_are_counted_by_hand(small_models, tmp_path, monkeypatch, recwarn):
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, "grpo"))
+    # 2 prompts x 4 completions, scored group by group: the first group's rewards differ, the second's do not.
+    monkeypatch.setattr(trainer.task, "reward", _counting_reward([0, 1, 0, 0, 1, 1, 1, 1]))
+    trainer.train()
+    assert read_log(tmp_path / "log.jsonl")[0]["informative_groups"] == 0.5
+    assert not [w for w in recwarn if "nothing was learned" in str(w.message)]
+
+
+def test_a_run_with_nothing_to_learn_warns(small_models, tmp_path, monkeypatch):
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, "stabledrl"))
+    monkeypatch.setattr(trainer.task, "reward", _counting_reward([0.25]))  # e.g. every answer tag malformed
+    with pytest.warns(UserWarning, match=r"in all 1 rollouts every group's completions got the same reward"):
+        trainer.train()
+    assert read_log(tmp_path / "log.jsonl")[0]["informative_groups"] == 0.0
