@@ -10,9 +10,9 @@ and prints the speed ratio measured in the same process.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from timing import best_time
 
 from stabledrl_bench.estimators import SequenceBatch, build_estimator
 from stabledrl_bench.models import build_tiny
@@ -24,20 +24,6 @@ ESTIMATORS = {
     "espo_elbo": {"num_mc": 2},
     "trace_replay": {"shrink": 2},
 }
-
-
-def _timed(fn, repeats: int):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best, out
 
 
 def main() -> None:
@@ -63,8 +49,9 @@ def main() -> None:
         batched = build_estimator(name, **kwargs)
         looped = build_estimator(name, micro_batch_size=1, **kwargs)
         noise = batched.draw(batch, torch.Generator().manual_seed(0))
-        t_fast, fast = _timed(lambda b=batched, n=noise: b.evaluate(dlm, batch, n), args.repeats)
-        t_slow, slow = _timed(lambda b=looped, n=noise: b.evaluate(dlm, batch, n), args.repeats)
+        with torch.no_grad():
+            t_fast, fast = best_time(lambda b=batched, n=noise: b.evaluate(dlm, batch, n), args.repeats)
+            t_slow, slow = best_time(lambda b=looped, n=noise: b.evaluate(dlm, batch, n), args.repeats)
         field = "elbo" if fast.elbo is not None else "token_logp"
         same = torch.allclose(getattr(fast, field), getattr(slow, field), atol=1e-4)
         print(f"{name:14s} {t_fast:10.3f} {t_slow:13.3f} {t_slow / t_fast:8.1f}x  {same}")

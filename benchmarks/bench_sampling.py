@@ -9,26 +9,12 @@ output, so the script also checks that both paths decode the same tokens.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from timing import best_time
 
 from stabledrl_bench.models import build_tiny
 from stabledrl_bench.sampling import GenerationOutput, block_diffusion_generate
-
-
-def _timed(fn, repeats: int) -> tuple[float, GenerationOutput]:
-    """Best-of-``repeats`` wall time (synchronising CUDA), and the last output."""
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best, out
 
 
 def main() -> None:
@@ -60,7 +46,7 @@ def main() -> None:
             use_cache=use_cache,
         )
 
-    results = {use_cache: _timed(lambda u=use_cache: decode(u), args.repeats) for use_cache in (True, False)}
+    results = {use_cache: best_time(lambda u=use_cache: decode(u), args.repeats) for use_cache in (True, False)}
     tokens = args.batch * args.gen_length
     for use_cache, (seconds, out) in results.items():
         label = "cached  " if use_cache else "uncached"

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 from .results import budget_hash
+
+if TYPE_CHECKING:
+    from .sampling import DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,18 @@ class Budget:
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    def decode_settings(self, *, use_cache: bool) -> DecodeSettings:
+        """How rollouts are decoded under this budget (the trainer's and every rollout made to compare with it)."""
+        from .sampling import DecodeSettings
+
+        return DecodeSettings(
+            gen_length=self.max_completion_length,
+            block_length=self.block_length,
+            steps=self.diffusion_steps,
+            temperature=self.temperature,
+            use_cache=use_cache,
+        )
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)

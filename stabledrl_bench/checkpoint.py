@@ -91,23 +91,19 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(accelerator, path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Restore model/optimizer/scheduler in place (collective) and return the trainer state."""
-    path = Path(path)
+def read_checkpoint_state(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The trainer state and the per-process states of a checkpoint, without touching any model (so that, e.g.,
+    its budget can be checked before anything is restored)."""
     try:
-        blob = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise UserError(f"cannot read checkpoint {path}: {exc}") from exc
-    accelerator.load_state(str(path / "accelerate"))
-    return blob["state"], blob["rank_states"]
-
-
-def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
-    """The trainer state of a checkpoint without touching any model (e.g. to check its budget first)."""
-    try:
-        return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)["state"]
+        blob = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+        return blob["state"], blob["rank_states"]
     except (OSError, RuntimeError, EOFError, KeyError) as exc:
         raise UserError(f"cannot read checkpoint {path}: {exc}") from exc
+
+
+def load_checkpoint(accelerator, path: str | Path) -> None:
+    """Restore model, optimizer and scheduler in place from ``path`` (collective: every process calls it)."""
+    accelerator.load_state(str(Path(path) / "accelerate"))
 
 
 def _prune(root: Path, keep_last: int) -> None:

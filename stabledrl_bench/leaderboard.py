@@ -56,6 +56,7 @@ import pandas as pd
 import yaml
 
 from .errors import UserError
+from .plots import new_figure
 from .results import (
     HEADLINE_FIELD,
     REFERENCE_BASELINES,
@@ -113,6 +114,10 @@ class Interval:
     mean: float
     low: float
     high: float
+
+    def text(self, spec: str = ".1f", scale: float = 100.0) -> str:
+        """``mean [low, high]`` scaled (default: percent) in format ``spec``, e.g. ``"+.1f"`` for changes."""
+        return f"{scale * self.mean:{spec}} [{scale * self.low:{spec}}, {scale * self.high:{spec}}]"
 
 
 def bootstrap_mean_ci(
@@ -368,10 +373,8 @@ def _row_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(_rank=rank).sort_values(["_rank", "baseline", "model", "protocol", "preset"], kind="stable")
 
 
-def _format_measured(interval: Interval | None) -> str:
-    if interval is None:
-        return MISSING
-    return f"{100 * interval.mean:.1f} [{100 * interval.low:.1f}, {100 * interval.high:.1f}]"
+def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
+    return MISSING if interval is None else interval.text(spec)
 
 
 def _join_unique(values: Sequence[Any]) -> str:
@@ -427,8 +430,8 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
     return rows
 
 
-def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> tuple[Interval, int] | None:
-    """Change of ``row`` over ``reference`` in one column, paired by test item, and the number of items paired.
+def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> Interval | None:
+    """Change of ``row`` over ``reference`` in one column, paired by test item.
 
     Why paired: both rows answered the same test items, so the per-item difference d_i = x_i - x_ref_i removes
     the item difficulty that dominates the spread of either row alone; the interval is the bootstrap of
@@ -445,14 +448,7 @@ def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> t
         if not shared:
             return None
         differences.append(np.asarray([ours[doc] - theirs[doc] for doc in shared], dtype=np.float64))
-    return bootstrap_mean_ci(differences), min(len(d) for d in differences)
-
-
-def _format_change(change: tuple[Interval, int] | None) -> str:
-    if change is None:
-        return MISSING
-    interval, _ = change
-    return f"{100 * interval.mean:+.1f} [{100 * interval.low:+.1f}, {100 * interval.high:+.1f}]"
+    return bootstrap_mean_ci(differences)
 
 
 def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
@@ -465,7 +461,7 @@ def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
     display = pd.DataFrame(
         [
             {"Baseline": row.info["Baseline"], "Model": row.info["Model"]}
-            | {c.header: _format_change(paired_change(row, start, c)) for c in columns}
+            | {c.header: _format_measured(paired_change(row, start, c), "+.1f") for c in columns}
             for row in others
         ]
     )
@@ -498,12 +494,8 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame) -> str:
 
 def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]) -> None:
     """Grouped bars: one group per measured cell column, one bar per row, 95% interval as error bars."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
-    figure = Figure(figsize=(max(6.0, 1.2 * len(shown) + 2.0), 4.0))
-    FigureCanvasAgg(figure)
+    figure = new_figure(max(6.0, 1.2 * len(shown) + 2.0), 4.0)
     axes = figure.subplots()
     width = 0.8 / max(1, len(rows))
     for offset, row in enumerate(rows):
@@ -610,7 +602,7 @@ def _training_block(results_dir: Path, comparison: str) -> str:
                 "Rollouts": changes["rollouts"],
                 "Training reward": changes["reward"].map("{:.3f}".format),
                 "Frozen start": changes["frozen"].map("{:.3f}".format),
-                "Change": changes["change"].map(lambda c: f"{c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}]"),
+                "Change": changes["change"].map(lambda c: c.text("+.3f", scale=1.0)),
             }
         )
         task = rewards["task"].iloc[0]

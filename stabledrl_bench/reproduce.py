@@ -39,7 +39,7 @@ from .leaderboard import (
     training_path,
     write_leaderboard,
 )
-from .models.backends import load_diffusion_lm, load_model_spec
+from .models.backends import load_model_spec
 from .optim import OptimConfig
 from .registry import available_baselines
 from .results import atomic_write_text
@@ -131,9 +131,9 @@ _TINY_SFT = SFTConfig(
         learning_rate=1e-3, weight_decay=0.0, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
     ),
 )
-_TINY_OPTIM = OptimConfig(learning_rate=2e-5, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
 TINY_RL_STEPS = 60  # per baseline
 TINY_RL_LR = 2e-5
+_TINY_OPTIM = OptimConfig(learning_rate=TINY_RL_LR, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
 
 
 def _smoke(tiny: Preset) -> Preset:
@@ -274,8 +274,7 @@ def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, c
     atomic_write_text(path, rewards.to_csv(index=False))
     print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones:")
     for row in training_changes(rewards).itertuples():
-        c = row.change
-        print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}]")
+        print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {row.change.text('+.3f', scale=1.0)}")
     labels = {run: f"{run} (learning rate 0)" if run == CONTROL_RUN else run for run in rollouts}
     plot = plot_runs(
         {labels[run]: records for run, records in rollouts.items()},
@@ -372,11 +371,7 @@ def _same_budget(run_dir: Path, budget: Budget) -> bool:
 
 
 def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, args, limit) -> None:
-    dlm = (
-        load_model_spec(checkpoint, seed=args.seed)
-        if checkpoint in ("tiny", "tiny-block")
-        else load_diffusion_lm(checkpoint)
-    )
+    dlm = load_model_spec(checkpoint, seed=args.seed)
     for protocol in preset.protocols:
         sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
         for nominal, actual in preset.lengths.items():

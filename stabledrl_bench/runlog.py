@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from .plots import new_figure, save_png
+
 # Curves plotted for every run, when present in the log (the rest stays in the JSONL).
 DEFAULT_CURVES = (
     "reward_mean",
@@ -77,12 +79,12 @@ def plot_curves(
     x_key: str = "step",
 ) -> Path | None:
     """One small subplot per metric against the optimizer step; returns the PNG path (None if no data)."""
-    present = [k for k in keys if any(_finite(r.get(k)) for r in records)]
+    present = [k for k in keys if any(finite(r.get(k)) for r in records)]
     if not present:
         return None
     cols = min(4, len(present))
     rows = math.ceil(len(present) / cols)
-    fig = _figure(3.2 * cols, 2.4 * rows)
+    fig = new_figure(3.2 * cols, 2.4 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, present, strict=False):
         xs, ys = _points(records, x_key, key)
@@ -95,7 +97,7 @@ def plot_curves(
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def plot_runs(
@@ -112,11 +114,10 @@ def plot_runs(
     for label, records in runs.items():
         xs, ys = _points(records, x_key, key)
         if xs:
-            starts = [max(0, i - window + 1) for i in range(len(ys))]
-            curves[label] = (xs, [sum(ys[a : i + 1]) / (i + 1 - a) for i, a in enumerate(starts)])
+            curves[label] = (xs, running_mean(ys, window))
     if not curves:
         return None
-    fig = _figure(6.0, 3.6)
+    fig = new_figure(6.0, 3.6)
     ax = fig.subplots()
     for label, (xs, ys) in curves.items():
         ax.plot(xs, ys, lw=1.4, label=label)
@@ -125,31 +126,25 @@ def plot_runs(
     ax.legend(fontsize="small")
     if title:
         ax.set_title(title, fontsize=10)
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def _points(records: Sequence[dict], x_key: str, key: str) -> tuple[list, list]:
-    pts = [(r[x_key], r[key]) for r in records if x_key in r and _finite(r.get(key))]
+    pts = [(r[x_key], r[key]) for r in records if x_key in r and finite(r.get(key))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _figure(width: float, height: float):
-    """A matplotlib figure on the Agg canvas, without pyplot's global state (safe in threads and workers)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, out_png: str | Path) -> Path:
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    return out_png
+def running_mean(values: Sequence[float | None], window: int) -> list[float | None]:
+    """Trailing mean over the last ``window`` finite values (None until there is one)."""
+    out, kept = [], []
+    for value in values:
+        if finite(value):
+            kept.append(value)
+        recent = kept[-window:]
+        out.append(sum(recent) / len(recent) if recent else None)
+    return out
 
 
-def _finite(value) -> bool:
+def finite(value) -> bool:
+    """A real number that is not NaN or infinite (bools and None are not)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

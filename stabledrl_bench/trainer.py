@@ -39,7 +39,7 @@ from .models.backends import load_model_spec
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .registry import LossInputs, build_baseline
 from .runlog import RunLog, plot_curves, read_log
-from .sampling import DecodeSettings, generate
+from .sampling import generate
 from .tasks import get_task
 
 
@@ -199,13 +199,7 @@ class RLTrainer:
         self.step = 0
         self.nfe_total = 0
         self._nonfinite = 0
-        self.decode = DecodeSettings(
-            gen_length=cfg.budget.max_completion_length,
-            block_length=cfg.budget.block_length,
-            steps=cfg.budget.diffusion_steps,
-            temperature=cfg.budget.temperature,
-            use_cache=dlm.supports_kv_cache,
-        )
+        self.decode = cfg.budget.decode_settings(use_cache=dlm.supports_kv_cache)
 
     # ------------------------------------------------------------------ run metadata
     def run_info(self) -> dict[str, Any]:
@@ -463,13 +457,13 @@ class RLTrainer:
         path = latest_checkpoint(self.output_dir)
         if path is None:
             raise UserError(f"--resume: no checkpoint in {self.output_dir}")
-        saved = read_checkpoint_state(path)
-        if saved["budget_hash"] != self.budget.hash():
+        state, rank_states = read_checkpoint_state(path)
+        if state["budget_hash"] != self.budget.hash():
             raise UserError(
-                f"--resume: checkpoint {path} was trained under budget {saved['budget_hash']}, "
+                f"--resume: checkpoint {path} was trained under budget {state['budget_hash']}, "
                 f"this config has {self.budget.hash()}"
             )
-        state, rank_states = load_checkpoint(self.acc, path)
+        load_checkpoint(self.acc, path)
         if len(rank_states) != self.acc.num_processes:
             raise UserError(f"--resume: checkpoint has {len(rank_states)} process(es), now {self.acc.num_processes}")
         self.prompts.load_state_dict(state["prompts"])

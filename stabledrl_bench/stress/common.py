@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..plots import new_figure, save_png
 from ..results import STABILITY_DIR, atomic_write_text, environment_info
+from ..runlog import finite, running_mean
 
 if TYPE_CHECKING:
     from ..trainer import NoiseInjection
@@ -230,10 +232,6 @@ class Definitions:
         }
 
 
-def finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def spike_steps(steps: Sequence[int], grad_norms: Sequence[float], d: Definitions) -> list[int]:
     """Steps whose pre-clip gradient norm is a spike (:class:`Definitions`)."""
     spikes, history = [], []
@@ -246,17 +244,6 @@ def spike_steps(steps: Sequence[int], grad_norms: Sequence[float], d: Definition
             spikes.append(step)
         history.append(g)
     return spikes
-
-
-def running_mean(values: Sequence[float | None], window: int) -> list[float | None]:
-    """Trailing mean over the last ``window`` finite values (None until there is one): the collapse statistic."""
-    out, kept = [], []
-    for value in values:
-        if finite(value):
-            kept.append(value)
-        recent = kept[-window:]
-        out.append(sum(recent) / len(recent) if recent else None)
-    return out
 
 
 def collapse_step(
@@ -380,22 +367,14 @@ def seed_band(ax, series: Series, color, *, log: bool = False) -> bool:
 
 
 def figure(panels: int, *, width: float = 4.6, height: float = 3.2):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False)
-    return plt, fig, list(axes[0])
+    """A row of ``panels`` axes, each ``width`` x ``height`` inches: returns the figure and the list of axes."""
+    fig = new_figure(width * panels, height)
+    return fig, list(fig.subplots(1, panels, squeeze=False)[0])
 
 
-def save_figure(plt, fig, path: Path, title: str) -> str:
+def save_figure(fig, path: Path, title: str) -> str:
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
+    return save_png(fig, path).name
 
 
 COLORS = ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:brown", "tab:gray", "tab:olive")

@@ -48,7 +48,7 @@ from ..data import PromptStream, training_docs
 from ..estimators import Estimate, Estimator, SequenceBatch
 from ..models import DiffusionLM
 from ..registry import Baseline, LossInputs, build_baseline
-from ..sampling import DecodeSettings, generate
+from ..sampling import generate
 from ..tasks import get_task
 from ..trainer import NoiseInjection, baseline_estimator, inject_log_ratio_noise
 from .common import COLORS, ExplodingNoise, band, figure, finite, save_figure, stability_dir
@@ -87,13 +87,7 @@ def collect_rollouts(
     task_obj = get_task(task)
     prompts = PromptStream(training_docs(task_obj, "generated", seed=seed), seed=seed)
     generator = torch.Generator().manual_seed(seed)
-    decode = DecodeSettings(
-        gen_length=budget.max_completion_length,
-        block_length=budget.block_length,
-        steps=budget.diffusion_steps,
-        temperature=budget.temperature,
-        use_cache=dlm.supports_kv_cache,
-    )
+    decode = budget.decode_settings(use_cache=dlm.supports_kv_cache)
     out = []
     for _ in range(count):
         docs = prompts.next(budget.prompts_per_step)
@@ -295,7 +289,7 @@ def summarize(
 
 def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequence[str], results_dir, k: float) -> str:
     """``drift_spikes.png``: spike probability vs measured policy drift, one panel per condition, seed bands."""
-    plt, fig, axes = figure(len(conditions))
+    fig, axes = figure(len(conditions))
     for ax, condition in zip(axes, conditions, strict=True):
         for color, v in zip(COLORS, variants, strict=False):
             pts = sorted(
@@ -316,7 +310,6 @@ def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequen
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7)
     return save_figure(
-        plt,
         fig,
         stability_dir(results_dir) / "drift_spikes.png",
         "Spike probability vs drift from the rollout policy (mean, min-max over seeds)",

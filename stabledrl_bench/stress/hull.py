@@ -198,7 +198,7 @@ def summarize(records: list[dict[str, Any]], scales: Sequence[float]) -> list[di
 
 def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> str:
     """``hull.png``: ||update|| / bound against the largest ratio of the trial, per variant (log-log)."""
-    plt, fig, axes = figure(1, width=6.0, height=4.2)
+    fig, axes = figure(1, width=6.0, height=4.2)
     ax = axes[0]
     for color, variant in zip(COLORS, HULL_VARIANTS, strict=False):
         pts = [
@@ -213,6 +213,4 @@ def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> s
     ax.set_ylabel("log10 ||update|| / bound", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, markerscale=3)
-    return save_figure(
-        plt, fig, stability_dir(results_dir) / "hull.png", "Update norm relative to the per-sample bound"
-    )
+    return save_figure(fig, stability_dir(results_dir) / "hull.png", "Update norm relative to the per-sample bound")

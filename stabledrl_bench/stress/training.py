@@ -393,7 +393,7 @@ def plot_sweep(
     out = {}
     for metric, x_key, y_key in (("reward", "reward_step", "reward_mean"), ("gradnorm", "step", "grad_norm")):
         log = metric == "gradnorm"
-        plt, fig, axes = figure(len(conditions))
+        fig, axes = figure(len(conditions))
         for ax, condition in zip(axes, conditions, strict=True):
             drawn = False
             for color, label in zip(COLORS, labels, strict=False):
@@ -417,7 +417,6 @@ def plot_sweep(
                 ax.legend(fontsize=7)
         what = "reward" if not log else "pre-clip gradient norm"
         out[metric] = save_figure(
-            plt,
             fig,
             stability_dir(results_dir) / f"{experiment}_{metric}.png",
             f"{title}: {what} (mean, min-max over seeds; dotted = stopped on non-finite steps)",
