@@ -124,11 +124,15 @@ _PAPER_TASKS_T1 = {
 _TINY_SFT = SFTConfig(
     protocol="tiny",
     train_split="generated",
-    max_steps=800,  # 700 leaves the 48-token canvas writing "</answr>": zero d1 reward for every RL rollout
+    max_steps=800,
     batch_size=64,
     completion_length=64,  # EOS-padded to the longest evaluation canvas, as LLaDA's SFT pads to its sequence length
-    optim=OptimConfig(
-        learning_rate=1e-3, weight_decay=0.0, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
+    optim=OptimConfig(  # 1e-3 with cosine decay reached 66% cell accuracy; a constant 3e-4 reaches 91%
+        learning_rate=3e-4,
+        weight_decay=0.0,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=20,
+        max_grad_norm=1.0,
     ),
 )
 TINY_RL_STEPS = 60  # per baseline

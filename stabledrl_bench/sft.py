@@ -43,7 +43,11 @@ class SFTConfig:
     generator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_numbers": [3]}
     max_steps: int = 400
     batch_size: int = 64
-    completion_length: int = 32  # the fixed canvas; targets are padded with EOS to this length
+    completion_length: int = 32  # the canvas; targets are padded with EOS to this length
+    # If set, each step's canvas is drawn uniformly from [min_completion_length, completion_length] instead. Why: a
+    # task whose answers all have one length, always padded to one canvas, teaches the model the EOS count too,
+    # and it then garbles the answer's end on any other canvas (LLaDA's SFT data varies in length, so it does not).
+    min_completion_length: int | None = None
     max_prompt_length: int = 256
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(
@@ -54,6 +58,13 @@ class SFTConfig:
     bf16: bool = False
     output_dir: str = "runs/sft"
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        low = self.min_completion_length
+        if low is not None and not 1 <= low <= self.completion_length:
+            raise UserError(
+                f"min_completion_length must be between 1 and completion_length={self.completion_length}, got {low}"
+            )
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides) -> SFTConfig:
@@ -144,9 +155,10 @@ def run_sft(cfg: SFTConfig) -> Path:
             prefill=specs[0].prefill,
             max_prompt_length=cfg.max_prompt_length,
         )
-        targets, truncated = encode_targets(
-            dlm, [task.target_completion(doc, cfg.protocol) for doc in chunk], cfg.completion_length
-        )
+        canvas = cfg.completion_length
+        if cfg.min_completion_length is not None:
+            canvas = int(torch.randint(cfg.min_completion_length, cfg.completion_length + 1, (1,), generator=generator))
+        targets, truncated = encode_targets(dlm, [task.target_completion(doc, cfg.protocol) for doc in chunk], canvas)
         truncated_total += truncated
         with acc.autocast():
             loss = sft_loss(train_dlm, prompt_ids, prompt_mask, targets, generator)
@@ -168,7 +180,7 @@ def run_sft(cfg: SFTConfig) -> Path:
         )
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
     if truncated_total:
-        print(f"warning: {truncated_total} SFT targets were longer than completion_length={cfg.completion_length}")
+        print(f"warning: {truncated_total} SFT targets were longer than their canvas (completion_length)")
     final = out_dir / "final"
     export_model(acc, model, dlm, final)
     if main:

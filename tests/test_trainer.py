@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from stabledrl_bench import sft as sft_module
 from stabledrl_bench.budget import Budget
 from stabledrl_bench.config import from_dict
 from stabledrl_bench.errors import UserError
@@ -287,6 +288,39 @@ def test_run_sft_writes_a_loadable_model(small_models, tmp_path):
     final = run_sft(cfg)
     assert load_diffusion_lm(final).family == "tiny"
     assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("low", [None, 36])
+def test_sft_canvas_is_fixed_or_drawn_from_the_range(small_models, tmp_path, monkeypatch, low):
+    canvases = []
+
+    def spy(dlm, texts, length):
+        canvases.append(length)
+        return encode_targets(dlm, texts, length)
+
+    monkeypatch.setattr(sft_module, "encode_targets", spy)
+    run_sft(
+        SFTConfig(
+            task="sudoku",
+            model=str(small_models["full"]),
+            max_steps=12,
+            batch_size=2,
+            completion_length=40,
+            min_completion_length=low,
+            output_dir=str(tmp_path),
+            progress=False,
+        )
+    )
+    if low is None:
+        assert canvases == [40] * 12
+    else:
+        assert set(canvases) <= set(range(36, 41)) and len(set(canvases)) > 1
+
+
+@pytest.mark.parametrize("low", [0, 41])
+def test_sft_rejects_a_canvas_range_outside_the_canvas(low):
+    with pytest.raises(UserError, match="min_completion_length must be between 1 and completion_length=40"):
+        SFTConfig(completion_length=40, min_completion_length=low)
 
 
 def test_accelerate_launch_two_cpu_processes(small_models, tmp_path):
