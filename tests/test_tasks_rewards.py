@@ -136,6 +136,15 @@ def test_sudoku_components(completion: str, cells: float) -> None:
     assert components("sudoku", completion, SUDOKU, "stabledrl") == {"cell_accuracy": cells, "anti_short_boxed": 1.0}
 
 
+@pytest.mark.parametrize("completion", ["<answer>1234341221434321</answe>>", "<answer>1234341221434321</answe>"])
+def test_garbled_closing_tag_earns_no_reward_but_keeps_its_test_score(completion: str) -> None:
+    """The tiny preset's learning signal (README): d1's reward reads only a closed ``<answer>`` tag, while d1's
+    evaluation grader falls back to the digits; the garbled tags are the ones the tiny SFT start writes."""
+    sudoku = get_task("sudoku")
+    assert sudoku.reward(completion, SUDOKU, "d1").total == 0.0
+    assert sudoku.grade(completion, SUDOKU).score == 1.0
+
+
 def test_reward_rejects_bad_arguments() -> None:
     with pytest.raises(UserError, match="unknown reward profile"):
         get_task("gsm8k").reward("x", GSM, "grpo")
