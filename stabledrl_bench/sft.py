@@ -180,7 +180,12 @@ def run_sft(cfg: SFTConfig) -> Path:
         )
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
     if truncated_total:
-        print(f"warning: {truncated_total} SFT targets were longer than their canvas (completion_length)")
+        canvases = (
+            f"{cfg.min_completion_length}..{cfg.completion_length}"
+            if cfg.min_completion_length is not None
+            else cfg.completion_length
+        )
+        print(f"warning: {truncated_total} SFT targets were longer than their canvas ({canvases} tokens)")
     final = out_dir / "final"
     export_model(acc, model, dlm, final)
     if main:

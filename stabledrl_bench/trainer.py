@@ -463,9 +463,9 @@ class RLTrainer:
                 f"--resume: checkpoint {path} was trained under budget {state['budget_hash']}, "
                 f"this config has {self.budget.hash()}"
             )
-        load_checkpoint(self.acc, path)
         if len(rank_states) != self.acc.num_processes:
             raise UserError(f"--resume: checkpoint has {len(rank_states)} process(es), now {self.acc.num_processes}")
+        load_checkpoint(self.acc, path)
         self.prompts.load_state_dict(state["prompts"])
         for name, g in self.generators.items():
             g.set_state(rank_states[self.acc.process_index][name])
