@@ -1,4 +1,4 @@
-"""Command line: ``python -m stabledrl_bench {reproduce,train,sft,eval,leaderboard,list,grade,stress}``.
+"""Command line: ``python -m stabledrl_bench {reproduce,train,sft,eval,check-model,leaderboard,list,grade,stress}``.
 
 Every user-fixable problem (bad config, unknown name, missing path, budget mismatch, unreadable result) is
 printed as one ``error: ...`` line with exit status 2; interrupted commands can simply be re-run.
@@ -29,6 +29,15 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, help="evaluate only the first N docs per task (quick checks)")
     p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
+    _add_skip_check(p)
+
+
+def _add_skip_check(p) -> None:
+    p.add_argument(
+        "--skip-model-check",
+        action="store_true",
+        help="do not probe a loaded checkpoint's conventions before training (see check-model)",
+    )
 
 
 def _add_train(sub) -> None:
@@ -42,6 +51,7 @@ def _add_train(sub) -> None:
     p.add_argument("--max-steps", type=int, help="override budget.max_steps")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many optimizer steps")
+    _add_skip_check(p)
 
 
 def _add_sft(sub) -> None:
@@ -73,6 +83,16 @@ def _add_eval(sub) -> None:
     p.add_argument("--force", action="store_true")
 
 
+def _add_check_model(sub) -> None:
+    p = sub.add_parser("check-model", help="load a checkpoint and measure every convention the harness relies on")
+    p.add_argument("--model", required=True, help="checkpoint folder (or tiny / tiny-block)")
+    p.add_argument("--family", help="backend family instead of the one read from the config: tiny, llada, dream, sdar")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="load the weights in this dtype")
+    p.add_argument("--device", help="e.g. cuda:0 (default: where the weights load, the CPU)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs assumed by the paper-preset memory estimate")
+    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
+
+
 def _add_misc(sub) -> None:
     p = sub.add_parser("leaderboard", help="regenerate leaderboard.md from results/")
     p.add_argument("--results", default="results")
@@ -91,7 +111,7 @@ def _add_misc(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stabledrl_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_misc):
+    for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_check_model, _add_misc):
         add(sub)
     return parser
 
@@ -130,6 +150,8 @@ def _cmd_train(args) -> int:
 
     fields = ("baseline", "task", "model", "output_dir", "seed")
     cfg = _load_config(TrainConfig, args, {name: getattr(args, name) for name in fields})
+    if args.skip_model_check:
+        cfg.check_model = False
     if args.max_steps:
         cfg.budget = dataclasses.replace(cfg.budget, max_steps=args.max_steps)
     final = RLTrainer(cfg).train(resume=args.resume, stop_after=args.stop_after)
@@ -187,6 +209,33 @@ def _cmd_eval(args) -> int:
     return 0
 
 
+def _cmd_check_model(args) -> int:
+    import torch
+
+    from .models.backends import load_model_spec
+    from .models.probes import model_facts, run_probes
+
+    if args.gpus < 1:
+        raise UserError(f"--gpus must be at least 1, got {args.gpus}")
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    dlm = load_model_spec(args.model, family=args.family, dtype=dtype, device=args.device)
+    facts, probes = model_facts(dlm, args.gpus), run_probes(dlm)
+    if args.json:
+        print(json.dumps({"model": args.model, "facts": facts, "probes": [p.to_dict() for p in probes]}, indent=2))
+    else:
+        print(f"check-model {args.model}")
+        for key, value in facts.items():
+            print(f"  {key:20s} {value}")
+        for probe in probes:
+            print(f"  [{probe.status:4s}] {probe.name:30s} {probe.measured}")
+            if probe.meaning:
+                print(f"  {'':6s} {'':30s} -> {probe.meaning}")
+    failed = [p.name for p in probes if not p.passed]
+    if failed:
+        raise UserError(f"check-model: {len(failed)} convention(s) failed: {', '.join(failed)}")
+    return 0
+
+
 def _cmd_leaderboard(args) -> int:
     from .leaderboard import write_leaderboard
     from .stress import stability_section
@@ -215,6 +264,7 @@ COMMANDS = {
     "train": _cmd_train,
     "sft": _cmd_sft,
     "eval": _cmd_eval,
+    "check-model": _cmd_check_model,
     "leaderboard": _cmd_leaderboard,
     "grade": _cmd_grade,
     "reproduce": _cmd_reproduce,

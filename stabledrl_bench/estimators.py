@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from .errors import UserError
-from .masks import block_causal_mask, staircase_mask, staircase_position_ids
+from .masks import staircase_mask, staircase_position_ids
 
 if TYPE_CHECKING:
     from .models.interface import DiffusionLM
@@ -173,17 +173,6 @@ def _log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _context_attention(model: DiffusionLM, prompt_mask: torch.Tensor, completion_len: int) -> torch.Tensor:
-    """Attention for ``[prompt | completion]`` rows: key padding (full models) or block-causal (block models)."""
-    batch = prompt_mask.shape[0]
-    key_valid = torch.cat(
-        (prompt_mask.bool(), torch.ones(batch, completion_len, dtype=torch.bool, device=prompt_mask.device)), dim=1
-    )
-    if model.attention == "block":
-        return block_causal_mask(key_valid, prompt_mask.shape[1], int(model.block_size))
-    return key_valid
-
-
 def _block_ids(length: int, block_size: int | None, device: torch.device) -> torch.Tensor:
     """Block index of each completion position (all 0 when there are no blocks)."""
     pos = torch.arange(length, device=device)
@@ -291,7 +280,7 @@ class D1OneStep(Estimator):
     def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: D1Noise) -> Estimate:
         prompt = torch.where(noise.prompt_masked, model.mask_id, batch.prompt_ids)
         completion = torch.full_like(batch.completion_ids, model.mask_id)
-        attention = _context_attention(model, batch.prompt_mask, batch.completion_ids.shape[1])
+        attention = model.context_attention(batch.prompt_mask, batch.completion_ids.shape[1])
         logp = self._clean_token_logps(
             model, torch.cat((prompt, completion), dim=1), attention, None, batch.completion_ids, prompt.shape[1]
         )
@@ -387,7 +376,7 @@ class SPGBlock(Estimator):
         seq = torch.arange(n_seq, device=batch.completion_ids.device).repeat_interleave(m)
         prompt = torch.where(noise.prompt_masked, model.mask_id, batch.prompt_ids.unsqueeze(1)).flatten(0, 1)
         completion = torch.where(noise.completion_masked, model.mask_id, batch.completion_ids.unsqueeze(1))
-        attention = _context_attention(model, batch.prompt_mask, length)[seq]
+        attention = model.context_attention(batch.prompt_mask, length)[seq]
         input_ids = torch.cat((prompt, completion.flatten(0, 1)), dim=1)
         targets = batch.completion_ids[seq]
         logp = self._clean_token_logps(model, input_ids, attention, None, targets, prompt.shape[1])
@@ -445,7 +434,7 @@ class ESPOElbo(Estimator):
         seq = torch.arange(n_seq, device=masks.device).repeat_interleave(k_mc * n_pass)
         completion = torch.where(masks.flatten(0, 2), model.mask_id, batch.completion_ids[seq])
         input_ids = torch.cat((batch.prompt_ids[seq], completion), dim=1)
-        attention = _context_attention(model, batch.prompt_mask, length)[seq]
+        attention = model.context_attention(batch.prompt_mask, length)[seq]
         logp = self._clean_token_logps(
             model, input_ids, attention, None, batch.completion_ids[seq], batch.prompt_ids.shape[1]
         ).view(n_seq, k_mc, n_pass, length)
@@ -564,7 +553,7 @@ class TraceReplay(Estimator):
             )
         else:
             input_ids = torch.cat((batch.prompt_ids[seq], state), dim=1)
-            attention = _context_attention(model, batch.prompt_mask, length)[seq]
+            attention = model.context_attention(batch.prompt_mask, length)[seq]
             logp = self._clean_token_logps(model, input_ids, attention, None, clean, p_len)
         return Estimate(
             token_logp=torch.where(plan.targets, logp, torch.zeros_like(logp)),

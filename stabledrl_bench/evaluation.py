@@ -52,8 +52,11 @@ def evaluate(
     dlm.model.eval()
     specs = [task.prompt(doc, proto.prompt_protocol) for doc in docs]
     chat = proto.chat_template
-    # Sort by prompt length so each batch pads little; results are restored to document order.
-    order = sorted(range(len(docs)), key=lambda i: len(dlm.render_prompt(specs[i].messages, prefill=specs[i].prefill)))
+    rendered = [dlm.render_prompt(s.messages, chat_template=chat, prefill=s.prefill) for s in specs]
+    # Sort by prompt length in tokens so each batch pads little (equal lengths share a batch); results are
+    # restored to document order. Padding never changes a result (see DiffusionLM), only the work.
+    tokens = [len(dlm.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered]
+    order = sorted(range(len(docs)), key=lambda i: tokens[i])
     rows_by_doc: dict[int, list[dict[str, Any]]] = {}
     nfe = 0
     generated_tokens = 0
@@ -76,9 +79,7 @@ def evaluate(
                             # Sampling protocols decode each problem several times; every decode is one row, so
                             # accuracy is the average over repeats (TraceRL's definition).
                             "doc_id": f"{doc_id}#r{repeat}" if proto.repeats > 1 else doc_id,
-                            "prompt": dlm.render_prompt(
-                                specs[i].messages, chat_template=chat, prefill=specs[i].prefill
-                            ),
+                            "prompt": rendered[i],
                             "completion": text,
                             "correct": bool(grade.correct),
                             "score": float(grade.score),

@@ -12,7 +12,8 @@ Like every public dLLM wrapper, ``generate_until`` decodes a fixed canvas (``gen
 ``max_gen_toks`` is ignored and logged once) and applies ``until`` stop strings after decoding. The task YAMLs
 emit the *user message*; the adapter applies the protocol's chat template and prefill itself, exactly as the d1
 evaluator does. ``loglikelihood`` is a Monte-Carlo ELBO (stratified mask counts with the antithetic complement,
-the ESPO/LLaDA estimator), a lower bound on log p(continuation | context).
+the ESPO/LLaDA estimator; for block-diffusion models the staircase ELBO summed over blocks), a lower bound
+on log p(continuation | context).
 """
 
 from __future__ import annotations
@@ -116,11 +117,17 @@ class DiffusionEvalLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """Monte-Carlo ELBO of each continuation given its raw context (no chat template).
 
-        ``mc_num`` masked copies of the request form one batch; the estimator stratifies their mask counts
-        across the batch and adds each copy's complement, so the average is a low-variance lower bound.
-        ``is_greedy``: the one-step prediction with the whole continuation masked equals the continuation.
+        Full attention: ``mc_num`` masked copies of the request form one batch; the estimator stratifies their
+        mask counts across the batch and adds each copy's complement, so the average is a low-variance lower
+        bound. Block diffusion: the staircase ELBO (log-likelihood scale, every block conditioned on the clean
+        blocks before it) averaged over ``mc_num`` copies.
+        ``is_greedy``: the one-step prediction with the whole continuation masked equals the continuation
+        (under the model's own attention pattern).
         """
-        estimator = build_estimator("espo_elbo", num_mc=1, reduce_var=True)
+        if self.dlm.attention == "block":
+            estimator = build_estimator("staircase_elbo", num_mc=1, scale="sum").bind(self.dlm)
+        else:
+            estimator = build_estimator("espo_elbo", num_mc=1, reduce_var=True)
         generator = torch.Generator().manual_seed(self.seed)
         results = []
         device = self.dlm.device
@@ -132,7 +139,7 @@ class DiffusionEvalLM(LM):
                 if not cont:
                     results.append((0.0, True))
                     continue
-                n = self.mc_num // 2
+                n = self.mc_num // 2 if self.dlm.attention == "full" else self.mc_num
                 batch = SequenceBatch(
                     prompt_ids=torch.tensor([ctx or [self.dlm.eos_id]] * n, device=device),
                     prompt_mask=torch.ones(n, max(1, len(ctx)), dtype=torch.bool, device=device),
@@ -143,7 +150,8 @@ class DiffusionEvalLM(LM):
                 masked = torch.cat(
                     (batch.prompt_ids[:1], torch.full((1, len(cont)), self.dlm.mask_id, device=device)), dim=1
                 )
-                greedy = self.dlm.logits(masked)[0, -len(cont) :].argmax(-1)
+                attention = self.dlm.context_attention(batch.prompt_mask[:1], len(cont))
+                greedy = self.dlm.logits(masked, attention)[0, -len(cont) :].argmax(-1)
                 results.append((float(elbo.mean()), bool((greedy == batch.completion_ids[0]).all())))
         return results
 

@@ -2,6 +2,11 @@
 
 All masks are boolean with True = "may attend", shaped [B, 1, Q, K] (or [B, K] for key padding).
 
+Positions skip left padding (:func:`real_positions`): a token's position is its index among the real tokens of
+its row, so padding a prompt never moves it. Rotary embeddings depend only on position differences, so this
+changes nothing in exact arithmetic, but it keeps each row's inputs bit-identical whatever it is batched with,
+and it is Dream's own convention for padded batches (``cumsum(mask) - 1``).
+
 Block diffusion (SDAR/TraDo style) numbers the response blocks 0, 1, ... from the first response position and
 the prompt blocks -1, -2, ... backwards from the end of the prompt (blocks aligned to the end of the prompt,
 as dLLM-RL does), so left padding never changes which tokens share a block. A query attends to every key whose
@@ -11,6 +16,11 @@ block index is at most its own: bidirectional inside a block, causal across bloc
 from __future__ import annotations
 
 import torch
+
+
+def real_positions(key_valid: torch.Tensor) -> torch.Tensor:
+    """[B, T] position of each token among the real tokens of its row (``cumsum(valid) - 1``; 0 at padding)."""
+    return (key_valid.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def block_index(total_len: int, prompt_len: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
@@ -57,7 +67,8 @@ def staircase_mask(prompt_valid: torch.Tensor, response_len: int, block_size: in
 
 
 def staircase_position_ids(prompt_valid: torch.Tensor, response_len: int) -> torch.Tensor:
-    """Position ids for [prompt | clean | noisy]: the noisy copy reuses the clean response's positions."""
-    ctx_pos = torch.arange(prompt_valid.shape[1] + response_len, device=prompt_valid.device)
-    noisy_pos = ctx_pos[prompt_valid.shape[1] :]
-    return torch.cat((ctx_pos, noisy_pos)).expand(prompt_valid.shape[0], -1)
+    """Position ids for [prompt | clean | noisy]: real-token positions; the noisy copy reuses the clean ones."""
+    batch = prompt_valid.shape[0]
+    ones = torch.ones(batch, response_len, dtype=torch.bool, device=prompt_valid.device)
+    ctx_pos = real_positions(torch.cat((prompt_valid.bool(), ones), dim=1))
+    return torch.cat((ctx_pos, ctx_pos[:, prompt_valid.shape[1] :]), dim=1)

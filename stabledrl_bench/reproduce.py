@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,8 @@ from .leaderboard import (
     training_path,
     write_leaderboard,
 )
-from .models.backends import load_model_spec
+from .models.backends import TINY_SPECS, load_model_spec
+from .models.probes import require_conventions
 from .optim import OptimConfig
 from .registry import available_baselines
 from .results import atomic_write_text
@@ -251,9 +253,9 @@ def reproduce(args) -> None:
         reference = "sft" if preset.sft is not None else "base"
         _evaluate_all(preset, table, comparison, task, reference, start, None, args, limit)
         for baseline in baselines:
-            final = _train(preset, recipe, task, baseline, start, runs / task / baseline, args.seed, args.force)
+            final = _train(preset, recipe, task, baseline, start, runs / task / baseline, args)
             _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), args, limit)
-        _train(preset, recipe, task, FROZEN_BASELINE, start, runs / task / CONTROL_RUN, args.seed, args.force, 0.0)
+        _train(preset, recipe, task, FROZEN_BASELINE, start, runs / task / CONTROL_RUN, args, 0.0)
         run_dirs = {name: runs / task / name for name in (*baselines, CONTROL_RUN)}
         _training_summary(task, run_dirs, Path(args.results), comparison)
     from .stress import stability_section
@@ -336,12 +338,11 @@ def _train(
     baseline: str,
     start: str,
     out: Path,
-    seed: int,
-    force: bool,
+    args,
     learning_rate: float | None = None,
 ) -> Path:
     final = out / "final"
-    if force:
+    if args.force:
         shutil.rmtree(out, ignore_errors=True)
     if final.is_dir() and _same_budget(out, preset.budget):
         print(f"  [{task}] {out.name}: trained ({final})")
@@ -359,11 +360,12 @@ def _train(
             preset.optim, learning_rate=recipe.learning_rate if learning_rate is None else learning_rate
         ),
         per_device_prompts=preset.per_device_prompts,
-        seed=seed,
+        seed=args.seed,
         bf16=preset.bf16,
         gradient_checkpointing=preset.gradient_checkpointing,
         output_dir=str(out),
         save_every=preset.save_every,
+        check_model=not args.skip_model_check,
     )
     resume = latest_checkpoint(out) is not None
     print(f"  [{task}] {out.name}: {'resuming' if resume else 'training'} {preset.budget.max_steps} steps -> {out}")
@@ -377,8 +379,18 @@ def _same_budget(run_dir: Path, budget: Budget) -> bool:
     return json.loads(info.read_text()).get("budget_hash") == budget.hash()
 
 
+def _eval_device() -> tuple[str | None, torch.dtype | None]:
+    """This process's GPU (``LOCAL_RANK`` under ``accelerate launch``) in bf16, or the CPU as loaded."""
+    if not torch.cuda.is_available():
+        return None, None
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
+
+
 def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, args, limit) -> None:
-    dlm = load_model_spec(checkpoint, seed=args.seed)
+    device, dtype = _eval_device() if preset.bf16 else (None, None)
+    dlm = load_model_spec(checkpoint, seed=args.seed, device=device, dtype=dtype)
+    if checkpoint not in TINY_SPECS and not args.skip_model_check:
+        require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
     for protocol in preset.protocols:
         sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
         for nominal, actual in preset.lengths.items():

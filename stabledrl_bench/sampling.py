@@ -35,13 +35,13 @@ Deliberate differences from the reference code (each one keeps the result well d
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
 from .errors import UserError
-from .masks import block_causal_mask
+from .masks import block_causal_mask, real_positions
 from .models.interface import DiffusionLM
-from .models.tiny import KVCache
 
 REMASKING = ("low_confidence", "random")
 STRATEGIES = ("static", "dynamic")
@@ -345,9 +345,9 @@ class _BlockContext:
         self.key_valid = key_valid
         self.prompt_len = prompt_len
         self.use_cache = use_cache
-        self.positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        self.positions = real_positions(key_valid)
         self.rows = torch.arange(x.shape[0], device=x.device)
-        self.cache: KVCache | None = None
+        self.cache: Any = None  # the backend's own cache object
         self.nfe = 0
 
     def prefill(self) -> None:
@@ -377,7 +377,7 @@ class _BlockContext:
         keep = ~stopped
         self.rows = self.rows[keep]
         if self.cache is not None:
-            self.cache = [(k[keep], v[keep]) for k, v in self.cache]
+            self.cache = self.model.select_cache_rows(self.cache, keep)
 
     def _block_queries_mask(self, span: slice) -> torch.Tensor:
         """The block's rows of the block-causal mask: every cached key and its own block, except left padding."""
@@ -386,7 +386,7 @@ class _BlockContext:
 
     def _cached_forward(self, span: slice, mask: torch.Tensor, store: bool) -> torch.Tensor:
         logits, cache = self.model.forward_cached(
-            self.x[self.rows, span], mask, self.positions[self.rows, span], self.cache, use_cache=store
+            self.x[self.rows, span], mask, self.positions[self.rows, span], self.cache, store=store
         )
         if store:
             self.cache = cache

@@ -35,7 +35,8 @@ from .data import PromptStream, training_docs
 from .errors import UserError
 from .estimators import Estimate, Estimator, SequenceBatch, build_estimator
 from .models import DiffusionLM
-from .models.backends import load_model_spec
+from .models.backends import TINY_SPECS, load_model_spec
+from .models.probes import require_conventions
 from .optim import OptimConfig, build_optimizer, build_scheduler
 from .registry import LossInputs, build_baseline
 from .runlog import RunLog, plot_curves, read_log
@@ -94,6 +95,7 @@ class TrainConfig:
     output_dir: str = "runs/train"
     save_every: int = 0  # optimizer steps between checkpoints (rounded to rollout boundaries); 0 = end only
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
+    check_model: bool = True  # probe a loaded checkpoint's conventions first (models/probes.py)
     progress: bool = True
 
     @classmethod
@@ -190,6 +192,9 @@ class RLTrainer:
         self.train_dlm = dlm.with_model(model)  # may be DDP-wrapped: used for gradient passes
         self.dlm = dlm.with_model(self.acc.unwrap_model(model))  # plain module: generation, estimates, saving
         self.ref_dlm = dlm.with_model(self.ref_model) if self.ref_model is not None else None
+        if cfg.check_model and cfg.model not in TINY_SPECS:
+            # on the prepared model, so every process probes the same way (collectives stay in step)
+            require_conventions(self.train_dlm, cfg.model)
 
         self.generators = _rank_generators(cfg.seed, self.acc.process_index)
         self.prompts = PromptStream(

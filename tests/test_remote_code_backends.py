@@ -1,163 +1,176 @@
-"""LLaDA and SDAR checkpoints load through transformers' remote-code path, offline, from a local folder.
+"""Checkpoints with remote code load offline from a local folder; GPU-only kernel imports get exact stand-ins.
 
-LLaDA-8B and SDAR-8B cannot be downloaded here, so each test writes a small stand-in checkpoint the way those
-repositories ship theirs: ``config.json`` with an ``auto_map`` pointing at a modeling file next to the weights,
-loaded with ``trust_remote_code=True``. The stand-in attends over the keys its mask allows (so a wrong mask changes
-the logits) and records the keyword arguments it receives. The tests check each backend's calling convention
-(LLaDA: 2-D ``attention_mask`` or additive 4-D ``attention_bias``; SDAR: additive 4-D mask and position ids), the
-mask-id rule (config value, else the family default) and a whole decode through the project's samplers.
+LLaDA, Dream and SDAR ship their modeling code next to the weights (``config.json`` with an ``auto_map``, loaded
+with ``trust_remote_code=True``). SDAR's files import flash-attn and triton at module level, which a CPU machine
+does not have. These tests write such a checkpoint themselves (a small modeling file importing both packages
+the way SDAR does), load it through ``load_diffusion_lm``, and check the stand-ins against reference code.
+The published files themselves are exercised by ``test_upstream_models.py`` (opt-in).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from stabledrl_bench.masks import block_causal_mask
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.models import build_tiny, load_diffusion_lm
-from stabledrl_bench.models.backends import LLaDABackend, SDARBackend
-from stabledrl_bench.sampling import DecodeSettings, generate
+from stabledrl_bench.models.backends import SDARBackend
+from stabledrl_bench.models.kernel_stubs import flash_attn_func, kernel_stubs, rms_norm_fn
 
 MODELING = '''
 import torch
+import triton
+import triton.language as tl
+from flash_attn.ops.triton.layer_norm import rms_norm_fn
 from transformers import PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import MaskedLMOutput
+from transformers.modeling_outputs import CausalLMOutput
+
+try:
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
+except ImportError:
+    pass
 
 
-class StubLLaDAConfig(PretrainedConfig):
-    model_type = "llada"
+@triton.jit
+def never_launched(x_ptr, n: tl.constexpr):
+    pass
 
-    def __init__(self, vocab_size=64, hidden_size=16, **kwargs):
+
+class KernelConfig(PretrainedConfig):
+    model_type = "sdar"
+
+    def __init__(self, vocab_size=64, hidden_size=16, block_size=4, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
+        self.block_size = block_size
         super().__init__(**kwargs)
 
 
-class StubSDARConfig(StubLLaDAConfig):
-    model_type = "sdar"
+class KernelModel(PreTrainedModel):
+    """One attention layer in SDAR's style: RMSNorm by flash-attn's kernel, SDPA under a mask, flash-attn without."""
 
-    def __init__(self, vocab_size=64, hidden_size=16, **kwargs):  # transformers 5 does not inherit config inits
-        super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, **kwargs)
-
-
-class StubModel(PreTrainedModel):
-    """One attention-like mixing step: each query averages the value of every key its mask allows."""
-
-    config_class = StubLLaDAConfig
-    calls = []  # keyword arguments of every forward, for the test to inspect
+    config_class = KernelConfig
 
     def __init__(self, config):
         super().__init__(config)
         self.embed = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.norm = torch.nn.Parameter(torch.ones(config.hidden_size))
         self.head = torch.nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, attention_bias=None, position_ids=None):
-        type(self).calls.append(
-            {"attention_mask": attention_mask, "attention_bias": attention_bias, "position_ids": position_ids}
-        )
-        h = self.embed(input_ids)
-        t = input_ids.shape[1]
-        bias = torch.zeros(input_ids.shape[0], 1, t, t, dtype=h.dtype)
-        if attention_bias is not None:
-            bias = bias + attention_bias
-        if attention_mask is not None and attention_mask.dim() == 2:
-            bias = bias.masked_fill(~attention_mask.bool()[:, None, None, :], float("-inf"))
-        elif attention_mask is not None:
-            bias = bias + attention_mask
-        mixed = torch.softmax(bias, dim=-1)[:, 0] @ h
-        if position_ids is not None:
-            mixed = mixed + 0.01 * position_ids[..., None].to(h.dtype)
-        return MaskedLMOutput(logits=self.head(mixed))
-
-
-class StubSDARModel(StubModel):
-    config_class = StubSDARConfig
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
+        h = rms_norm_fn(self.embed(input_ids), self.norm, None, eps=1e-6)
+        q = h.view(*h.shape[:2], 2, -1)  # [B, L, heads, dim]
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            out = flash_attn_func(q, q, q, causal=False)
+        else:
+            t = q.transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(t, t, t, attn_mask=mask).transpose(1, 2)
+        return CausalLMOutput(logits=self.head(out.reshape(h.shape)))
 '''
 
 
-def _stand_in(folder: Path, family: str, **config: object) -> Path:
-    """A local checkpoint with remote code, the tiny model's tokenizer and random weights."""
+def _checkpoint(folder: Path, **config: object) -> Path:
+    """A local remote-code checkpoint with the tiny model's tokenizer and seeded random weights."""
     folder.mkdir()
-    (folder / "modeling_stub.py").write_text(MODELING)
+    (folder / "modeling_kernels.py").write_text(MODELING)
     tokenizer = build_tiny(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32).tokenizer
     tokenizer.save_pretrained(folder)
-    auto = "AutoModelForCausalLM" if family == "sdar" else "AutoModel"
-    model_class = "StubSDARModel" if family == "sdar" else "StubModel"
-    config_class = "StubSDARConfig" if family == "sdar" else "StubLLaDAConfig"
-    from importlib import util
-
-    spec = util.spec_from_file_location(f"stub_{family}", folder / "modeling_stub.py")
-    module = util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = getattr(module, model_class)(getattr(module, config_class)(vocab_size=len(tokenizer), **config))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator))
-    model.save_pretrained(folder)
-    data = json.loads((folder / "config.json").read_text())
-    data["auto_map"] = {"AutoConfig": f"modeling_stub.{config_class}", auto: f"modeling_stub.{model_class}"}
+    auto_map = {"AutoConfig": "modeling_kernels.KernelConfig", "AutoModelForCausalLM": "modeling_kernels.KernelModel"}
+    data = {"model_type": "sdar", "vocab_size": len(tokenizer), "hidden_size": 16, "auto_map": auto_map, **config}
     (folder / "config.json").write_text(json.dumps(data))
+    with kernel_stubs():
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(folder, trust_remote_code=True), trust_remote_code=True
+        )
+    model.save_pretrained(folder)
     return folder
 
 
-def _calls(dlm) -> list[dict]:
-    return type(dlm.model).calls
+def test_a_checkpoint_importing_flash_attn_and_triton_loads_offline_on_cpu(tmp_path: Path) -> None:
+    dlm = load_diffusion_lm(_checkpoint(tmp_path / "sdar", block_size=4, mask_token_id=3))
+    assert isinstance(dlm, SDARBackend) and (dlm.attention, dlm.block_size, dlm.mask_id) == ("block", 4, 3)
+    # The stand-ins are gone again: nobody else mistakes them for the real packages.
+    assert "flash_attn" not in sys.modules and "triton" not in sys.modules
+    # The block-causal path (SDPA) and the all-visible path (flash-attn stand-in) agree on a single block.
+    ids = torch.arange(10, 14)[None]
+    inside = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    logits = dlm.logits(ids, inside, torch.arange(4)[None])
+    reference = dlm.model.head(_reference_layer(dlm.model, ids))
+    torch.testing.assert_close(logits, reference)
 
 
-def test_llada_loads_offline_with_remote_code_and_passes_its_masks(tmp_path: Path) -> None:
-    dlm = load_diffusion_lm(_stand_in(tmp_path / "llada", "llada"))
-    assert isinstance(dlm, LLaDABackend) and dlm.attention == "full"
-    assert dlm.mask_id == 126336  # LLaDA's default: the config has no mask_token_id
-    ids = torch.tensor([[0, 10, 11, 12], [13, 14, 15, 16]])
-    padding = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    _calls(dlm).clear()
-    two_d = dlm.logits(ids, padding)
-    assert _calls(dlm)[-1]["attention_mask"].dtype == torch.long and _calls(dlm)[-1]["attention_bias"] is None
-    # The left pad is never attended: the padded row's real positions equal the same row without the pad.
-    torch.testing.assert_close(two_d[0, 1:], dlm.logits(ids[:1, 1:])[0])
-    # A boolean 4-D pattern goes in as an additive bias (0 where allowed, a large negative value elsewhere).
-    pattern = padding.bool()[:, None, None, :] & torch.ones(2, 1, 4, 1, dtype=torch.bool)
-    four_d = dlm.logits(ids, pattern)
-    bias = _calls(dlm)[-1]["attention_bias"]
-    assert _calls(dlm)[-1]["attention_mask"] is None and bias.shape == (2, 1, 4, 4)
-    assert (bias[pattern] == 0).all() and (bias[~pattern] < -1e4).all()
-    torch.testing.assert_close(four_d[:, 1:], two_d[:, 1:])
+def _reference_layer(model, ids: torch.Tensor) -> torch.Tensor:
+    h = model.embed(ids)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * model.norm
+    q = h.view(*h.shape[:2], 2, -1).transpose(1, 2)
+    out = torch.softmax(q @ q.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ q
+    return out.transpose(1, 2).reshape(h.shape)
 
 
-def test_llada_reads_the_mask_id_from_its_config_and_decodes(tmp_path: Path) -> None:
-    dlm = load_diffusion_lm(_stand_in(tmp_path / "llada", "llada", mask_token_id=3))
-    assert dlm.mask_id == 3
-    prompt_ids, prompt_mask = dlm.encode_prompts([[{"role": "user", "content": "12"}]] * 2)
-    settings = DecodeSettings(gen_length=8, block_length=4, steps=4, temperature=0.0)
-    out = generate(dlm, prompt_ids, prompt_mask, settings, generator=torch.Generator().manual_seed(0))
-    assert out.completion_ids.shape == (2, 8) and not (out.completion_ids == dlm.mask_id).any()
-    torch.testing.assert_close(out.completion_ids[0], out.completion_ids[1])  # greedy, same prompt
-    assert out.nfe == 4
-
-
-def test_sdar_loads_as_causal_lm_with_block_attention(tmp_path: Path) -> None:
-    dlm = load_diffusion_lm(_stand_in(tmp_path / "sdar", "sdar", block_size=4, mask_token_id=3))
-    assert isinstance(dlm, SDARBackend)
-    assert (dlm.attention, dlm.block_size, dlm.mask_id) == ("block", 4, 3)
-    ids = torch.arange(10, 18)[None]
-    pattern = block_causal_mask(torch.ones(1, 8, dtype=torch.bool), 0, 4)
-    _calls(dlm).clear()
-    logits = dlm.logits(ids, pattern, torch.arange(8)[None])
-    call = _calls(dlm)[-1]
-    assert call["attention_mask"].shape == (1, 1, 8, 8) and call["position_ids"] is not None
-    # Block-causal: the first block cannot see the second, so changing the second leaves the first unchanged.
-    changed = ids.clone()
-    changed[0, 4:] = 20
-    torch.testing.assert_close(dlm.logits(changed, pattern, torch.arange(8)[None])[:, :4], logits[:, :4])
-    with pytest.raises(ValueError, match="4-D"):
-        dlm.logits(ids, torch.ones(1, 8, dtype=torch.bool))
-    prompt_ids, prompt_mask = dlm.encode_prompts([[{"role": "user", "content": "12"}]])
-    out = generate(
-        dlm, prompt_ids, prompt_mask, DecodeSettings(gen_length=8, steps=8, temperature=0.0, use_cache=False)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_stand_in_equals_a_loop_over_queries(causal: bool) -> None:
+    """[B, L, H, D] layout, grouped-query heads, flash-attn's bottom-right causal alignment (Q != K)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(2, 3, 4, 8, generator=g),
+        torch.randn(2, 5, 2, 8, generator=g),
+        torch.randn(2, 5, 2, 8, generator=g),
     )
-    assert out.completion_ids.shape == (1, 8) and not (out.completion_ids == 3).any()
+    out = flash_attn_func(q, k, v, softmax_scale=0.3, causal=causal)
+    expected = torch.zeros_like(out)
+    for b in range(2):
+        for h in range(4):
+            for i in range(3):
+                visible = 5 if not causal else i + 1 + (5 - 3)
+                scores = (k[b, :visible, h // 2] @ q[b, i, h]) * 0.3
+                expected[b, i, h] = torch.softmax(scores, 0) @ v[b, :visible, h // 2]
+    torch.testing.assert_close(out, expected)
+
+
+def test_rms_norm_stand_in_is_float32_rmsnorm() -> None:
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    w, b = torch.rand(8), torch.rand(8)
+    xf = x.float()
+    expected = (xf / torch.sqrt((xf * xf).mean(-1, keepdim=True) + 1e-5) * w + b).to(torch.bfloat16)
+    torch.testing.assert_close(rms_norm_fn(x, w, b, eps=1e-5), expected)
+    with pytest.raises(NotImplementedError, match="residual"):
+        rms_norm_fn(x, w, residual=x)
+
+
+def test_launching_a_stubbed_triton_kernel_fails_loudly() -> None:
+    with kernel_stubs() as stubbed:
+        import triton
+
+        @triton.jit
+        def kernel(x):
+            return x
+
+    if "triton" not in stubbed:
+        pytest.skip("triton is installed here; nothing was stubbed")
+    with pytest.raises(RuntimeError, match="triton is not installed"):
+        kernel[(1,)](0)
+
+
+def test_mask_id_comes_from_the_config_else_the_family_default(tmp_path: Path) -> None:
+    assert load_diffusion_lm(_checkpoint(tmp_path / "a", block_size=4)).mask_id == 151669  # SDAR's default
+    assert load_diffusion_lm(_checkpoint(tmp_path / "b", block_size=4, mask_token_id=5)).mask_id == 5
+
+
+def test_a_checkpoint_that_fails_to_load_is_one_clear_error(tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path / "broken", block_size=4)
+    (folder / "modeling_kernels.py").write_text(MODELING + "\nraise ImportError('needs a newer library')\n")
+    with pytest.raises(UserError, match=r"cannot load the .* of .*broken.*ImportError: needs a newer library"):
+        load_diffusion_lm(folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    (folder / "modeling_kernels.py").write_text(MODELING)
+    with pytest.raises(UserError, match=r"cannot load the model of .*broken"):
+        load_diffusion_lm(folder)

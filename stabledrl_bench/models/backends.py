@@ -1,14 +1,22 @@
 """Model families behind :class:`~stabledrl_bench.models.interface.DiffusionLM`, and the loader.
 
-* ``tiny``  - the built-in model (:mod:`.tiny`), full or block attention, exact KV cache.
-* ``llada`` - LLaDA-8B-Base/Instruct and LLaDA-1.5 through ``AutoModel.from_pretrained(...,
-  trust_remote_code=True)``; mask id from the config (default 126336); full attention, no cache.
-* ``dream`` - Dream-7B: like LLaDA but logits are shifted right by one (it predicts token i at i-1).
-* ``sdar``  - SDAR / TraDo block-diffusion checkpoints (block-causal attention, block size from the config).
+Each backend speaks one family's calling convention, as read from its published modeling code:
 
-The ``dream`` and ``sdar`` slots implement the adapter points the algorithms need (logit shift, 4-D block
-mask); they are exercised in the tests with the tiny model saved to disk and loaded through the same
-``from_pretrained`` path, not with the real 7-8B weights (not available offline).
+* ``tiny``  - the built-in model (:mod:`.tiny`): key padding or a boolean pattern, position ids, exact KV cache.
+* ``llada`` - LLaDA-8B-Base/Instruct, LLaDA-1.5 (``AutoModel``, remote code): always a 4-D additive
+  ``attention_bias``, never the 2-D ``attention_mask`` (dLLM-RL's copy turns causal when it gets one). The Hub
+  file ignores every mask; the loader detects that (:func:`~stabledrl_bench.models.probes.masks_honoured`)
+  and runs such a model pad-free. No position ids (LLaDA numbers positions itself). Mask id from the config,
+  else 126336.
+* ``dream`` - Dream-7B: an additive 4-D bias in the model's dtype and explicit real-token position ids; its
+  logits at position i predict token i+1, so they are shifted right by one.
+* ``sdar``  - SDAR / TraDo block-diffusion checkpoints (``AutoModelForCausalLM``): a boolean 4-D block-causal
+  mask and position ids; their train-mode forward computes an SFT loss instead of logits, so the backend runs
+  the model's inference branches (same weights, same attention, gradients flow); SDAR's own KV cache
+  (``past_key_values`` + ``store_kv``) for exact cached block decoding.
+
+The loader applies :func:`~stabledrl_bench.models.kernel_stubs.kernel_stubs` while importing remote code (CPU
+machines lack flash-attn/triton) and turns load failures into one clear line.
 """
 
 from __future__ import annotations
@@ -16,24 +24,38 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
+import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from ..errors import UserError
+from .conventions import CONVENTION_FAMILY
 from .interface import DiffusionLM
-from .tiny import KVCache, TinyDLM, TinyDLMConfig
+from .kernel_stubs import kernel_stubs
+from .tiny import TinyDLM, TinyDLMConfig
 from .tokenizer import EOT, build_char_tokenizer
 
 LLADA_MASK_ID = 126336
 DREAM_MASK_ID = 151666
 SDAR_MASK_ID = 151669
+# The published LLaDA/Dream/SDAR files run unmodified on these releases (both upstreams pin 4.52.4; SDAR's
+# imports of ``LossKwargs`` and ``modeling_attn_mask_utils`` are gone from 4.54 on).
+TESTED_TRANSFORMERS = ("4.52.4", "4.53.3")
 
 
-def _additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean [B, 1, Q, K] pattern -> additive float bias (0 where allowed, dtype-min elsewhere)."""
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return bias.masked_fill(~mask.bool(), torch.finfo(dtype).min)
+
+
+def as_pattern(mask: torch.Tensor, q_len: int) -> torch.Tensor:
+    """A [B, K] key-padding mask as the [B, 1, Q, K] pattern it means (4-D masks pass through)."""
+    if mask.dim() == 4:
+        return mask.bool()
+    return mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
 
 
 class TinyBackend(DiffusionLM):
@@ -42,43 +64,64 @@ class TinyBackend(DiffusionLM):
 
 
 class LLaDABackend(DiffusionLM):
-    """LLaDA's remote code takes a 2-D ``attention_mask`` or an additive 4-D ``attention_bias``."""
+    """LLaDA's remote code: the mask goes in as a 4-D additive ``attention_bias`` (LLaDA casts it itself)."""
 
     family = "llada"
 
-    def _forward(self, input_ids, attention_mask, position_ids, kv_cache, use_cache):
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        del position_ids, cache, store  # LLaDA numbers positions 0..T-1 itself and has no cache
         kwargs = {}
-        if attention_mask is not None and attention_mask.dim() == 4:
-            kwargs["attention_bias"] = _additive_bias(attention_mask, self.model.dtype)
-        elif attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask.long()
+        if attention_mask is not None:
+            kwargs["attention_bias"] = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), torch.float32)
         return self.model(input_ids=input_ids, **kwargs).logits, None
 
 
-class DreamBackend(LLaDABackend):
+class DreamBackend(DiffusionLM):
+    """Dream's remote code adds ``attention_mask`` to the scores: send a 0/-inf bias in the model's dtype."""
+
     family = "dream"
     shift_logits = True
 
-    def _forward(self, input_ids, attention_mask, position_ids, kv_cache, use_cache):
-        if attention_mask is not None and attention_mask.dim() == 2:
-            key = attention_mask.bool()
-            attention_mask = key[:, None, None, :] & key[:, None, :, None]
-        bias = None if attention_mask is None else _additive_bias(attention_mask, self.model.dtype)
-        out = self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids)
-        return out.logits, None
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        del cache, store
+        bias = None
+        if attention_mask is not None:
+            bias = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), self.model.dtype)
+        return self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids).logits, None
 
 
 class SDARBackend(DiffusionLM):
-    """Block-diffusion (SDAR/TraDo) checkpoints: 4-D additive block mask and explicit position ids."""
+    """SDAR/TraDo: boolean block-causal mask, position ids, SDAR's KV cache, logits also in train mode."""
 
     family = "sdar"
+    supports_kv_cache = True
 
-    def _forward(self, input_ids, attention_mask, position_ids, kv_cache, use_cache):
-        bias = None if attention_mask is None else _additive_bias(attention_mask, self.model.dtype)
-        if bias is not None and bias.dim() == 2:
+    def __init__(self, model, tokenizer, **kwargs) -> None:
+        super().__init__(model, tokenizer, **kwargs)
+        # In train mode SDAR's top-level forward runs its SFT loss (no logits) and SDAR-8B-Chat's attention
+        # switches to flex attention; both are inference-branch-only here. Decoder layers keep their mode, so
+        # gradient checkpointing still works.
+        self._inference_branches = [model] + [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        if attention_mask is None or attention_mask.dim() != 4:
             raise ValueError("the sdar backend needs a 4-D block-causal mask")
-        out = self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids)
-        return out.logits, None
+        for module in self._inference_branches:
+            module.training = False
+        kwargs: dict[str, Any] = {"attention_mask": attention_mask.bool(), "position_ids": position_ids}
+        if cache is not None or store:
+            from transformers import DynamicCache
+
+            cache = DynamicCache() if cache is None else cache
+            kwargs.update(past_key_values=cache, use_cache=True, store_kv=store)
+        out = self.model(input_ids=input_ids, **kwargs)
+        if out.logits is None:
+            raise RuntimeError(f"{type(self.model).__name__} returned no logits; is it an SDAR-style model?")
+        return out.logits, cache
+
+    def select_cache_rows(self, cache, keep):
+        cache.batch_select_indices(keep.nonzero().squeeze(1))
+        return cache
 
 
 BACKENDS: dict[str, type[DiffusionLM]] = {b.family: b for b in (TinyBackend, LLaDABackend, DreamBackend, SDARBackend)}
@@ -119,9 +162,11 @@ def build_tiny(
     return _wrap_tiny(model, tokenizer, name=f"tiny-{attention}-seed{seed}")
 
 
-def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> TinyBackend:
+def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> DiffusionLM:
+    """The backend of a tiny model: its own, or the family whose convention it emulates."""
     cfg = model.config
-    return TinyBackend(
+    family = CONVENTION_FAMILY[cfg.convention]
+    dlm = BACKENDS[family](
         model,
         tokenizer,
         mask_id=cfg.mask_token_id,
@@ -132,16 +177,37 @@ def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> TinyBackend:
         block_size=cfg.block_size if cfg.attention_kind == "block" else None,
         name=name,
     )
+    return _detect_pad_free(dlm)
+
+
+def _detect_pad_free(dlm: DiffusionLM) -> DiffusionLM:
+    """Full-attention models that ignore attention masks run pad-free (every other model is padded and masked)."""
+    if dlm.attention == "full" and dlm.family != "tiny":
+        from .probes import mask_effect
+
+        to_removed, to_unmasked = mask_effect(dlm)
+        dlm.pad_free = not to_removed < to_unmasked
+    return dlm
 
 
 TINY_SPECS = {"tiny": "full", "tiny-block": "block"}
 
 
-def load_model_spec(spec: str, *, seed: int = 0, **tiny_overrides: object) -> DiffusionLM:
+def load_model_spec(
+    spec: str,
+    *,
+    seed: int = 0,
+    family: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> DiffusionLM:
     """``tiny`` / ``tiny-block`` build a fresh tiny model (seeded); anything else is a checkpoint to load."""
     if spec in TINY_SPECS:
-        return build_tiny(attention=TINY_SPECS[spec], seed=seed, **tiny_overrides)
-    return load_diffusion_lm(spec)
+        dlm = build_tiny(attention=TINY_SPECS[spec], seed=seed)
+        if dtype is not None or device is not None:
+            dlm.model.to(device=device, dtype=dtype)
+        return dlm
+    return load_diffusion_lm(spec, family=family, dtype=dtype, device=device)
 
 
 def _offline() -> bool:
@@ -157,47 +223,37 @@ def load_diffusion_lm(
 ) -> DiffusionLM:
     """Load a checkpoint (local folder or Hub id) as a :class:`DiffusionLM`.
 
-    The family is read from ``config.model_type`` unless given. A missing local path, or a Hub id while
-    ``HF_HUB_OFFLINE=1``, raises :class:`UserError` with one clear line instead of a network traceback.
+    The family is read from ``config.model_type`` (a tiny checkpoint: from its ``convention``) unless given.
+    A missing path, a Hub id while ``HF_HUB_OFFLINE=1``, or a checkpoint that fails to load raises
+    :class:`UserError` with one clear line. Full-attention models are probed once for whether they honour
+    attention masks; those that do not are run pad-free (see :class:`DiffusionLM`).
     """
-    local = Path(path_or_id).expanduser()
-    if local.exists():
-        source = str(local)
-    elif _is_hub_id(str(path_or_id)):
-        source = str(path_or_id)
-        if _offline():
-            raise UserError(
-                f"model {source!r} is not a local folder and HF_HUB_OFFLINE=1 forbids downloading it; "
-                "pass --model /path/to/weights"
-            )
-    else:
-        raise UserError(f"model path does not exist: {path_or_id}")
-    try:
+    source = _resolve_source(path_or_id)
+    with _loading(source, "config"):
         config = AutoConfig.from_pretrained(source, trust_remote_code=True)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read a model config from {source!r}: {str(exc).splitlines()[0]}") from exc
-    family = family or _MODEL_TYPE_TO_FAMILY.get(getattr(config, "model_type", "").lower())
+    model_type = str(getattr(config, "model_type", "")).lower()
+    tiny = model_type == TinyDLMConfig.model_type
+    family = family or (CONVENTION_FAMILY[config.convention] if tiny else _MODEL_TYPE_TO_FAMILY.get(model_type))
     if family not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
         raise UserError(f"unknown model family for {source!r} (model_type={config.model_type!r}); use one of {known}")
-    kwargs = {"trust_remote_code": True}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
-    auto = AutoModelForCausalLM if family == "sdar" else AutoModel
-    model = auto.from_pretrained(source, **kwargs)
+    auto = AutoModelForCausalLM if family == "sdar" and not tiny else AutoModel
+    with _loading(source, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+    with _loading(source, "model"):
+        model = auto.from_pretrained(source, trust_remote_code=True, **_dtype_kwargs(dtype))
     if device is not None:
         model = model.to(device)
     model.eval()
-    if family == "tiny":
+    if tiny and family == CONVENTION_FAMILY[config.convention]:
         return _wrap_tiny(model, tokenizer, name=source)
-    default_mask = {"llada": LLADA_MASK_ID, "dream": DREAM_MASK_ID, "sdar": SDAR_MASK_ID}[family]
+    default_mask = {"tiny": None, "llada": LLADA_MASK_ID, "dream": DREAM_MASK_ID, "sdar": SDAR_MASK_ID}[family]
     mask_id = getattr(config, "mask_token_id", None) or default_mask
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>")) if i is not None]
+    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
     block = getattr(config, "block_size", None) or getattr(config, "block_length", None) or 4
-    return BACKENDS[family](
+    dlm = BACKENDS[family](
         model,
         tokenizer,
         mask_id=mask_id,
@@ -208,6 +264,48 @@ def load_diffusion_lm(
         block_size=block if family == "sdar" else None,
         name=source,
     )
+    return _detect_pad_free(dlm)
+
+
+def _resolve_source(path_or_id: str | os.PathLike) -> str:
+    local = Path(path_or_id).expanduser()
+    if local.exists():
+        return str(local)
+    if _is_hub_id(str(path_or_id)):
+        if _offline():
+            raise UserError(
+                f"model {str(path_or_id)!r} is not a local folder and HF_HUB_OFFLINE=1 forbids downloading it; "
+                "pass --model /path/to/weights"
+            )
+        return str(path_or_id)
+    raise UserError(f"model path does not exist: {path_or_id}")
+
+
+def _dtype_kwargs(dtype: torch.dtype | None) -> dict[str, Any]:
+    """``torch_dtype=`` before transformers 4.56, ``dtype=`` after (the old name warns there)."""
+    if dtype is None:
+        return {}
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
+@contextlib.contextmanager
+def _loading(source: str, what: str):
+    """Remote code imports with kernel stubs; any failure becomes one line naming the checkpoint and the cause."""
+    try:
+        with kernel_stubs():
+            yield
+    except UserError:
+        raise
+    except Exception as exc:  # a damaged folder or incompatible remote code fails in many ways
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        hint = ""
+        if transformers.__version__ not in TESTED_TRANSFORMERS:
+            hint = (
+                f" (transformers {transformers.__version__} is installed; the published LLaDA/Dream/SDAR modeling "
+                f"files are tested with {' and '.join(TESTED_TRANSFORMERS)}: pip install -e .)"
+            )
+        raise UserError(f"cannot load the {what} of {source!r}: {type(exc).__name__}: {first_line}{hint}") from exc
 
 
 def _is_hub_id(source: str) -> bool:
@@ -217,6 +315,7 @@ def _is_hub_id(source: str) -> bool:
 
 
 def _special_ids(tokenizer, tokens: tuple[str, ...]) -> list[int | None]:
+    """Ids of the tokens the tokenizer knows (unknown ones give None)."""
     ids = []
     for token in tokens:
         with contextlib.suppress(Exception):
@@ -236,7 +335,6 @@ def save_diffusion_lm(dlm: DiffusionLM, path: str | os.PathLike) -> None:
 __all__ = [
     "BACKENDS",
     "DiffusionLM",
-    "KVCache",
     "build_tiny",
     "load_diffusion_lm",
     "load_model_spec",

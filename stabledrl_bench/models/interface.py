@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from .tiny import KVCache
+from ..errors import UserError
+from ..masks import block_causal_mask, real_positions
 
 Message = dict[str, str]
 Prompt = str | Sequence[Message]
@@ -24,8 +26,14 @@ Prompt = str | Sequence[Message]
 class DiffusionLM:
     """A masked-diffusion language model behind a backend-independent interface.
 
-    Subclasses (one per model family, see :mod:`stabledrl_bench.models.backends`) override
-    :meth:`_forward` to adapt the call convention of their Hugging Face model.
+    Subclasses (one per model family, see :mod:`stabledrl_bench.models.backends`) override :meth:`_forward` to
+    speak their Hugging Face model's calling convention (how it takes masks, positions and a KV cache).
+
+    Attention masks given to :meth:`logits` are either ``[B, T]`` key padding (True = real token; prompts are
+    left-padded) or a boolean ``[B, 1, Q, K]`` pattern (block diffusion). Padding never changes a row's result:
+    positions skip it (:func:`~stabledrl_bench.masks.real_positions`), and a model that ignores attention masks
+    (``pad_free=True``, e.g. LLaDA's Hub file) never sees a pad token at all -- each group of rows with the same
+    amount of padding runs on its own, unpadded.
     """
 
     family: str = "generic"
@@ -44,6 +52,7 @@ class DiffusionLM:
         attention: str = "full",
         block_size: int | None = None,
         name: str = "",
+        pad_free: bool = False,
     ) -> None:
         if attention not in ("full", "block"):
             raise ValueError(f"attention must be 'full' or 'block', got {attention!r}")
@@ -58,6 +67,7 @@ class DiffusionLM:
         self.attention = attention
         self.block_size = block_size
         self.name = name
+        self.pad_free = pad_free
 
     def with_model(self, model: nn.Module) -> DiffusionLM:
         """The same backend around another module (a DDP/FSDP wrapper, a frozen reference copy)."""
@@ -71,15 +81,21 @@ class DiffusionLM:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
-        kv_cache: KVCache | None,
-        use_cache: bool,
-    ) -> tuple[torch.Tensor, KVCache | None]:
+        cache: Any,
+        store: bool,
+    ) -> tuple[torch.Tensor, Any]:
+        """One call of the wrapped model in its own convention: logits [B, Q, V] and the (updated) cache.
+
+        ``attention_mask`` is None, [B, K] key padding or a boolean [B, 1, Q, K] pattern over the cached keys
+        followed by these ones; ``cache`` is whatever an earlier call returned (None at first); ``store`` asks to
+        keep this call's keys/values in it.
+        """
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            kv_cache=kv_cache,
-            use_cache=use_cache,
+            kv_cache=cache,
+            use_cache=store,
         )
         return out.logits, out.kv_cache
 
@@ -92,23 +108,72 @@ class DiffusionLM:
         """Logits [B, T, V] where row t predicts the clean token at position t.
 
         ``attention_mask`` is [B, T] key padding (True/1 = real token) or a boolean [B, 1, T, T] pattern.
+        ``position_ids`` default to real-token positions for key padding, to ``0..T-1`` otherwise.
         """
+        if attention_mask is not None and attention_mask.dim() == 2:
+            key_valid = attention_mask.bool()
+            if bool(key_valid.all()):
+                attention_mask = None
+            elif self.pad_free:
+                return self._shift(self._pad_free_logits(input_ids, key_valid))
+            elif position_ids is None:
+                position_ids = real_positions(key_valid)
+        elif attention_mask is not None and self.pad_free:
+            raise UserError(
+                f"model {self.name!r} ignores attention masks, so it cannot run a {attention_mask.dim()}-D attention "
+                "pattern (block diffusion needs a model that honours its mask)"
+            )
         logits, _ = self._forward(input_ids, attention_mask, position_ids, None, False)
         return self._shift(logits)
+
+    def _pad_free_logits(self, input_ids: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+        """Logits of a left-padded batch computed without pad tokens: one call per amount of padding.
+
+        Rows with p pads run as ``input_ids[rows, p:]`` with no mask; their logits go back to columns p.. (pad
+        columns are 0: nothing reads them). Every row then sees exactly the tokens it would see alone.
+        """
+        if not bool((key_valid[:, 1:] >= key_valid[:, :-1]).all()):
+            raise ValueError("pad-free forward needs left padding (attention_mask False...True in every row)")
+        pads = (~key_valid).sum(dim=1)
+        out: torch.Tensor | None = None
+        for pad in pads.unique().tolist():
+            rows = (pads == pad).nonzero().squeeze(1)
+            logits, _ = self._forward(input_ids[rows, pad:], None, None, None, False)
+            if out is None:
+                out = logits.new_zeros(*input_ids.shape, logits.shape[-1])
+            out[rows, pad:] = logits
+        assert out is not None
+        return out
 
     def forward_cached(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
-        kv_cache: KVCache | None,
-        use_cache: bool,
-    ) -> tuple[torch.Tensor, KVCache | None]:
-        """Like :meth:`logits` but against cached keys/values of earlier positions (exact for block attention)."""
+        cache: Any,
+        store: bool,
+    ) -> tuple[torch.Tensor, Any]:
+        """Like :meth:`logits` but against the cached keys/values of earlier positions (exact for block attention).
+
+        The cache is opaque to callers: pass None first, then what the last storing call returned.
+        """
         if not self.supports_kv_cache:
             raise NotImplementedError(f"the {self.family} backend has no KV cache")
-        logits, cache = self._forward(input_ids, attention_mask, position_ids, kv_cache, use_cache)
+        logits, cache = self._forward(input_ids, attention_mask, position_ids, cache, store)
         return self._shift(logits), cache
+
+    def select_cache_rows(self, cache: Any, keep: torch.Tensor) -> Any:
+        """The cache restricted to the rows flagged in ``keep`` (rows that stopped decoding leave the batch)."""
+        return [(k[keep], v[keep]) for k, v in cache]
+
+    def context_attention(self, prompt_mask: torch.Tensor, completion_len: int) -> torch.Tensor:
+        """Attention for ``[prompt | completion]`` rows: key padding (full models) or block-causal (block models)."""
+        batch = prompt_mask.shape[0]
+        ones = torch.ones(batch, completion_len, dtype=torch.bool, device=prompt_mask.device)
+        key_valid = torch.cat((prompt_mask.bool(), ones), dim=1)
+        if self.attention == "block":
+            return block_causal_mask(key_valid, prompt_mask.shape[1], int(self.block_size))
+        return key_valid
 
     def _shift(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.shift_logits:
@@ -122,7 +187,7 @@ class DiffusionLM:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
+        return int(getattr(self.model, "module", self.model).config.vocab_size)  # through a DDP wrapper
 
     def config_summary(self) -> dict[str, object]:
         """What a results file needs to identify the model."""
@@ -134,6 +199,7 @@ class DiffusionLM:
             "block_size": self.block_size,
             "mask_id": self.mask_id,
             "eos_id": self.eos_id,
+            "pad_free": self.pad_free,
             "parameters": n_params,
         }
 

@@ -26,9 +26,16 @@ from transformers.utils import ModelOutput
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
+# "native" is the model's own convention; the others emulate published families (models/conventions.py).
+CONVENTIONS = ("native", "llada-hub", "llada", "dream", "sdar-chat", "sdar-trado", "broken")
+
 
 class TinyDLMConfig(PretrainedConfig):
-    """Configuration of :class:`TinyDLM`; field names follow Llama/LLaDA conventions."""
+    """Configuration of :class:`TinyDLM`; field names follow Llama/LLaDA conventions.
+
+    ``convention`` makes the model speak a published family's calling convention instead of its own (see
+    :mod:`stabledrl_bench.models.conventions`), so every backend can be tested without downloading that family.
+    """
 
     model_type = "stabledrl_tiny_dlm"
 
@@ -46,10 +53,13 @@ class TinyDLMConfig(PretrainedConfig):
         mask_token_id: int = 3,
         attention_kind: str = "full",
         block_size: int = 4,
+        convention: str = "native",
         **kwargs,
     ) -> None:
         if attention_kind not in ("full", "block"):
             raise ValueError(f"attention_kind must be 'full' or 'block', got {attention_kind!r}")
+        if convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
         if hidden_size % num_attention_heads:
             raise ValueError("hidden_size must be divisible by num_attention_heads")
         self.vocab_size = vocab_size
@@ -64,6 +74,7 @@ class TinyDLMConfig(PretrainedConfig):
         self.mask_token_id = mask_token_id
         self.attention_kind = attention_kind
         self.block_size = block_size
+        self.convention = convention
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 
@@ -132,7 +143,7 @@ class Attention(nn.Module):
         if past is not None:
             k = torch.cat((past[0], k), dim=2)
             v = torch.cat((past[1], v), dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # bool (True = attend) or additive float
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1)), (k, v)
 
 
@@ -215,7 +226,15 @@ class TinyDLM(PreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed = value
 
-    def forward(
+    def forward(self, input_ids: torch.Tensor, **kwargs: object) -> TinyDLMOutput:
+        """Logits for ``input_ids`` [B, Q] in the configured convention (``native``: :meth:`native_forward`)."""
+        if self.config.convention == "native":
+            return self.native_forward(input_ids, **kwargs)  # type: ignore[arg-type]
+        from .conventions import emulate
+
+        return emulate(self, input_ids, **kwargs)
+
+    def native_forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -230,6 +249,23 @@ class TinyDLM(PreTrainedModel):
         ``position_ids`` default to positions following the cache. With ``use_cache`` the returned cache holds
         the keys/values of the cached positions plus these ones.
         """
+        past_len = kv_cache[0][0].shape[2] if kv_cache else 0
+        batch, q_len = input_ids.shape
+        mask = _expand_mask(attention_mask, batch, q_len, past_len + q_len, input_ids.device)
+        logits, cache = self.run(input_ids, mask, position_ids, kv_cache)
+        return TinyDLMOutput(logits=logits, kv_cache=cache if use_cache else None)
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """The network itself: logits and every layer's keys/values (cached ones included).
+
+        ``mask`` is what SDPA takes, [B, 1, Q, K]: boolean (True = attend), additive float, or None.
+        """
         batch, q_len = input_ids.shape
         past_len = kv_cache[0][0].shape[2] if kv_cache else 0
         if position_ids is None:
@@ -239,10 +275,11 @@ class TinyDLM(PreTrainedModel):
                 f"position {int(position_ids.max())} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
             )
-        mask = _expand_mask(attention_mask, batch, q_len, past_len + q_len, input_ids.device)
         h = self.embed(input_ids)
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         rope = rope_tables(position_ids, head_dim, self.config.rope_theta, h.dtype)
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(h.dtype)
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
             past = kv_cache[i] if kv_cache else None
@@ -251,8 +288,7 @@ class TinyDLM(PreTrainedModel):
             else:
                 h, kv = layer(h, rope, mask, past)
             new_cache.append(kv)
-        logits = self.lm_head(self.norm(h))
-        return TinyDLMOutput(logits=logits, kv_cache=new_cache if use_cache else None)
+        return self.lm_head(self.norm(h)), new_cache
 
     def num_parameters_human(self) -> str:
         n = sum(p.numel() for p in self.parameters())
