@@ -1,4 +1,4 @@
-"""Command line: ``python -m stabledrl_bench {reproduce,train,sft,eval,check-model,leaderboard,list,grade,stress}``.
+"""Command line: ``python -m stabledrl_bench <command>`` (``--help`` lists them).
 
 Every user-fixable problem (bad config, unknown name, missing path, budget mismatch, unreadable result) is
 printed as one ``error: ...`` line with exit status 2; interrupted commands can simply be re-run.
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from .errors import CommandParser, UserError, positive_int, require_folder
 
 
 def _add_reproduce(sub) -> None:
@@ -27,7 +27,7 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--runs", default="runs", help="training runs folder (default: runs/)")
     p.add_argument("--leaderboard", default="leaderboard.md")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, help="evaluate only the first N docs per task (quick checks)")
+    p.add_argument("--limit", type=positive_int, help="evaluate only the first N docs per task (quick checks)")
     p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
     _add_skip_check(p)
 
@@ -48,9 +48,13 @@ def _add_train(sub) -> None:
     p.add_argument("--model", help="tiny, tiny-block, or a checkpoint folder")
     p.add_argument("--output-dir")
     p.add_argument("--seed", type=int)
-    p.add_argument("--max-steps", type=int, help="override budget.max_steps")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
-    p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many optimizer steps")
+    p.add_argument("--max-steps", type=positive_int, help="override budget.max_steps")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="require a checkpoint to continue from (without it, a run with checkpoints resumes, a new one starts)",
+    )
+    p.add_argument("--stop-after", type=positive_int, help="stop (with a checkpoint) after this many optimizer steps")
     _add_skip_check(p)
 
 
@@ -60,7 +64,7 @@ def _add_sft(sub) -> None:
     p.add_argument("--task")
     p.add_argument("--model")
     p.add_argument("--output-dir")
-    p.add_argument("--max-steps", type=int)
+    p.add_argument("--max-steps", type=positive_int)
     p.add_argument("--seed", type=int)
 
 
@@ -69,10 +73,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder (or tiny / tiny-block)")
     p.add_argument("--task", required=True)
     p.add_argument("--protocol", default="d1")
-    p.add_argument("--length", type=int, default=256, help="nominal generation length (128/256/512)")
-    p.add_argument("--actual-length", type=int, help="tokens actually decoded (default: --length)")
-    p.add_argument("--limit", type=int)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--length", type=positive_int, default=256, help="nominal generation length (128/256/512)")
+    p.add_argument("--actual-length", type=positive_int, help="tokens actually decoded (default: --length)")
+    p.add_argument("--limit", type=positive_int)
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", default="base", help="what trained this checkpoint (base, sft or a baseline)")
     p.add_argument("--run", help="training run folder whose run.json gives the budget (RL checkpoints)")
@@ -89,7 +93,7 @@ def _add_check_model(sub) -> None:
     p.add_argument("--family", help="backend family instead of the one read from the config: tiny, llada, dream, sdar")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="load the weights in this dtype")
     p.add_argument("--device", help="e.g. cuda:0 (default: where the weights load, the CPU)")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs assumed by the paper-preset memory estimate")
+    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs assumed by the paper-preset memory estimate")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
@@ -98,6 +102,12 @@ def _add_misc(sub) -> None:
     p.add_argument("--results", default="results")
     p.add_argument("--out", default="leaderboard.md")
     p.add_argument("--plots", default="results/plots", help="folder for the PNG charts linked from the page")
+    p = sub.add_parser("verify", help="re-check every stored result: samples, grader, metrics, weights, commit")
+    p.add_argument("--results", default="results")
+    p.add_argument("--no-weights", action="store_true", help="do not load checkpoints to compare weight hashes")
+    p.add_argument(
+        "--redecode", type=positive_int, help="decode the first N prompts of each greedy result again and compare"
+    )
     p = sub.add_parser("list", help="list registered baselines, tasks or evaluation protocols")
     p.add_argument("what", choices=("baselines", "tasks", "protocols"))
     p = sub.add_parser("grade", help="grade a JSONL of predictions with the task's graders")
@@ -109,7 +119,7 @@ def _add_misc(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stabledrl_bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m stabledrl_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_check_model, _add_misc):
         add(sub)
@@ -152,9 +162,9 @@ def _cmd_train(args) -> int:
     cfg = _load_config(TrainConfig, args, {name: getattr(args, name) for name in fields})
     if args.skip_model_check:
         cfg.check_model = False
-    if args.max_steps:
+    if args.max_steps is not None:
         cfg.budget = dataclasses.replace(cfg.budget, max_steps=args.max_steps)
-    final = RLTrainer(cfg).train(resume=args.resume, stop_after=args.stop_after)
+    final = RLTrainer(cfg).train(resume=True if args.resume else None, stop_after=args.stop_after)
     if os.environ.get("RANK", "0") == "0":
         print(f"final model: {final}")
     return 0
@@ -172,15 +182,27 @@ def _cmd_sft(args) -> int:
 def _cmd_eval(args) -> int:
     from .evaluation import evaluate_and_record, model_record
     from .models.backends import load_model_spec
+    from .protocols import get_protocol
+    from .registry import get_baseline
+    from .results import TABLE1_LENGTHS
+    from .tasks import get_task
 
-    budget = None
-    if args.run:
-        run_json = Path(args.run) / "run.json"
-        if not run_json.is_file():
-            raise UserError(f"--run {args.run}: no run.json (not a training run folder)")
-        budget = json.loads(run_json.read_text())["budget"]
-    elif args.baseline not in ("base", "sft"):
-        raise UserError(f"--baseline {args.baseline}: RL checkpoints need --run <training run folder> for the budget")
+    # Everything cheap is checked before the model loads.
+    get_task(args.task)
+    get_protocol(args.protocol)
+    require_folder(args.results, "--results")
+    if args.table == "table1" and args.length not in TABLE1_LENGTHS:
+        raise UserError(
+            f"--length {args.length}: table1 reports lengths {TABLE1_LENGTHS}; give the nominal length and the "
+            "tokens really decoded with --actual-length"
+        )
+    if args.baseline not in ("base", "sft"):
+        get_baseline(args.baseline)
+        if not args.run:
+            raise UserError(
+                f"--baseline {args.baseline}: RL checkpoints need --run <training run folder> for the budget"
+            )
+    budget = _run_budget(Path(args.run)) if args.run else None
     dlm = load_model_spec(args.model, seed=args.seed)
     key = {
         "comparison": args.comparison or f"{args.table}-{args.preset}",
@@ -194,7 +216,7 @@ def _cmd_eval(args) -> int:
         "seed": args.seed,
         "model": model_record(dlm, str(args.model)),
     }
-    path = evaluate_and_record(
+    recorded = evaluate_and_record(
         dlm,
         results_dir=args.results,
         key=key,
@@ -204,8 +226,9 @@ def _cmd_eval(args) -> int:
         batch_size=args.batch_size,
         skip_existing=not args.force,
     )
-    record = json.loads(Path(path).read_text())
-    print(f"{args.task}@{args.length}: accuracy {100 * record['metrics']['accuracy']:.1f}% -> {path}")
+    record = json.loads(recorded.path.read_text())
+    how = f"reused ({recorded.note})" if recorded.reused else "measured"
+    print(f"{args.task}@{args.length}: accuracy {100 * record['metrics']['accuracy']:.1f}% {how} -> {recorded.path}")
     return 0
 
 
@@ -236,12 +259,41 @@ def _cmd_check_model(args) -> int:
     return 0
 
 
+def _run_budget(run: Path) -> dict:
+    """The budget recorded in a training run folder's ``run.json``."""
+    run_json = run / "run.json"
+    if not run_json.is_file():
+        raise UserError(f"--run {run}: no run.json (not a training run folder)")
+    try:
+        info = json.loads(run_json.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"--run {run}: run.json is not JSON ({exc})") from exc
+    if not isinstance(info, dict) or not isinstance(info.get("budget"), dict):
+        raise UserError(f"--run {run}: run.json records no budget (not written by this harness's trainer?)")
+    return info["budget"]
+
+
 def _cmd_leaderboard(args) -> int:
     from .leaderboard import write_leaderboard
     from .stress import stability_section
 
+    if Path(args.out).is_dir():
+        raise UserError(f"--out {args.out} is a directory; give the markdown file to write")
+    if Path(args.results).exists() and not Path(args.results).is_dir():
+        raise UserError(f"--results {args.results} is a file; give the results folder")
+
     path = write_leaderboard(args.results, args.out, plots_dir=args.plots, extra_sections=[stability_section])
     print(f"wrote {path}")
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from .verify import verify_results
+
+    summary = verify_results(args.results, weights=not args.no_weights, redecode=args.redecode or 0)
+    if summary["failed"]:
+        raise UserError(f"verify: {summary['failed']} of {summary['records']} result records do not add up (above)")
+    print(f"verify: all {summary['records']} result records add up")
     return 0
 
 
@@ -255,6 +307,9 @@ def _cmd_grade(args) -> int:
 def _cmd_reproduce(args) -> int:
     from .reproduce import reproduce
 
+    require_folder(args.results, "--results")
+    require_folder(args.runs, "--runs")
+
     reproduce(args)
     return 0
 
@@ -265,10 +320,19 @@ COMMANDS = {
     "sft": _cmd_sft,
     "eval": _cmd_eval,
     "check-model": _cmd_check_model,
+    "verify": _cmd_verify,
     "leaderboard": _cmd_leaderboard,
     "grade": _cmd_grade,
     "reproduce": _cmd_reproduce,
 }
+
+
+def _close_progress_bars() -> None:
+    """Finish any open tqdm bar, so that an error line starts on a line of its own."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except UserError as exc:
+        _close_progress_bars()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -88,6 +88,13 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     return obj
 
 
+def require_positive(**values: int | None) -> None:
+    """Counts a config states must be at least 1 (None = not set); one clear line names the first that is not."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be positive, got {value}")
+
+
 def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
@@ -104,7 +111,9 @@ def read_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, An
     if path.resolve() in _seen:
         raise UserError(f"{path}: 'base' files include each other in a cycle")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{path}: not valid YAML/JSON ({first})") from exc

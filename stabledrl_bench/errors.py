@@ -1,9 +1,43 @@
 """One exception type for problems the user can fix (bad config, missing path, unknown name).
 
 The command line prints its message as a single line and exits with status 2; anything else is a bug and keeps
-its traceback.
+its traceback. The argument parser and the checks every command shares live here too, so that each command
+reports bad input the same way, before doing any work.
 """
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn
 
 
 class UserError(Exception):
     """A problem with the user's input, reported as one clear line."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse`` whose usage errors are :class:`UserError`s: one ``error:`` line, not usage text plus a line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(message)
+
+
+def positive_int(text: str) -> int:
+    """``type=`` for counts on the command line: a positive integer, checked where it is parsed."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def require_folder(path: str | Path, what: str) -> None:
+    """Fail before any work when ``path`` (a folder to write into) or one of its parents is a file."""
+    for candidate in (Path(path), *Path(path).parents):
+        if candidate.exists() and not candidate.is_dir():
+            raise UserError(
+                f"{what} {path} is a file" if candidate == Path(path) else f"{what} {path}: {candidate} is a file"
+            )

@@ -7,16 +7,19 @@ records, resumability and no per-call framework overhead.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from .models import DiffusionLM
 from .protocols import EvalProtocol, get_protocol
-from .results import result_exists, result_path, write_result
+from .results import read_result, result_exists, result_path, write_result
 from .sampling import generate
 from .tasks import get_task
 
@@ -107,6 +110,20 @@ def evaluate(
     return EvalOutcome(metrics=metrics, samples=rows, settings={**settings.to_dict(), "protocol": proto.to_dict()})
 
 
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 of a model's weights: every state-dict entry's name, dtype, shape and bytes, in name order.
+
+    Why: a result is only reusable for the weights it measured. Paths are not identities (a fresh clone retrains
+    ``runs/.../final`` with different weights; a checkpoint can be swapped), bytes are.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
 def model_record(dlm: DiffusionLM, checkpoint: str) -> dict[str, Any]:
     """The ``model`` field of a result record (the rest of the model's summary goes into ``settings``)."""
     summary = dlm.config_summary()
@@ -115,7 +132,36 @@ def model_record(dlm: DiffusionLM, checkpoint: str) -> dict[str, Any]:
         "name": summary["name"],
         "checkpoint": checkpoint,
         "parameters": summary["parameters"],
+        "weights_sha256": weights_sha256(dlm.model),
+        "dtype": str(next(dlm.model.parameters()).dtype).replace("torch.", ""),
     }
+
+
+class Recorded(NamedTuple):
+    """Where a result is, and whether it was reused instead of measured (with the reason it was not)."""
+
+    path: Path
+    reused: bool
+    note: str
+
+
+def _why_not_reusable(
+    results_dir, key: dict[str, Any], settings: dict[str, Any], actual_length: int, n: int
+) -> str | None:
+    """None when the stored result for ``key`` measured these weights with these settings, else the reason."""
+    if not result_exists(results_dir, key):
+        return "no stored result"
+    stored = read_result(result_path(results_dir, key))
+    weights = stored["model"].get("weights_sha256")
+    if weights is None or weights != key["model"].get("weights_sha256"):
+        return "the stored result measured other weights" if weights else "the stored result records no weights hash"
+    if stored["actual_gen_length"] != actual_length:
+        return f"the stored result decoded {stored['actual_gen_length']} tokens, not {actual_length}"
+    if {k: v for k, v in stored["settings"].items() if k != "model"} != settings:
+        return "the stored result used other decode settings"
+    if stored["metrics"]["n"] != n:
+        return f"the stored result has {stored['metrics']['n']} samples, not {n}"
+    return None
 
 
 def evaluate_and_record(
@@ -129,14 +175,22 @@ def evaluate_and_record(
     batch_size: int = 16,
     skip_existing: bool = True,
     progress: bool = True,
-):
-    """Evaluate and write one result; an existing complete result for the same key is kept (resumable)."""
-    if skip_existing and result_exists(results_dir, key):
-        return result_path(results_dir, key)
+) -> Recorded:
+    """Evaluate and write one result, or reuse the stored one when it measured the same weights (resumable).
+
+    Reuse needs the same weights hash, decode settings, generated length and number of samples; anything else
+    is measured again and replaces the stored result.
+    """
+    proto = get_protocol(key["protocol"])
+    settings = {**proto.settings(actual_length, dlm).to_dict(), "protocol": proto.to_dict()}
+    n = len(get_task(key["task"]).eval_docs(limit=limit)) * proto.repeats
+    reason = _why_not_reusable(results_dir, key, settings, actual_length, n) if skip_existing else "--force"
+    if reason is None:
+        return Recorded(result_path(results_dir, key), True, "same weights and settings")
     outcome = evaluate(
         dlm,
         key["task"],
-        protocol=key["protocol"],
+        protocol=proto,
         length=actual_length,
         limit=limit,
         batch_size=batch_size,
@@ -150,4 +204,4 @@ def evaluate_and_record(
         "settings": {**outcome.settings, "model": dlm.config_summary()},
         "metrics": outcome.metrics,
     }
-    return write_result(results_dir, record, outcome.samples)
+    return Recorded(write_result(results_dir, record, outcome.samples), False, reason)

@@ -67,6 +67,7 @@ from .results import (
     TABLE2_TASKS,
     atomic_write_bytes,
     atomic_write_text,
+    code_label,
     hardware_label,
     load_results,
     load_samples,
@@ -99,7 +100,7 @@ TABLE_TITLES = {
     "table1": "Table 1 — full attention (LLaDA layout)",
     "table2": "Table 2 — block diffusion (TraceRL layout)",
 }
-ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", "Seeds")
+ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", "Code", "Seeds")
 
 ExtraSection = Callable[[Path], str | None]
 CellKey = tuple[str, int | str]
@@ -304,6 +305,7 @@ FRAME_COLUMNS = [
     "actual",
     "budget_hash",
     "hardware",
+    "code",
     "path",
 ]
 
@@ -330,6 +332,7 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "actual": record["actual_gen_length"],
                 "budget_hash": record["budget_hash"],
                 "hardware": hardware_label(record["environment"]),
+                "code": code_label(record["environment"]),
                 "path": record["_path"],
             }
         )
@@ -418,6 +421,7 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
             "Protocol": first["protocol"],
             "Budget": ", ".join(f"`{digest}`" for digest in sorted(set(budgets))) or MISSING,
             "Hardware": "; ".join(sorted(set(group["hardware"]))),
+            "Code": "; ".join(sorted(set(group["code"]))),
             "Seeds": _join_unique(group["seed"].tolist()),
         }
         estimates = {
@@ -636,9 +640,11 @@ Two kinds of numbers appear here, always in separate blocks:
 * **Measured by this code**: evaluations run with this harness and stored as result files. Each cell is accuracy (%)
   with a percentile-bootstrap 95% interval over per-sample correctness ({n_resamples} resamples, fixed seed), e.g.
   `62.5 [55.1, 69.9]`. Measured rows are grouped by comparison; all RL rows of one comparison were trained under one
-  budget (its hash is shown); reference rows (`base`, `sft`) are exempt. Model, preset, hardware and seeds are listed
-  per row. Average columns are unweighted means over their cells. Where a comparison has a starting point (`sft`,
-  else `base`), a second table gives each RL row's change from it in percentage points, paired by test item.
+  budget (its hash is shown); reference rows (`base`, `sft`) are exempt. Model, preset, hardware, code (the git
+  commit, `dirty` when uncommitted changes were present) and seeds are listed per row; `python -m stabledrl_bench
+  verify` re-checks every record against its samples, grader and weights. Average columns are unweighted means
+  over their cells. Where a comparison has a starting point (`sft`, else `base`), a second table gives each RL
+  row's change from it in percentage points, paired by test item.
 * **Published (not measured here)**: numbers copied from papers, each marked with its source grade: P = the paper's
   own text or table, C = the authors' code, S = a third-party note quoting the paper (not checked against it),
   D = derived by arithmetic from P or S numbers. Unreliable (U) values are never shown. Published numbers come from

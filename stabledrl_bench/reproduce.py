@@ -391,6 +391,7 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
     dlm = load_model_spec(checkpoint, seed=args.seed, device=device, dtype=dtype)
     if checkpoint not in TINY_SPECS and not args.skip_model_check:
         require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
+    model = model_record(dlm, checkpoint)  # hashes the weights once per checkpoint
     for protocol in preset.protocols:
         sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
         for nominal, actual in preset.lengths.items():
@@ -404,9 +405,9 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
                 "sampling": sampling,
                 "protocol": protocol,
                 "seed": args.seed,
-                "model": model_record(dlm, checkpoint),
+                "model": model,
             }
-            path = evaluate_and_record(
+            recorded = evaluate_and_record(
                 dlm,
                 results_dir=args.results,
                 key=key,
@@ -416,8 +417,9 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
                 batch_size=preset.eval_batch_size,
                 skip_existing=not args.force,
             )
-            acc = json.loads(Path(path).read_text())["metrics"]
+            acc = json.loads(recorded.path.read_text())["metrics"]
+            how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
             print(
                 f"  [{task}] {baseline} @ {nominal} ({actual} tokens, {protocol}): accuracy "
-                f"{100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f}"
+                f"{100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
             )

@@ -25,7 +25,9 @@ Record fields (schema ``stabledrl-bench/result/v1``):
   protocol's nominal generation length, 128/256/512 in Table 1), ``actual_gen_length`` (tokens really generated,
   e.g. the tiny preset scales 128 -> 32), ``sampling`` (``static``/``dynamic`` for Table 2 - TraceRL's two decoding
   modes are two columns there - and ``null`` for Table 1), ``protocol``, ``seed``;
-* ``model`` (``family, name, checkpoint, parameters``), ``budget`` (dict, required for RL rows) and
+* ``model`` (``family, name, checkpoint, parameters``, and in newer records ``weights_sha256`` -- a hash of the
+  evaluated weights, :func:`stabledrl_bench.evaluation.weights_sha256` -- and ``dtype``), ``budget`` (dict,
+  required for RL rows) and
   ``budget_hash`` (:func:`budget_hash` of it), ``settings`` (decode settings);
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
   samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy`` and any other number;
@@ -72,6 +74,8 @@ HEADLINE_FIELD = {"sudoku": "score"}
 
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
 MODEL_KEYS = ("family", "name", "checkpoint", "parameters")
+# Written since the weights hash was introduced; older records lack them and are still read.
+MODEL_OPTIONAL_KEYS = ("weights_sha256", "dtype")
 SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
 RECORD_KEYS = (
     "schema",
@@ -167,6 +171,19 @@ def hardware_label(environment: Mapping[str, Any]) -> str:
     return f"CPU ×{hardware.get('cpu_count', '?')}"
 
 
+def code_label(environment: Mapping[str, Any]) -> str:
+    """The code that produced a result, for a table cell: ``"00ef291"``, ``"00ef291 dirty"`` or ``"unknown"``.
+
+    ``dirty`` means uncommitted changes (outside ``results/``) were present: that code cannot be checked out.
+    """
+    git = environment.get("git") or {}
+    commit = git.get("commit")
+    if not commit:
+        return "unknown"
+    state = {True: " dirty", False: "", None: " dirty?"}[git.get("dirty")]
+    return f"{str(commit)[:7]}{state}"
+
+
 # ---------------------------------------------------------------------------------------------- hashing
 def _canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -229,7 +246,11 @@ def _check(condition: bool, where: str, message: str) -> None:
 
 def _validate_model(model: Any, where: str) -> None:
     _check(isinstance(model, dict), where, "'model' must be an object")
-    _check(sorted(model) == sorted(MODEL_KEYS), where, f"'model' must have exactly the keys {', '.join(MODEL_KEYS)}")
+    keys = set(model) - set(MODEL_OPTIONAL_KEYS)
+    _check(keys == set(MODEL_KEYS), where, f"'model' must have the keys {', '.join(MODEL_KEYS)} (+ optional ones)")
+    digest = model.get("weights_sha256")
+    _check(digest is None or bool(re.fullmatch(r"[0-9a-f]{64}", digest)), where, "'model.weights_sha256' bad")
+    _check(model.get("dtype") is None or isinstance(model["dtype"], str), where, "'model.dtype' must be a string")
     _check(isinstance(model["family"], str), where, "'model.family' must be a string")
     _check(_nonempty_str(model["name"]), where, "'model.name' must be a non-empty string")
     _check(model["checkpoint"] is None or _nonempty_str(model["checkpoint"]), where, "'model.checkpoint' bad")

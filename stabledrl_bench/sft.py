@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .checkpoint import export_model
-from .config import from_dict, read_mapping, to_dict
+from .config import from_dict, read_mapping, require_positive, to_dict
 from .data import PromptStream, training_docs
-from .errors import UserError
+from .errors import UserError, require_folder
 from .masks import staircase_mask, staircase_position_ids
 from .models import DiffusionLM
 from .models.backends import load_model_spec
@@ -60,6 +60,12 @@ class SFTConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        require_positive(
+            max_steps=self.max_steps,
+            batch_size=self.batch_size,
+            completion_length=self.completion_length,
+            max_prompt_length=self.max_prompt_length,
+        )
         low = self.min_completion_length
         if low is not None and not 1 <= low <= self.completion_length:
             raise UserError(
@@ -122,12 +128,13 @@ def run_sft(cfg: SFTConfig) -> Path:
     """Train and save ``output_dir/final`` (a model folder loadable by ``load_diffusion_lm``)."""
     from accelerate import Accelerator
 
+    require_folder(cfg.output_dir, "output_dir")
+    task = get_task(cfg.task)
     acc = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision="bf16" if cfg.bf16 else "no",
         step_scheduler_with_optimizer=False,  # one schedule step per optimizer step, whatever the process count
     )
-    task = get_task(cfg.task)
     dlm = load_model_spec(cfg.model, seed=cfg.seed)
     model = dlm.model.train()
     optimizer = build_optimizer(model, cfg.optim)

@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 
 from .budget import Budget
 from .checkpoint import export_model, latest_checkpoint, load_checkpoint, read_checkpoint_state, save_checkpoint
-from .config import from_dict, read_mapping, to_dict
+from .config import from_dict, read_mapping, require_positive, to_dict
 from .data import PromptStream, training_docs
-from .errors import UserError
+from .errors import UserError, require_folder
 from .estimators import Estimate, Estimator, SequenceBatch, build_estimator
 from .models import DiffusionLM
 from .models.backends import TINY_SPECS, load_model_spec
@@ -98,6 +98,15 @@ class TrainConfig:
     check_model: bool = True  # probe a loaded checkpoint's conventions first (models/probes.py)
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        require_positive(
+            per_device_prompts=self.per_device_prompts,
+            estimator_micro_batch=self.estimator_micro_batch,
+            max_nonfinite_steps=self.max_nonfinite_steps,
+        )
+        if self.save_every < 0:
+            raise UserError(f"save_every must be >= 0 (0 = a checkpoint at the end only), got {self.save_every}")
+
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
         data = read_mapping(path)
@@ -153,6 +162,10 @@ class RLTrainer:
 
         self.cfg = cfg
         self.budget = cfg.budget
+        # Cheap checks first: a bad name or output folder fails before any model is loaded.
+        require_folder(cfg.output_dir, "output_dir")
+        self.task = get_task(cfg.task)
+        self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         world = accelerator.num_processes if accelerator is not None else PartialState(cpu=_no_gpu()).num_processes
         per_process = cfg.budget.prompts_per_step / world
         if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
@@ -169,8 +182,6 @@ class RLTrainer:
             gradient_accumulation_steps=self.grad_accum,
             step_scheduler_with_optimizer=False,
         )
-        self.task = get_task(cfg.task)
-        self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         self.output_dir = Path(cfg.output_dir)
 
         dlm = load_model_spec(cfg.model, seed=cfg.seed)
@@ -374,13 +385,19 @@ class RLTrainer:
         return self.baseline.loss(inputs)
 
     # ------------------------------------------------------------------ main loop
-    def train(self, *, resume: bool = False, stop_after: int | None = None) -> Path:
+    def train(self, *, resume: bool | None = False, stop_after: int | None = None) -> Path:
         """Run to ``budget.max_steps`` (or stop after step ``stop_after``); returns the ``final`` model folder.
 
         ``stop_after`` stops at a rollout boundary with a checkpoint, as if the job had been pre-empted, so a
-        later ``train(resume=True)`` continues exactly where this one left off.
+        later ``train(resume=True)`` continues exactly where this one left off. ``resume=None`` resumes when the
+        output folder holds a checkpoint and starts fresh otherwise (what re-running a command should do);
+        ``False`` refuses to overwrite checkpoints, ``True`` requires one.
         """
         cfg, budget = self.cfg, self.budget
+        if resume is None:
+            resume = latest_checkpoint(self.output_dir) is not None
+        if stop_after is not None and stop_after < 1:
+            raise UserError(f"stop_after must be positive, got {stop_after}")
         if resume:
             self._resume()
         elif latest_checkpoint(self.output_dir) is not None:

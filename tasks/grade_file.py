@@ -11,7 +11,6 @@ are still graded, so a file is never rejected as a whole.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -19,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import UserError
+from ..errors import CommandParser, UserError
 from . import get_task
 from .base import Task
 
@@ -34,7 +33,8 @@ def _error(record: dict[str, Any], message: str) -> dict[str, Any]:
 def grade_line(task: Task, raw: bytes, line_number: int) -> dict[str, Any]:
     """The output record for one input line (never raises on bad input)."""
     record: dict[str, Any] = {"line": line_number}
-    text = raw.decode("utf-8", errors="replace").strip()
+    # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first line's JSON
+    text = raw.decode("utf-8-sig" if line_number == 1 else "utf-8", errors="replace").strip()
     if not text:
         return _error(record, "empty line")
     try:
@@ -90,6 +90,8 @@ def grade_file(task: str, input_path: str | Path, output_path: str | Path | None
         raise UserError(f"cannot grade task {task!r}; gradable: {', '.join(GRADABLE_TASKS)}")
     grader = get_task(task)
     source = Path(input_path)
+    if source.is_dir():
+        raise UserError(f"--input {source} is a directory; give a JSONL file")
     if not source.is_file():
         raise UserError(f"input file not found: {source}")
     records = []
@@ -120,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     The summary goes to stderr when the records go to stdout, else to stdout. User errors print one line
     and return 2.
     """
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="stabledrl-bench grade", description="Grade a JSONL file of completions (one JSON object per line)."
     )
     parser.add_argument("--task", required=True, choices=GRADABLE_TASKS)
@@ -128,8 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", help="where to write graded JSONL (default: stdout)")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a usage error already printed by argparse
+    except SystemExit as exc:  # --help
         return int(exc.code or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         summary = grade_file(args.task, args.input, args.output)
     except UserError as exc:

@@ -6,3 +6,19 @@ for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ[_var] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+import pytest  # noqa: E402  (the environment above must be set before anything imports transformers)
+
+# A 2-layer tiny model: the cheapest real checkpoint, for tests that need a model folder but no particular weights.
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory):
+    """A saved small tiny model (seed 0); shared by many tests, so treat it as read-only."""
+    from stabledrl_bench.models import build_tiny, save_diffusion_lm
+
+    path = tmp_path_factory.mktemp("small-tiny")
+    save_diffusion_lm(build_tiny(**SMALL), path)
+    return path

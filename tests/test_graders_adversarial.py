@@ -8,6 +8,9 @@ runs with a 0.5 s limit to keep the suite short.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -76,3 +79,28 @@ def test_adversarial_completions(task_name: str, tmp_path: Path) -> None:
 def test_time_outs_are_reported(tmp_path: Path) -> None:
     result = GSM8KTask(timeout_s=0.3).grade(adversarial(tmp_path / "m")["tower_latex"], DOCS["gsm8k"])
     assert result.details["timed_out"] and not result.details["math_verify"]
+
+
+def test_hard_limits_hold_for_a_stream_of_hostile_answers_on_a_busy_machine() -> None:
+    """Every call returns within its limit plus the kill, even while replacement workers start slowly.
+
+    Each hostile answer costs a worker; its replacement imports sympy, which takes seconds when every core is
+    busy. Waiting for it must count against the next call's limit instead of adding to it.
+    """
+    limit, slack = 0.5, 0.5
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        assert math_verify("1", "\\boxed{1}").correct  # a warm pool, as in every other test here
+        times, timed_out = [], []
+        for i in range(10):
+            answer = "\\boxed{1}" if i % 5 == 4 else "\\boxed{9^{9^{9^{9}}}}"
+            start = time.monotonic()
+            outcome = math_verify("1", answer, timeout_s=limit)
+            times.append(time.monotonic() - start)
+            timed_out.append(outcome.timed_out)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert max(times) < limit + slack, [round(t, 2) for t in times]
+    assert all(timed_out[i] for i in range(10) if i % 5 != 4)  # the hostile answers never got a verdict

@@ -13,21 +13,17 @@ import torch
 from lm_eval.api.instance import Instance
 
 from stabledrl_bench.lmeval_adapter import DiffusionEvalLM, _cut
-from stabledrl_bench.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.protocols import PROTOCOLS
 from stabledrl_bench.sampling import generate
 from stabledrl_bench.tasks import TASKS, get_task
 
 REPO = Path(__file__).resolve().parents[1]
 LMEVAL_TASKS = REPO / "tasks" / "lmeval"
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("tiny")
-    save_diffusion_lm(build_tiny(**SMALL), path)
-    return path
+@pytest.fixture
+def model_dir(small_checkpoint: Path) -> Path:
+    return small_checkpoint
 
 
 def _request(kind: str, args: tuple, idx: int = 0) -> Instance:

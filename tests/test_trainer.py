@@ -213,6 +213,26 @@ def test_config_errors_are_one_line(tmp_path):
         RLTrainer(_config(tmp_path, tmp_path / "out", baseline="nope"))
 
 
+def test_rerunning_an_interrupted_train_command_resumes_it(small_models, tmp_path):
+    """The README's promise: after a kill, re-run the same command (no --resume needed)."""
+    from stabledrl_bench.cli import main
+    from stabledrl_bench.config import to_dict
+
+    def write(name: str, out: str) -> str:
+        cfg = _config(small_models["full"], tmp_path / out, steps=4, task="sudoku", train_split="train")
+        cfg.generator_options = {}
+        (tmp_path / name).write_text(yaml.safe_dump(to_dict(cfg)))
+        return str(tmp_path / name)
+
+    config = write("train.yaml", "out")
+    assert main(["train", "--config", str(config), "--stop-after", "2"]) == 0
+    assert not (tmp_path / "out" / "final").exists()
+    assert main(["train", "--config", str(config)]) == 0
+    assert [r["step"] for r in read_log(tmp_path / "out" / "log.jsonl")] == [1, 2, 3, 4]
+    assert (tmp_path / "out" / "final" / "config.json").is_file()
+    assert main(["train", "--config", write("fresh.yaml", "fresh"), "--resume"]) == 2  # --resume needs a checkpoint
+
+
 def test_noise_injection_is_heavy_tailed_and_seeded():
     old = Estimate(elbo=torch.zeros(20000))
     cfg = NoiseInjection(df=1.0, scale=1.0)

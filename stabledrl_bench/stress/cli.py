@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..budget import Budget
-from ..errors import UserError
+from ..errors import CommandParser, UserError, positive_int
 from . import drift as drift_mod
 from . import hull as hull_mod
 from .common import (
@@ -60,10 +60,14 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
-    p.add_argument("--sft-steps", type=int, default=WarmStartSpec.sft_steps, help="SFT steps of the warm start")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    p.add_argument("--generations", type=int, default=8, help="completions per prompt (group size G)")
-    p.add_argument("--diffusion-steps", type=int, default=10, help="rollout denoising steps over the 40 tokens")
+    p.add_argument(
+        "--sft-steps", type=positive_int, default=WarmStartSpec.sft_steps, help="SFT steps of the warm start"
+    )
+    p.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
+    p.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (group size G)")
+    p.add_argument(
+        "--diffusion-steps", type=positive_int, default=10, help="rollout denoising steps over the 40 tokens"
+    )
 
 
 def _add_noise(p: argparse.ArgumentParser) -> None:
@@ -75,22 +79,22 @@ def _add_noise(p: argparse.ArgumentParser) -> None:
 def _add_definitions(p: argparse.ArgumentParser) -> None:
     d = Definitions()
     p.add_argument("--spike-k", type=float, default=d.spike_k, help="spike: norm > k x running median")
-    p.add_argument("--spike-window", type=int, default=d.spike_window, help="running-median window (steps)")
+    p.add_argument("--spike-window", type=positive_int, default=d.spike_window, help="running-median window (steps)")
     p.add_argument("--collapse-fraction", type=float, default=d.collapse_fraction, help="of the initial reward")
-    p.add_argument("--reward-window", type=int, default=d.reward_window, help="running-mean window (rollouts)")
-    p.add_argument("--confirm-steps", type=int, default=d.confirm_steps, help="steps a collapse must last")
+    p.add_argument("--reward-window", type=positive_int, default=d.reward_window, help="running-mean window (rollouts)")
+    p.add_argument("--confirm-steps", type=positive_int, default=d.confirm_steps, help="steps a collapse must last")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
-    p.add_argument("--steps", type=int, default=120, help="optimizer steps per run (budget.max_steps)")
+    p.add_argument("--steps", type=positive_int, default=120, help="optimizer steps per run (budget.max_steps)")
     p.add_argument("--lr", type=float, default=1e-4, help="constant AdamW learning rate (the tiny preset's RL lr)")
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (pre-clip norm is logged)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel worker processes (one thread each)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="parallel worker processes (one thread each)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stabledrl_bench stress", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m stabledrl_bench stress", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="experiment", required=True)
     p = sub.add_parser("exploding", help="methods x {normal, exploding} x seeds: rewards, spikes, collapse")
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
@@ -108,21 +112,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--conditions", default=",".join(CONDITIONS))
     p.add_argument("--levels", default="0,0.02,0.05,0.1,0.2,0.3", help="relative parameter-noise levels sigma")
-    p.add_argument("--repeats", type=int, default=16, help="drift directions and mask draws per level and seed")
-    p.add_argument("--rollouts", type=int, default=4, help="rollout batches per seed (cycled over repeats)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=16, help="drift directions and mask draws per level and seed"
+    )
+    p.add_argument("--rollouts", type=positive_int, default=4, help="rollout batches per seed (cycled over repeats)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (rollouts, directions, masks)")
     for add in (_add_output, _add_model, _add_noise):
         add(p)
     p.add_argument("--spike-k", type=float, default=Definitions.spike_k, help="spike: norm > k x reference median")
     p = sub.add_parser("hull", help="convex-hull property of the update on random inputs (no model)")
-    p.add_argument("--trials", type=int, default=4000)
+    p.add_argument("--trials", type=positive_int, default=4000)
     p.add_argument("--scales", default="0.1,0.3,1,3,10", help="Cauchy scales of the log-ratios, cycled over trials")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clip-threshold", type=float, default=5.0)
     _add_output(p)
     p = sub.add_parser("all", help="every experiment in turn with its default settings")
     _add_output(p)
-    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--jobs", type=positive_int, default=2)
     p.add_argument("--warm-start")
     return parser
 

@@ -11,6 +11,10 @@ re-imported and no global start-method or fork-server state is touched. A worker
 a pool keeps ``size`` of them warm. After a kill, the replacement is started immediately in the background, so
 the next call normally finds a ready worker and only the overrunning call pays its limit.
 
+The limit holds end to end: waiting for a free worker, and for a replacement that is still starting (importing
+sympy takes seconds on a busy machine), counts against the call's deadline. Only the pool's first start in a
+process is waited for without a limit, since nothing could be graded before it.
+
 Protocol: the child imports a *registry* module that maps names to functions (``ISOLATED_FUNCTIONS``) and may
 define a warm-up hook (``isolated_warmup``); requests are pickled ``(name, args)`` tuples over the child's
 stdin/stdout pipes, answers are ``("ok", value)`` or ``("error", message)``.
@@ -25,6 +29,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -63,20 +68,27 @@ class _Worker:
         self.proc.stdout.close()
         self.ready = False
         self.broken = False  # the pipe failed: replace this worker even if the process is still exiting
+        self.started_at = time.monotonic()
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until the child has imported its registry and run its warm-up (not counted in call limits)."""
+    def wait_ready(self, timeout_s: float, *, startup_timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the child to import its registry and warm up; True once it is ready.
+
+        A child that has been starting for longer than ``startup_timeout_s`` in all is declared broken.
+        """
         if self.ready:
-            return
+            return True
         try:
-            if not self._recv.poll(timeout_s):
-                raise RuntimeError(f"isolated worker did not start within {timeout_s:.0f} s")
+            if not self._recv.poll(max(0.0, timeout_s)):
+                if time.monotonic() - self.started_at > startup_timeout_s:
+                    raise RuntimeError(f"isolated worker did not start within {startup_timeout_s:.0f} s")
+                return False
             message = self._recv.recv()
         except (EOFError, OSError) as exc:
             raise RuntimeError(f"isolated worker exited during start-up (status {self.proc.poll()})") from exc
         if message != ("ready", None):
             raise RuntimeError(f"isolated worker failed to start: {message!r}")
         self.ready = True
+        return True
 
     def has_started(self) -> bool:
         """True once the ready message (or an exit) is waiting to be read; never blocks."""
@@ -122,20 +134,26 @@ class IsolatedPool:
         self._cond = threading.Condition()
         self._owner_pid = os.getpid()
         self._idle: list[_Worker] = [_Worker(registry) for _ in range(size)]
+        self._warm = False  # until one worker has started, calls wait for the pool's first start
         self._closed = False
 
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:  # forked: the inherited workers belong to the parent
             self._owner_pid = os.getpid()
             self._idle = [_Worker(self.registry) for _ in range(self.size)]
+            self._warm = False
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self, deadline: float) -> _Worker | None:
+        """A free worker, preferring started ones; None if none is free by ``deadline`` (once the pool is warm)."""
         with self._cond:
             self._check_owner()
             if self._closed:
                 raise RuntimeError("isolated pool is closed")
             while not self._idle:
-                self._cond.wait()
+                remaining = deadline - time.monotonic()
+                if self._warm and remaining <= 0:
+                    return None
+                self._cond.wait(remaining if self._warm else None)
             # prefer a started worker, so a call made right after a kill does not wait for the replacement
             worker = next((w for w in self._idle if w.has_started()), self._idle[0])
             self._idle.remove(worker)
@@ -150,22 +168,41 @@ class IsolatedPool:
             self._cond.notify()
 
     def call(self, func: str, *args: Any, timeout_s: float) -> IsolatedResult:
-        """Run ``func(*args)`` in a worker, killing it if it overruns ``timeout_s`` seconds."""
+        """Run ``func(*args)`` in a worker, killing it if it overruns; returns within ``timeout_s`` (plus a kill).
+
+        Waiting for a free worker, or for one that is still starting, counts against the limit: a call that finds
+        no ready worker in time is a ``timeout`` that never ran (``error`` says so). Only the pool's first start
+        in this process is waited for in full.
+        """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        worker = self._acquire()
-        result = IsolatedResult("error", error="worker start-up failed")
+        deadline = time.monotonic() + timeout_s
+        worker = self._acquire(deadline)
+        if worker is None:
+            return IsolatedResult("timeout", error=f"no free worker within {timeout_s:g} s")
+        replace = True  # unless the call ends normally below
         try:
-            worker.wait_ready(self.startup_timeout_s)
-            result = worker.request(func, args, timeout_s)
+            cold = not self._warm
+            wait = self.startup_timeout_s if cold else deadline - time.monotonic()
+            if not worker.wait_ready(wait, startup_timeout_s=self.startup_timeout_s):
+                replace = False  # still starting: it stays in the pool
+                return IsolatedResult("timeout", error=f"no worker ready within {timeout_s:g} s")
+            self._warm = True
+            if cold:
+                deadline = time.monotonic() + timeout_s
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                replace = False
+                return IsolatedResult("timeout", error=f"no time left within {timeout_s:g} s after waiting")
+            result = worker.request(func, args, remaining)
+            # A worker that overran its limit or died is replaced at once; one whose function raised is kept.
+            replace = result.status == "timeout" or worker.broken or worker.proc.poll() is not None
+            return result
         finally:
-            # A worker that overran its limit or died is replaced at once; one whose function merely raised
-            # (or that is still starting up) is kept.
-            if result.status == "timeout" or worker.broken or worker.proc.poll() is not None:
+            if replace:
                 worker.kill()
                 worker = _Worker(self.registry)
             self._release(worker)
-        return result
 
     def close(self) -> None:
         """Stop all idle workers now; busy ones are stopped when their call returns."""

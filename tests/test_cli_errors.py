@@ -1,0 +1,188 @@
+"""Every command against bad input: exit status 2, exactly one ``error:`` line, no traceback, nothing destroyed.
+
+Each case names its arguments (placeholders in capitals are files the case sets up in a temporary folder) and a
+piece of the message. Cheap problems must be caught before expensive work: the cases that would otherwise
+load a model or decode run with a model path that does not load, so a late check shows up as the wrong message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tqdm.auto import tqdm
+
+from stabledrl_bench.cli import main
+from stabledrl_bench.errors import UserError
+
+
+@pytest.fixture
+def checkpoint(small_checkpoint: Path) -> Path:
+    return small_checkpoint
+
+
+def _damaged(root: Path, checkpoint: Path, how: str) -> Path:
+    """A copy of the tiny checkpoint broken in one way."""
+    folder = root / f"damaged-{how}"
+    folder.mkdir()
+    for item in checkpoint.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    weights = folder / "model.safetensors"
+    if how == "empty":
+        weights.write_bytes(b"")
+    elif how == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif how == "noweights":
+        weights.unlink()
+    elif how == "tokenizer":
+        (folder / "tokenizer.json").write_text('{"version": ')
+    elif how == "config":
+        (folder / "config.json").write_text("{")
+    return folder
+
+
+def _files(root: Path, checkpoint: Path) -> dict[str, str]:
+    """The placeholders a case may use, each a path in ``root``."""
+    configs = {
+        "NONUTF8": b"task: sudoku\n\xff\xfe bad bytes\n",
+        "ZEROPROMPTS": b"per_device_prompts: 0\n",
+        "NEGSAVE": b"save_every: -3\n",
+        "ZEROSTEPS": b"budget:\n  max_steps: 0\n",
+        "BUDGETTYPE": b"budget: 5\n",
+        "ZEROMICRO": b"estimator_micro_batch: 0\n",
+        "SFTBATCH": b"batch_size: 0\n",
+        "SFTCANVAS": b"completion_length: 0\n",
+    }
+    paths = {}
+    for name, data in configs.items():
+        path = root / f"{name.lower()}.yaml"
+        path.write_bytes(data)
+        paths[name] = str(path)
+    for how in ("empty", "truncated", "noweights", "tokenizer", "config"):
+        paths[f"DAMAGED_{how.upper()}"] = str(_damaged(root, checkpoint, how))
+    a_file = root / "a-file.txt"
+    a_file.write_text("keep me\n")
+    paths["FILE"] = str(a_file)
+    paths["UNDERFILE"] = str(a_file / "sub")
+    a_dir = root / "a-dir"
+    a_dir.mkdir()
+    (a_dir / "keep.txt").write_text("keep me\n")
+    paths["DIR"] = str(a_dir)
+    for name, content in {"GARBLEDRUN": "{not json", "NOBUDGETRUN": json.dumps({"config": {}})}.items():
+        run = root / name.lower()
+        run.mkdir()
+        (run / "run.json").write_text(content)
+        paths[name] = str(run)
+    paths["CKPT"] = str(checkpoint)
+    paths["MISSING"] = str(root / "does-not-exist")
+    return paths
+
+
+CASES = [
+    # train
+    (["train", "--config", "NONUTF8"], "not UTF-8"),
+    (["train", "--config", "ZEROPROMPTS"], "per_device_prompts must be positive"),
+    (["train", "--config", "NEGSAVE"], "save_every must be >= 0"),
+    (["train", "--config", "ZEROSTEPS"], "budget.max_steps must be positive"),
+    (["train", "--config", "BUDGETTYPE"], "expected a mapping"),
+    (["train", "--config", "ZEROMICRO"], "estimator_micro_batch must be positive"),
+    (["train", "--max-steps", "0"], "--max-steps: must be a positive integer"),
+    (["train", "--max-steps", "-1"], "--max-steps: must be a positive integer"),
+    (["train", "--max-steps", "two"], "--max-steps: must be a positive integer"),
+    (["train", "--stop-after", "0"], "--stop-after: must be a positive integer"),
+    (["train", "--stop-after", "-1"], "--stop-after: must be a positive integer"),
+    (["train", "--model", "MISSING"], "model path does not exist"),
+    (["train", "--model", "DAMAGED_EMPTY"], "cannot load the model"),
+    (["train", "--model", "DAMAGED_TRUNCATED"], "cannot load the model"),
+    (["train", "--model", "DAMAGED_NOWEIGHTS"], "cannot load the model"),
+    (["train", "--model", "DAMAGED_TOKENIZER"], "cannot load the tokenizer"),
+    (["train", "--model", "DAMAGED_CONFIG"], "cannot load the config"),
+    (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "FILE"], "output_dir FILE is a file"),
+    (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "UNDERFILE"], "is a file"),
+    (["train", "--baseline", "nope", "--model", "DAMAGED_EMPTY"], "unknown baseline"),
+    (["train", "--task", "nope", "--model", "DAMAGED_EMPTY"], "unknown task"),
+    # sft
+    (["sft", "--config", "NONUTF8"], "not UTF-8"),
+    (["sft", "--config", "SFTBATCH"], "batch_size must be positive"),
+    (["sft", "--config", "SFTCANVAS"], "completion_length must be positive"),
+    (["sft", "--max-steps", "0"], "--max-steps: must be a positive integer"),
+    (["sft", "--max-steps", "-5"], "--max-steps: must be a positive integer"),
+    (["sft", "--model", "DAMAGED_TRUNCATED"], "cannot load the model"),
+    (["sft", "--model", "DAMAGED_EMPTY", "--output-dir", "FILE"], "output_dir FILE is a file"),
+    # eval: cheap checks first (the model would not load, so a late check would give another message)
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--length", "0"], "--length: must be a positive"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--limit", "0"], "--limit: must be a positive"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--batch-size", "0"], "--batch-size: must be"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--batch-size", "-1"], "--batch-size: must be"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--actual-length", "0"], "--actual-length: must be"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--length", "16"], "table1 reports lengths"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "nope"], "unknown task"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--protocol", "nope"], "unknown evaluation protocol"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "nope"], "unknown baseline"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo"], "need --run"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--results", "FILE"], "--results FILE is a file"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "GARBLEDRUN"], "not JSON"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "NOBUDGETRUN"], "budget"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "DIR"], "no run.json"),
+    (["eval", "--model", "DAMAGED_NOWEIGHTS", "--task", "sudoku"], "cannot load the model"),
+    (["eval", "--model", "CKPT", "--task", "sudoku", "--batch-size", "x"], "--batch-size: must be"),
+    # reproduce
+    (["reproduce", "table1", "--limit", "0"], "--limit: must be a positive"),
+    (["reproduce", "table1", "--preset", "paper", "--model", "MISSING"], "model path does not exist"),
+    (["reproduce", "table1", "--preset", "smoke", "--results", "FILE"], "--results FILE is a file"),
+    (["reproduce", "table3"], "invalid choice"),
+    # check-model, leaderboard, grade, list, unknown commands
+    (["check-model", "--model", "DAMAGED_TOKENIZER"], "cannot load the tokenizer"),
+    (["check-model", "--model", "CKPT", "--gpus", "0"], "--gpus: must be a positive"),
+    (["leaderboard", "--out", "DIR"], "--out DIR is a directory"),
+    (["leaderboard", "--results", "FILE"], "--results FILE is a file"),
+    (["grade", "--task", "countdown", "--input", "MISSING"], "not found"),
+    (["grade", "--task", "countdown", "--input", "DIR"], "is a directory"),
+    (["grade", "--task", "nope", "--input", "FILE"], "invalid choice"),
+    (["list", "nope"], "invalid choice"),
+    (["nope"], "invalid choice"),
+    (["eval", "--task", "sudoku"], "required"),
+    (["stress", "drift", "--rollouts", "0"], "--rollouts: must be a positive integer"),
+    (["stress", "exploding", "--steps", "-2"], "--steps: must be a positive integer"),
+    (["stress", "hull", "--trials", "x"], "--trials: must be a positive integer"),
+    (["stress", "nope"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_error_line_and_destroys_nothing(argv, message, checkpoint, tmp_path, capsys) -> None:
+    paths = _files(tmp_path, checkpoint)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    resolved = [paths.get(arg, arg) for arg in argv]
+    assert main(resolved) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    shown = message.replace("FILE", paths["FILE"]).replace("DIR", paths["DIR"])
+    assert shown in lines[0], lines[0]
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert {p: after.get(p) for p in before} == before  # nothing overwritten or deleted
+
+
+def test_an_error_during_a_progress_bar_starts_its_own_line(monkeypatch, capsys) -> None:
+    import stabledrl_bench.cli as cli
+
+    def fail(args) -> int:
+        bar = tqdm(total=10, desc="working")
+        bar.update(3)
+        raise UserError("something went wrong")
+
+    monkeypatch.setitem(cli.COMMANDS, "leaderboard", fail)
+    assert main(["leaderboard"]) == 2
+    err = capsys.readouterr().err
+    assert "\nerror: something went wrong" in err or err.startswith("error: something went wrong")
+
+
+def test_a_bom_does_not_break_the_first_line_of_a_grade_input(tmp_path, capsys) -> None:
+    path = tmp_path / "in.jsonl"
+    row = {"prediction": "<answer>3+4-5</answer>", "numbers": [3, 4, 5], "target": 2}
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["grade", "--task", "countdown", "--input", str(path), "--output", str(out)]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["correct"] is True
