@@ -2,10 +2,12 @@
 
 Two styles are offered:
 
-* ``grader`` (evaluation): the gold answer is parsed as ``\\boxed{gold}``; the prediction text is chosen
-  robustly - the whole completion when it contains a box (``\\boxed`` wins over every other pattern,
-  ``boxed_match_priority=0``, as ``lmeval_decoding.md`` §4.1 recommends), else the last ``<answer>`` tag
-  (parsed both as ``$content$`` and as is), else the whole completion.
+* ``grader`` (evaluation): the gold answer is parsed as ``\\boxed{gold}``; the prediction is the completion's
+  final answer (:func:`.text.final_answer`: the later of the last balanced box and the last closed ``<answer>``
+  tag, so a model that corrects itself is graded on its last attempt). A box is parsed as ``\\boxed{content}``
+  like the gold, a tag's content both as ``$content$`` and as is. A blank final answer (``<answer></answer>``,
+  ``\\boxed{}``) is no answer and is never correct; only a completion with neither a box nor a tag is parsed
+  whole (math-verify then takes its last number or expression).
 * ``stabledrl`` (StableDRL's ``_math_verify_equal`` in ``dataloaders/math.py``): ``verify(parse(gold),
   parse(response))`` with math-verify's default extraction configs on the full response.
 
@@ -22,7 +24,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from .isolation import shared_pool
-from .text import last_answer_tag
+from .text import final_answer
 
 Style = Literal["grader", "stabledrl"]
 
@@ -79,16 +81,18 @@ def _parse_gold(gold: str) -> list[Any]:
 
 
 def prediction_candidates(prediction: str) -> list[str]:
-    """Texts to parse for the ``grader`` style, best first (see the module docstring)."""
-    if "\\boxed" in prediction or "\\fbox" in prediction:
+    """Texts to parse for the ``grader`` style, best first; none for a blank final answer (module docstring)."""
+    answer = final_answer(prediction)
+    if answer is None:
         return [prediction]
-    answer = last_answer_tag(prediction)
-    if answer is None or not answer.strip():
-        return [prediction]
-    answer = answer.strip()
-    if any(delim in answer for delim in ("$", "\\(", "\\[")):
-        return [answer]
-    return ["$" + answer + "$", answer]
+    content = answer.text.strip()
+    if not content:
+        return []
+    if answer.boxed:
+        return ["\\boxed{" + content + "}"]
+    if any(delim in content for delim in ("$", "\\(", "\\[")):
+        return [content]
+    return ["$" + content + "$", content]
 
 
 def _grader(gold: str, prediction: str) -> tuple[bool, str | None]:
