@@ -38,6 +38,7 @@ def adversarial(marker: Path) -> dict[str, str]:
         "many_fences": "<answer>" + "```1 " * 20_000,
         "digits": "7" * 100_000,
         "whitespace": "</answer>" + " " * 100_000 + "x",
+        "degree_signs": "\\boxed{" + "°" * 30_000 + "}",
         "blank_answers": "<answer> </answer>\\boxed{}" * 5_000,
     }
 

@@ -10,7 +10,7 @@ import pytest
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks.graders.isolation import IsolatedPool
 from stabledrl_bench.tasks.graders.math_answers import D1Kind, grade_math_answer, gsm8k_gold
-from stabledrl_bench.tasks.graders.mathverify import math_verify, prediction_candidates
+from stabledrl_bench.tasks.graders.mathverify import math_verify, normalise_degrees, prediction_candidates
 
 HANG = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate the tower: hours, mostly inside C code
 
@@ -44,11 +44,18 @@ def test_prediction_candidates() -> None:
     assert prediction_candidates("<answer>$1$</answer>") == ["$1$"]
     assert prediction_candidates("just 5") == ["just 5"]
     assert prediction_candidates("5 <answer> </answer>") == prediction_candidates("5 \\boxed{}") == []
+    assert prediction_candidates("\\boxed{90°}") == ["\\boxed{90^{\\circ}}"]
 
 
-# Harness verdict (``correct``) and d1's verdict for completions whose final answer is blank or comes after an
-# earlier attempt. The d1 column was computed before the harness rule changed and must never move; the comments
-# give the old ``correct`` where it differed.
+def test_normalise_degrees() -> None:
+    assert normalise_degrees("90°") == normalise_degrees("90^°") == normalise_degrees("90^{°}") == "90^{\\circ}"
+    assert normalise_degrees("90\\degree + 1\\textdegree") == "90^{\\circ} + 1^{\\circ}"
+    assert normalise_degrees("90^\\circ") == "90^\\circ"  # already math-verify's unit spelling
+
+
+# Harness verdict (``correct``) and d1's verdict for completions whose final answer is blank, comes after an
+# earlier attempt or carries a degree sign. The d1 column was computed before the harness rule changed and must
+# never move; the comments give the old ``correct`` where it differed.
 @pytest.mark.parametrize(
     ("gold", "kind", "prediction", "correct", "d1"),
     [
@@ -74,6 +81,18 @@ def test_prediction_candidates() -> None:
         ("6", "gsm8k", "<answer>5</answer> no, <answer>6</answer>", True, False),  # unchanged
         ("6", "math", "<answer>5</answer> no, \\boxed{6}", True, True),  # unchanged
         ("6", "math", "<answer>\\boxed{6} or \\boxed{5}</answer>", False, False),  # the last box in the tag
+        # Degree signs are unit annotations; math-verify could not parse a box holding one.
+        ("90", "math", "<answer>\\boxed{90°}</answer>", True, False),  # was False
+        ("90^\\circ", "math", "<answer>\\boxed{90°}</answer>", True, False),  # was False
+        ("90°", "math", "<answer>\\boxed{90^\\circ}</answer>", True, False),  # was False
+        ("90", "math", "<answer>\\boxed{90\\degree}</answer>", True, False),  # was False
+        ("90", "gsm8k", "<answer>\\boxed{90°}</answer>", True, True),  # was False
+        ("90", "math", "<answer>\\boxed{90^{\\circ}}</answer>", True, True),
+        ("90", "math", "<answer>\\boxed{90^\\circ}</answer>", True, True),
+        ("90^\\circ", "math", "<answer>\\boxed{90}</answer>", True, True),
+        ("90", "math", "<answer>90°</answer>", True, False),
+        ("90", "math", "<answer>\\boxed{91°}</answer>", False, False),
+        ("90^\\circ", "math", "<answer>\\boxed{91°}</answer>", False, False),
     ],
 )
 def test_final_answer_verdicts_and_unchanged_d1(

@@ -7,7 +7,9 @@ Two styles are offered:
   tag, so a model that corrects itself is graded on its last attempt). A box is parsed as ``\\boxed{content}``
   like the gold, a tag's content both as ``$content$`` and as is. A blank final answer (``<answer></answer>``,
   ``\\boxed{}``) is no answer and is never correct; only a completion with neither a box nor a tag is parsed
-  whole (math-verify then takes its last number or expression).
+  whole (math-verify then takes its last number or expression). Degree signs (``°``, ``\\degree``) in the gold
+  and the prediction are written ``^{\\circ}``, the spelling math-verify reads as a unit annotation: ``\\boxed{90°}``
+  would otherwise not parse at all.
 * ``stabledrl`` (StableDRL's ``_math_verify_equal`` in ``dataloaders/math.py``): ``verify(parse(gold),
   parse(response))`` with math-verify's default extraction configs on the full response.
 
@@ -62,6 +64,20 @@ def math_verify(
 
 
 # ------------------------------------------------------------------------------------- worker side
+# Spellings of the degree sign that math-verify does not parse (a box holding one fails to parse), replaced in this
+# order so that ``^°`` does not become ``^^{\circ}``. ``^\circ`` and ``^{\circ}`` already read as a unit (90 degrees
+# = 90); the braces keep a following letter (``30°C``) from merging into the command name.
+_DEGREE_SPELLINGS = ("^{°}", "^°", "\\textdegree", "\\degree", "°")
+_DEGREE = "^{\\circ}"
+
+
+def normalise_degrees(text: str) -> str:
+    """``90°``, ``90^°`` and ``90\\degree`` -> ``90^{\\circ}``, which math-verify compares as ``90``."""
+    for spelling in _DEGREE_SPELLINGS:
+        text = text.replace(spelling, _DEGREE)
+    return text
+
+
 def _configs() -> list[Any]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
@@ -77,15 +93,15 @@ def _extracted(parsed: list[Any]) -> str | None:
 def _parse_gold(gold: str) -> list[Any]:
     from math_verify import parse
 
-    return parse("\\boxed{" + gold + "}", extraction_config=_configs(), parsing_timeout=None)
+    return parse("\\boxed{" + normalise_degrees(gold) + "}", extraction_config=_configs(), parsing_timeout=None)
 
 
 def prediction_candidates(prediction: str) -> list[str]:
     """Texts to parse for the ``grader`` style, best first; none for a blank final answer (module docstring)."""
     answer = final_answer(prediction)
     if answer is None:
-        return [prediction]
-    content = answer.text.strip()
+        return [normalise_degrees(prediction)]
+    content = normalise_degrees(answer.text.strip())
     if not content:
         return []
     if answer.boxed:
