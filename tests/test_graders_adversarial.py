@@ -41,6 +41,10 @@ def adversarial(marker: Path) -> dict[str, str]:
         "many_fences": "<answer>" + "```1 " * 20_000,
         "digits": "7" * 100_000,
         "whitespace": "</answer>" + " " * 100_000 + "x",
+        "degree_signs": "\\boxed{" + "°" * 30_000 + "}",
+        "label_colons": "Solution:\n" * 10_000 + ":" * 50_000,
+        "grid_separators": "<answer>" + "1|-" * 30_000 + "</answer>",
+        "blank_answers": "<answer> </answer>\\boxed{}" * 5_000,
     }
 
 

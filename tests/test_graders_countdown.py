@@ -119,6 +119,24 @@ def test_grade_countdown_verdicts() -> None:
     assert not grade_countdown("", [1], 1).correct
 
 
+# The final answer counts and a blank one is no expression; d1's verdict (computed before, never to move) reads
+# the last box or the whole text whatever the harness does. Comments give the old ``correct`` where it differed.
+@pytest.mark.parametrize(
+    ("completion", "correct", "d1"),
+    [
+        ("\\boxed{3*5+5} wait, 5 twice. <answer>3*5+7</answer>", True, False),  # was False: the box came first
+        ("<answer>3*5+5</answer> no: <answer>3*5+7</answer>", True, False),
+        ("<answer>3*5+7</answer> no: \\boxed{3*5+5}", False, False),
+        ("<answer>3*5+7</answer> <answer></answer>", False, False),
+        ("<answer>3*5+7</answer> \\boxed{}", False, False),
+        ("<answer>\\boxed{ }</answer> 3*5+7", False, False),
+    ],
+)
+def test_countdown_final_answer_and_unchanged_d1(completion: str, correct: bool, d1: bool) -> None:
+    result = grade_countdown(completion, [3, 5, 7], 22)
+    assert (result.correct, result.details["d1"]) == (correct, d1)
+
+
 def test_code_in_countdown_answers_is_never_run(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     payload = f"__import__('os').system('touch {marker}')"

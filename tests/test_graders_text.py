@@ -75,6 +75,32 @@ def test_last_balanced_boxed_matches_slow_reference() -> None:
     assert text.last_balanced_boxed("\\boxed{\\frac{1}{2}} and \\boxed{3") == "\\frac{1}{2}"
 
 
+def reference_final_answer(s: str) -> text.FinalAnswer | None:
+    """Slow: the regex's last closed tag, and the last box whose brace walk closes, compared by where they end."""
+    tags = list(re.finditer(r"<answer>(.*?)</answer>", s, re.DOTALL))
+    box = None
+    for opener in re.finditer(r"\\boxed\{|\\fbox\{", s):
+        depth = 0
+        for i in range(opener.end() - 1, len(s)):
+            depth += {"{": 1, "}": -1}.get(s[i], 0)
+            if depth == 0:
+                box = (i, s[opener.end() : i])
+                break
+    if box is not None and (not tags or box[0] > tags[-1].start(1)):
+        return text.FinalAnswer(box[1], boxed=True)
+    return text.FinalAnswer(tags[-1].group(1), boxed=False) if tags else None
+
+
+def test_final_answer_matches_slow_reference() -> None:
+    answer_tokens = ["<answer>", "</answer>", "\\boxed{", "\\fbox{", "{", "}", "5", " "]  # dense in tag/box mixes
+    for s in [*TEXTS, *random_texts(4000, seed=4, max_tokens=12, tokens=answer_tokens)]:
+        assert text.final_answer(s) == reference_final_answer(s), s
+    assert text.final_answer("\\boxed{5} then <answer>6</answer>") == ("6", False)  # a later tag wins
+    assert text.final_answer("<answer>\\boxed{5} or \\boxed{6}</answer> 7") == ("6", True)  # a box in the last tag
+    assert text.final_answer("<answer>5</answer> then \\fbox{ }") == (" ", True)  # blank, returned as written
+    assert text.final_answer("5 \\boxed{6") is None
+
+
 SUDOKU_PATTERNS = [
     (d1._sudoku_code_block, r"<answer>.*?```\s*([\d\s]+)```"),
     (d1._sudoku_answer_tag, r"<answer>(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|</answer>)"),

@@ -1,6 +1,7 @@
 """Countdown grading: the harness's robust verdict and d1's verdict, both via the safe evaluator.
 
-Robust extraction: the last balanced ``\\boxed{..}``, else the last ``<answer>..</answer>``, else the whole
+Robust extraction: the final answer (:func:`.text.final_answer`: the later of the last balanced ``\\boxed{..}``
+and the last ``<answer>..</answer>``, so a corrected attempt counts; a blank one is no expression), else the whole
 completion; ``\\times \\cdot × ·`` become ``*``, ``\\div ÷`` become ``/``, ``$`` and ``\\left``/``\\right`` are
 dropped, and an equation ``expr = N`` (or ``N = expr``, or a chain ``expr = ... = N``) is reduced to ``expr``.
 Correct iff the expression's integer literals satisfy the number rule (d1's ``exact`` by default, StableDRL's
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from ..base import GradeResult
 from . import d1
 from .arithmetic import NumberRule, parse_arithmetic, uses_numbers
-from .text import clip, last_answer_tag, last_balanced_boxed
+from .text import clip, final_answer
 
 _REPLACEMENTS = (
     ("\\times", "*"),
@@ -36,11 +37,8 @@ def _is_number(text: str) -> bool:
 
 def extract_expression(completion: str) -> str:
     """The expression a completion proposes (see the module docstring)."""
-    candidate = last_balanced_boxed(completion)
-    if candidate is None:
-        candidate = last_answer_tag(completion)
-    if candidate is None:
-        candidate = completion
+    answer = final_answer(completion)
+    candidate = completion if answer is None else answer.text
     for old, new in _REPLACEMENTS:
         candidate = candidate.replace(old, new)
     sides = [side.strip() for side in candidate.split("=")]

@@ -348,10 +348,16 @@ _SUDOKU_CASCADE = (
 )
 
 
-def extract_sudoku(text: str) -> str:
-    """d1's Sudoku answer: the first cascade pattern with a non-blank group, whitespace removed ("" if none)."""
+def sudoku_answer_text(text: str) -> str | None:
+    """The group of the first cascade pattern that is not blank, as written (None if none)."""
     for pattern in _SUDOKU_CASCADE:
         group = pattern(text)
         if group is not None and group.strip():
-            return "".join(ch for ch in group if not ch.isspace())
-    return ""
+            return group
+    return None
+
+
+def extract_sudoku(text: str) -> str:
+    """d1's Sudoku answer: :func:`sudoku_answer_text` with whitespace removed ("" if none)."""
+    group = sudoku_answer_text(text)
+    return "" if group is None else "".join(ch for ch in group if not ch.isspace())

@@ -1,8 +1,9 @@
 """Grading of final answers for GSM8K, MATH500 and AIME: math-verify (robust) and d1's parser (comparable).
 
 Both verdicts are computed for every completion and recorded. ``GradeResult.correct`` is the math-verify
-verdict (it accepts equivalent forms such as ``\\frac{1}{2}`` vs ``0.5`` and is what this harness reports as
-accuracy); ``details["d1"]`` is d1's verdict, which reproduces how published RL-dLLM numbers were scored.
+verdict on the completion's final answer (it accepts equivalent forms such as ``\\frac{1}{2}`` vs ``0.5`` and is
+what this harness reports as accuracy; :mod:`.mathverify` says which answer counts); ``details["d1"]`` is d1's
+verdict, which reproduces how published RL-dLLM numbers were scored, first-answer and fallback quirks included.
 """
 
 from __future__ import annotations

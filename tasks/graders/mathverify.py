@@ -2,10 +2,14 @@
 
 Two styles are offered:
 
-* ``grader`` (evaluation): the gold answer is parsed as ``\\boxed{gold}``; the prediction text is chosen
-  robustly - the whole completion when it contains a box (``\\boxed`` wins over every other pattern,
-  ``boxed_match_priority=0``, as ``lmeval_decoding.md`` §4.1 recommends), else the last ``<answer>`` tag
-  (parsed both as ``$content$`` and as is), else the whole completion.
+* ``grader`` (evaluation): the gold answer is parsed as ``\\boxed{gold}``; the prediction is the completion's
+  final answer (:func:`.text.final_answer`: the later of the last balanced box and the last closed ``<answer>``
+  tag, so a model that corrects itself is graded on its last attempt). A box is parsed as ``\\boxed{content}``
+  like the gold, a tag's content both as ``$content$`` and as is. A blank final answer (``<answer></answer>``,
+  ``\\boxed{}``) is no answer and is never correct; only a completion with neither a box nor a tag is parsed
+  whole (math-verify then takes its last number or expression). Degree signs (``°``, ``\\degree``) in the gold
+  and the prediction are written ``^{\\circ}``, the spelling math-verify reads as a unit annotation: ``\\boxed{90°}``
+  would otherwise not parse at all.
 * ``stabledrl`` (StableDRL's ``_math_verify_equal`` in ``dataloaders/math.py``): ``verify(parse(gold),
   parse(response))`` with math-verify's default extraction configs on the full response.
 
@@ -22,7 +26,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from .isolation import shared_pool
-from .text import last_answer_tag
+from .text import final_answer
 
 Style = Literal["grader", "stabledrl"]
 
@@ -60,6 +64,20 @@ def math_verify(
 
 
 # ------------------------------------------------------------------------------------- worker side
+# Spellings of the degree sign that math-verify does not parse (a box holding one fails to parse), replaced in this
+# order so that ``^°`` does not become ``^^{\circ}``. ``^\circ`` and ``^{\circ}`` already read as a unit (90 degrees
+# = 90); the braces keep a following letter (``30°C``) from merging into the command name.
+_DEGREE_SPELLINGS = ("^{°}", "^°", "\\textdegree", "\\degree", "°")
+_DEGREE = "^{\\circ}"
+
+
+def normalise_degrees(text: str) -> str:
+    """``90°``, ``90^°`` and ``90\\degree`` -> ``90^{\\circ}``, which math-verify compares as ``90``."""
+    for spelling in _DEGREE_SPELLINGS:
+        text = text.replace(spelling, _DEGREE)
+    return text
+
+
 def _configs() -> list[Any]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
@@ -75,20 +93,22 @@ def _extracted(parsed: list[Any]) -> str | None:
 def _parse_gold(gold: str) -> list[Any]:
     from math_verify import parse
 
-    return parse("\\boxed{" + gold + "}", extraction_config=_configs(), parsing_timeout=None)
+    return parse("\\boxed{" + normalise_degrees(gold) + "}", extraction_config=_configs(), parsing_timeout=None)
 
 
 def prediction_candidates(prediction: str) -> list[str]:
-    """Texts to parse for the ``grader`` style, best first (see the module docstring)."""
-    if "\\boxed" in prediction or "\\fbox" in prediction:
-        return [prediction]
-    answer = last_answer_tag(prediction)
-    if answer is None or not answer.strip():
-        return [prediction]
-    answer = answer.strip()
-    if any(delim in answer for delim in ("$", "\\(", "\\[")):
-        return [answer]
-    return ["$" + answer + "$", answer]
+    """Texts to parse for the ``grader`` style, best first; none for a blank final answer (module docstring)."""
+    answer = final_answer(prediction)
+    if answer is None:
+        return [normalise_degrees(prediction)]
+    content = normalise_degrees(answer.text.strip())
+    if not content:
+        return []
+    if answer.boxed:
+        return ["\\boxed{" + content + "}"]
+    if any(delim in content for delim in ("$", "\\(", "\\[")):
+        return [content]
+    return ["$" + content + "$", content]
 
 
 def _grader(gold: str, prediction: str) -> tuple[bool, str | None]:

@@ -7,6 +7,13 @@ Verdicts: ``correct`` = the predicted grid is *a* valid completion of the puzzle
 column and 2x2 box is a permutation of 1-4) - the right notion for the 124 d1 test puzzles that have several
 solutions; ``score`` = d1's cell accuracy (empty cells filled as in the reference ``solution``), which is what
 published Sudoku numbers report; ``details["exact_match"]`` = the grid equals the reference solution.
+
+The two verdicts read the answer differently. ``score`` keeps d1's regex cascade (first ``<answer>`` block,
+whitespace removed, digits compared cell by cell whatever else the text holds). ``correct`` and
+``exact_match`` read the grid the model commits to (:func:`extract_grid`): its last answer block, written with
+any common separators (``3,1,4,2``, ``[[3,1,4,2],...]``, ``| 3 | 1 | 4 | 2 |`` rows, ``3142 / 4213``, ``31|42``
+rows with ``--+--`` lines, a leading ``Solution:``), but never text that only becomes 16 digits once words or
+other digits are deleted.
 """
 
 from __future__ import annotations
@@ -16,9 +23,14 @@ from itertools import permutations
 
 from ..base import GradeResult
 from . import d1
-from .text import clip
+from .text import clip, last_answer_tag
 
 SIZE = 16
+# What may stand between the digits of a written grid: whitespace and list/table punctuation. Letters, other
+# digits and sentence punctuation may not, so prose is never read as a grid.
+_GRID_SEPARATORS = frozenset(",;/|-+[](){}")
+_LABEL_MAX_CHARS = 40
+_EMPHASIS = "*_#"  # markdown around a label: ``**Solution:**``, ``### Final grid:``
 _UNITS = (
     *[tuple(range(4 * r, 4 * r + 4)) for r in range(4)],  # rows
     *[tuple(range(c, 16, 4)) for c in range(4)],  # columns
@@ -86,21 +98,69 @@ def cell_accuracy(digits: str, puzzle: str, solution: str) -> tuple[int, int]:
     return sum(grid[i] == solution[i] for i in empty), len(empty)
 
 
+def _fenced(text: str) -> str:
+    """The inside of the first triple-backtick fence, else ``text``: a fenced grid may be followed by prose."""
+    start = text.find("```")
+    end = text.find("```", start + 3) if start >= 0 else -1
+    return text[start + 3 : end] if end >= 0 else text
+
+
+def _after_label(text: str) -> str:
+    """The text after the last colon when that colon ends a label line (``Solution:``, ``**Final grid:**``), else
+    ``text``. A label is at most 40 letters and spaces from the start of its line, so it cannot hide digits."""
+    colon = text.rfind(":")
+    if colon < 0:
+        return text
+    label = text[text.rfind("\n", 0, colon) + 1 : colon].strip().strip(_EMPHASIS).strip()
+    if not label or len(label) > _LABEL_MAX_CHARS or not all(ch.isalpha() or ch == " " for ch in label):
+        return text
+    return text[colon + 1 :].lstrip(_EMPHASIS)
+
+
+def read_grid(text: str) -> str | None:
+    """The 16 digits of the one grid ``text`` holds, or None.
+
+    After a fence and a label are taken off, the text must be exactly 16 digits 1-4 once whitespace and
+    :data:`_GRID_SEPARATORS` are removed; anything else (a word, a 0 or 5, a 17th digit, a period) means the
+    text is not just a grid, and deleting it could turn an explanation into a grid the model never wrote.
+    """
+    body = _after_label(_fenced(text))
+    digits = "".join(ch for ch in body if not (ch.isspace() or ch in _GRID_SEPARATORS))
+    return digits if len(digits) == SIZE and set(digits) <= set("1234") else None
+
+
+def extract_grid(completion: str) -> str | None:
+    """The grid a completion commits to, read by :func:`read_grid`, or None.
+
+    The last closed ``<answer>`` block is the answer (a model that corrects itself is graded on its last
+    attempt; a blank block is no answer, with no fallback to other text). Without a closed block, the text d1's
+    cascade picks (an answer cut off at an end-of-text marker, a 16-digit run) is read, else the whole
+    completion (a labelled grid without tags).
+    """
+    text = last_answer_tag(completion)
+    if text is None:
+        text = d1.sudoku_answer_text(completion)
+    return read_grid(completion if text is None else text)
+
+
 def grade_sudoku(completion: str, puzzle: str, solution: str) -> GradeResult:
-    """Verdict for a Sudoku completion, with the answer extracted by d1's regex cascade."""
+    """Verdict for a Sudoku completion: ``correct`` on :func:`extract_grid`, ``score`` on d1's regex cascade."""
     answer = d1.extract_sudoku(completion)
     correct_cells, empty_cells = cell_accuracy(answer, puzzle, solution)
     cell_acc = correct_cells / empty_cells if empty_cells else 0.0
-    valid = is_completion(puzzle, answer)
+    grid = extract_grid(completion)
+    valid = grid is not None and is_completion(puzzle, grid)
+    d1_extracted = clip(answer) if answer else None
     return GradeResult(
         correct=valid,
         score=cell_acc,
-        extracted=clip(answer) if answer else None,
+        extracted=grid if grid is not None else d1_extracted,
         details={
             "valid": valid,
-            "exact_match": answer == solution,
+            "exact_match": grid == solution,
             "d1_cell_accuracy": cell_acc,
             "correct_cells": correct_cells,
             "empty_cells": empty_cells,
+            "d1_extracted": d1_extracted,
         },
     )

@@ -5,7 +5,8 @@ The reference code extracts answers with regular expressions such as ``<answer>(
 unclosed ``<answer>`` or ``\\boxed{`` openers, 100 kB completions) these take quadratic time and cannot be
 interrupted. The functions here return exactly what the reference ``findall``/``search`` calls return, using
 ``str.find`` scans whose total work is linear in the text length; ``tests/test_graders_text.py`` checks the
-equivalence against the original patterns.
+equivalence against the original patterns. :func:`final_answer` builds the harness's own rule (which answer a
+completion commits to) from the same scans.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterator
+from typing import NamedTuple
 
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
@@ -51,10 +53,16 @@ def first_answer_tag(text: str) -> str | None:
     return None if span is None else text[span[0] : span[1]]
 
 
+def _last_answer_tag_span(text: str) -> tuple[int, int] | None:
+    """Content span of the last closed tag (spans, not text, so :func:`final_answer` can order tag and box)."""
+    spans = deque(answer_tag_spans(text), maxlen=1)
+    return spans[0] if spans else None
+
+
 def last_answer_tag(text: str) -> str | None:
     """``re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)[-1]``, or None (unstripped)."""
-    spans = deque(answer_tag_spans(text), maxlen=1)
-    return text[spans[0][0] : spans[0][1]] if spans else None
+    span = _last_answer_tag_span(text)
+    return None if span is None else text[span[0] : span[1]]
 
 
 def split_answer(text: str) -> str:
@@ -95,8 +103,8 @@ def boxed_nongreedy(text: str) -> list[str]:
     return found
 
 
-def last_balanced_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` whose braces balance, or None.
+def _last_balanced_boxed_span(text: str) -> tuple[int, int] | None:
+    """Content span of the last ``\\boxed{...}`` or ``\\fbox{...}`` whose braces balance, or None.
 
     One left-to-right pass pairs every ``{`` with its ``}``; openers whose brace never closes are skipped, so
     an unbalanced trailing box falls back to the previous complete one.
@@ -108,13 +116,41 @@ def last_balanced_boxed(text: str) -> str | None:
             stack.append(match.start())
         elif stack:
             closing[stack.pop()] = match.start()
-    best: tuple[int, str] | None = None
+    best: tuple[int, int, int] | None = None  # opener position, content span
     for opener in _BOX_OPENERS:
         pos = text.rfind(opener)
         while pos >= 0 and (best is None or pos > best[0]):
             brace = pos + len(opener) - 1
             if brace in closing:
-                best = (pos, text[brace + 1 : closing[brace]])
+                best = (pos, brace + 1, closing[brace])
                 break
             pos = text.rfind(opener, 0, pos)
-    return None if best is None else best[1]
+    return None if best is None else (best[1], best[2])
+
+
+def last_balanced_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` whose braces balance, or None (see above)."""
+    span = _last_balanced_boxed_span(text)
+    return None if span is None else text[span[0] : span[1]]
+
+
+class FinalAnswer(NamedTuple):
+    """The answer a completion commits to last: the (unstripped) text, and whether it was boxed."""
+
+    text: str
+    boxed: bool
+
+
+def final_answer(text: str) -> FinalAnswer | None:
+    """The completion's final answer: whichever of the last balanced box and the last closed ``<answer>`` tag
+    comes last, or None when it has neither.
+
+    A model that corrects itself is graded on its last answer, not its first. A box inside the final tag is that
+    tag's answer (the d1 prompts ask for ``<answer>\\boxed{..}</answer>``); a box before it is a superseded
+    attempt. The text is returned as written: callers treat a blank one as "no answer", never as a reason to
+    read other text.
+    """
+    tag, box = _last_answer_tag_span(text), _last_balanced_boxed_span(text)
+    if box is not None and (tag is None or box[1] > tag[0]):  # the box closes inside or after the final tag
+        return FinalAnswer(text[box[0] : box[1]], boxed=True)
+    return None if tag is None else FinalAnswer(text[tag[0] : tag[1]], boxed=False)
