@@ -21,6 +21,11 @@ per sequence); ``clip_frac`` (fraction of ratios whose clip is active: the zero-
 conditional clip, or outside the range of an unconditional one); ``drift`` = mean |log rho| against the rollout
 policy (= mean |Delta ELBO| for StableDRL); ``kl`` (the KL penalty before beta, where there is one);
 ``weight_max`` (StableDRL family); ``adv_abs_mean``.
+
+Precision, the same for every loss and advantage rule: they compute and return in
+``stabledrl_bench.advantages.compute_dtype`` of their inputs, promote_types(input dtypes, float32), so bf16 / fp16
+inputs are upcast to float32 and float64 stays float64. Exponentials of log-ratios never overflow into inf x 0
+(``grpo.scaled_exp``): a term is +-inf only where its exact value is beyond the dtype's range.
 """
 
 from importlib import import_module

@@ -8,7 +8,7 @@
 * The clip-threshold sweep is plain ``stabledrl`` with ``clip_threshold`` in {1, 5, 100, 1000}; it needs no
   class of its own (``build_baseline("stabledrl", clip_threshold=100)``).
 
-Both reuse ``stabledrl.importance_weights`` through the ``StableDRL`` class; their options are StableDRL's.
+Both reuse ``stabledrl.log_importance_weights`` through the ``StableDRL`` class; their options are StableDRL's.
 """
 
 from __future__ import annotations

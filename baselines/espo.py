@@ -20,15 +20,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import leave_one_out_advantage
+from stabledrl_bench.advantages import compute_dtype, leave_one_out_advantage
 from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
 from .grpo import conditional_clip, need, ratio_metrics
 
 
 def k2_kl(log_ratio: torch.Tensor) -> torch.Tensor:
-    """Schulman's k2 estimator 0.5 (log pi_theta - log q)^2, here on sequence ELBOs."""
-    return 0.5 * log_ratio**2
+    """Schulman's k2 estimator 0.5 (log pi_theta - log q)^2, here on sequence ELBOs, in ``compute_dtype``."""
+    return 0.5 * log_ratio.to(compute_dtype(log_ratio)) ** 2
 
 
 def espo_loss(
@@ -41,16 +41,21 @@ def espo_loss(
     epsilon: float = 0.2,
     beta: float = 1e-3,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """ESPO's sequence-level clipped loss (module docstring); all tensors [B], ``gen_length`` = L."""
-    elbo = elbo.float()
-    log_ratio = (elbo - old_elbo.float()) / gen_length
-    objective, clipped = conditional_clip(log_ratio, advantages.float(), epsilon)
+    """ESPO's sequence-level clipped loss (module docstring); all tensors [B], ``gen_length`` = L.
+
+    Computed and returned in ``compute_dtype`` of the inputs; ``conditional_clip`` keeps the clipped branch and
+    A = 0 finite for any finite Delta ELBO, and rho_i A_i is -inf only where it truly exceeds the dtype's range.
+    """
+    dtype = compute_dtype(elbo, old_elbo, ref_elbo, advantages)
+    elbo, advantages = elbo.to(dtype), advantages.to(dtype)
+    log_ratio = (elbo - old_elbo.to(dtype)) / gen_length
+    objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
     loss = -objective.mean()
     metrics: dict[str, float] = {}
     if beta > 0:
         if ref_elbo is None:
             raise ValueError("espo with beta > 0 needs the reference ELBO")
-        kl = k2_kl(elbo - ref_elbo.float()).sum() / (elbo.numel() * gen_length)
+        kl = k2_kl(elbo - ref_elbo.to(dtype)).sum() / (elbo.numel() * gen_length)
         loss = loss + beta * kl
         metrics["kl"] = kl.item()
     metrics |= {

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import group_mean_advantage
+from stabledrl_bench.advantages import compute_dtype, group_mean_advantage
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
@@ -39,7 +39,13 @@ def sandwich_bound(
     omega: float = 0.5,
     logp_estimation: str = "mix",
 ) -> torch.Tensor:
-    """Per-sequence bound [B] with gradient: E_i where A_i > 0, else the ``logp_estimation`` branch."""
+    """Per-sequence bound [B] with gradient: E_i where A_i > 0, else the ``logp_estimation`` branch.
+
+    In ``compute_dtype`` of the ELBO and EUBO (a loss passes the ELBO already in its own compute dtype, which
+    includes the EUBO's, so the bound comes back in that dtype).
+    """
+    dtype = compute_dtype(elbo, eubo)
+    elbo, eubo = elbo.to(dtype), None if eubo is None else eubo.to(dtype)
     if logp_estimation == "elbo":
         negative = elbo
     elif logp_estimation == "zero":
@@ -64,9 +70,14 @@ def spg_loss(
     omega: float = 0.5,
     logp_estimation: str = "mix",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """SPG's length-weighted REINFORCE loss (module docstring); NaN/inf propagate (SPG only warns)."""
-    bound = sandwich_bound(elbo.float(), eubo, advantages, omega=omega, logp_estimation=logp_estimation)
-    weight = lengths.float()
+    """SPG's length-weighted REINFORCE loss (module docstring); NaN/inf propagate (SPG only warns).
+
+    Computed and returned in ``compute_dtype`` of the inputs. There is no ratio, hence no exponential to overflow.
+    """
+    dtype = compute_dtype(elbo, eubo, advantages)
+    advantages = advantages.to(dtype)
+    bound = sandwich_bound(elbo.to(dtype), eubo, advantages, omega=omega, logp_estimation=logp_estimation)
+    weight = lengths.to(dtype)
     loss = -(advantages * bound * weight).sum() / weight.sum().clamp(min=1e-8)
     return loss, {"loss": loss.item(), "adv_abs_mean": advantages.abs().mean().item()}
 

@@ -28,7 +28,7 @@ broken old estimate cannot turn every weight of its group into NaN; and a non-fi
 bound of an A > 0 sample, which uses the ELBO only); the official code holds exactly one group
 per rank per micro-step, so its rank-local softmax is our per-group softmax. With coupled masks at the first
 inner step (E_theta == E_old) every w_i = 1/G and the loss is SPG with per-group mean aggregation (§10.10).
-Ablations (``baselines/ablations.py``) reuse ``importance_weights`` with one of its two ingredients removed.
+Ablations (``baselines/ablations.py``) reuse ``log_importance_weights`` with one of its two ingredients removed.
 """
 
 from __future__ import annotations
@@ -39,14 +39,36 @@ from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import group_index, group_reduce
+from stabledrl_bench.advantages import compute_dtype, group_index, group_reduce
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.registry import BaselineConfig, LossInputs, register_baseline
 
-from .grpo import need, ratio_metrics
+from .grpo import need, ratio_metrics, scaled_exp
 from .spg import SPG, SPGConfig, sandwich_bound
 
 MODES = ("official", "paper")
+
+
+def log_importance_weights(
+    log_ratio: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    clip_low: float = -math.inf,
+    clip_high: float = math.log(5.0),
+    self_normalize: bool = True,
+) -> torch.Tensor:
+    """Detached log sequence weights [B]: log w_i = clamp(log rho_i, clip_low, clip_high) - log Z_g(i).
+
+    ``self_normalize=True``: Z_g = sum_{j in g} clip(rho_j), a group log-softmax computed stably around the group
+    max. ``False`` (the clip-only ablation): Z_g = G, the fixed group size. Kept in log space so that the loss can
+    form w_i A_i without overflow (``scaled_exp``); in ``compute_dtype`` of ``log_ratio``.
+    """
+    clipped = log_ratio.detach().to(compute_dtype(log_ratio)).clamp(clip_low, clip_high)
+    index, num_groups = group_index(group_ids)
+    if self_normalize:
+        top = group_reduce(clipped, index, num_groups, "amax")[index]
+        return clipped - top - group_reduce(torch.exp(clipped - top), index, num_groups, "sum").log()[index]
+    return clipped - torch.bincount(index, minlength=num_groups)[index].to(clipped.dtype).log()
 
 
 def importance_weights(
@@ -59,16 +81,15 @@ def importance_weights(
 ) -> torch.Tensor:
     """Detached sequence weights [B]: exp(clamp(log rho, clip_low, clip_high)) normalised per group.
 
-    ``self_normalize=True``: divide by the group's sum of clipped ratios (a group softmax, computed stably by
-    subtracting the group max). ``False`` (the clip-only ablation): divide by the fixed group size G instead.
+    ``self_normalize=True``: divide by the group's sum of clipped ratios (a group softmax, each group's weights
+    on the simplex). ``False`` (the clip-only ablation): divide by the fixed group size G instead. The exponential
+    of ``log_importance_weights``, in ``compute_dtype`` of ``log_ratio``.
     """
-    clipped = log_ratio.detach().float().clamp(clip_low, clip_high)
-    index, num_groups = group_index(group_ids)
-    if self_normalize:
-        shifted = torch.exp(clipped - group_reduce(clipped, index, num_groups, "amax")[index])
-        return shifted / group_reduce(shifted, index, num_groups, "sum")[index]
-    size = torch.bincount(index, minlength=num_groups)[index]
-    return torch.exp(clipped) / size
+    return torch.exp(
+        log_importance_weights(
+            log_ratio, group_ids, clip_low=clip_low, clip_high=clip_high, self_normalize=self_normalize
+        )
+    )
 
 
 def stabledrl_loss(
@@ -84,17 +105,30 @@ def stabledrl_loss(
     clip_high: float = math.log(5.0),
     self_normalize: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """StableDRL's loss (module docstring): per-sequence tensors [B]; ``elbo``/``eubo`` carry the gradient."""
+    """StableDRL's loss (module docstring): per-sequence tensors [B]; ``elbo``/``eubo`` carry the gradient.
+
+    Computed and returned in ``compute_dtype`` of the inputs. The detached coefficient w_i A_i is formed from
+    log w_i with ``scaled_exp``: exactly 0 for A_i = 0 and finite whenever w_i A_i is. Self-normalised weights are
+    <= 1 and clipped ones <= C / G, so nothing can overflow there; only the clip-only ablation with C beyond the
+    dtype's range (plain unnormalised importance sampling, w_i = rho_i / G) can meet a w_i A_i that truly exceeds
+    the range. Its term is then +-inf, as that method's maths says, except on a bound that is exactly 0 (a zeroed
+    non-finite estimate, or ``logp_estimation="zero"`` for A_i <= 0: constants), where it is the exact 0 rather
+    than inf x 0 = NaN; the gradient of such a term is 0, exact for those constant bounds (a live ELBO of exactly
+    0 would lose its infinite gradient the same way).
+    """
     finite = {"nan": 0.0, "posinf": 0.0, "neginf": 0.0}  # the official code's nan_to_num
-    elbo = elbo.float()
+    dtype = compute_dtype(elbo, eubo, old_elbo, advantages)
+    elbo, advantages = elbo.to(dtype), advantages.to(dtype)
     bound = sandwich_bound(elbo, eubo, advantages, omega=omega, logp_estimation=logp_estimation)
     bound = torch.nan_to_num(bound, **finite)
-    log_ratio = (torch.nan_to_num(elbo, **finite) - torch.nan_to_num(old_elbo.float(), **finite)).detach()
-    weights = importance_weights(
+    log_ratio = (torch.nan_to_num(elbo, **finite) - torch.nan_to_num(old_elbo.to(dtype), **finite)).detach()
+    log_weights = log_importance_weights(
         log_ratio, group_ids, clip_low=clip_low, clip_high=clip_high, self_normalize=self_normalize
     )
     _, num_groups = group_index(group_ids)
-    loss = -(weights * advantages * bound).sum() / num_groups
+    coefficient = scaled_exp(log_weights, advantages)
+    coefficient = torch.where(coefficient.isinf() & (bound == 0), 0.0, coefficient)
+    loss = -(coefficient * bound).sum() / num_groups
     stats = ratio_metrics(log_ratio)
     metrics = {
         "loss": loss.item(),
@@ -102,7 +136,7 @@ def stabledrl_loss(
         "iw_mean": stats["ratio_mean"],  # the official code's log names for the unclipped ratio
         "iw_max": stats["ratio_max"],
         "clip_frac": ((log_ratio < clip_low) | (log_ratio > clip_high)).float().mean().item(),
-        "weight_max": weights.max().item(),
+        "weight_max": log_weights.max().exp().item(),
         "adv_abs_mean": advantages.abs().mean().item(),
     }
     return loss, metrics

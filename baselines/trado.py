@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import group_zscore_advantage
+from stabledrl_bench.advantages import compute_dtype, group_zscore_advantage
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
@@ -47,18 +47,22 @@ def trado_loss(
     """TraceRL's replay loss (module docstring): token tensors [R, L_1] over replay rows, ``advantages`` [R].
 
     As in the official code the log-ratio is zeroed off the targets before the clamp and the exponential, and
-    the KL uses the unclamped difference with the clamp applied inside the exponential only.
+    the KL uses the unclamped difference with the clamp applied inside the exponential only. Computed and
+    returned in ``compute_dtype`` of the inputs. The +-10 clamp keeps rho <= e^10; with ``log_ratio_clamp=inf``
+    ``conditional_clip`` behaves as for GRPO (finite except a genuinely huge rho |A| with A < 0).
     """
+    dtype = compute_dtype(logp, old_logp, advantages)
     mask = mask.bool()
     rows, length = mask.shape
-    raw = torch.where(mask, logp.float() - old_logp.float(), 0.0)
+    advantages = advantages.to(dtype)
+    raw = torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0)
     log_ratio = raw.clamp(-log_ratio_clamp, log_ratio_clamp)
-    objective, clipped = conditional_clip(log_ratio, advantages.float()[:, None], epsilon)
+    objective, clipped = conditional_clip(log_ratio, advantages[:, None], epsilon)
     policy_sum = torch.where(mask, objective, 0.0).sum(dim=1)
     if normalize == "length":
         policy_norm = kl_norm = torch.full_like(policy_sum, float(length))
     elif normalize == "targets":
-        policy_norm, kl_norm = mask.sum(dim=1).clamp(min=1).float(), torch.ones_like(policy_sum)
+        policy_norm, kl_norm = mask.sum(dim=1).clamp(min=1).to(dtype), torch.ones_like(policy_sum)
     else:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     loss = -(policy_sum / policy_norm).sum() / rows

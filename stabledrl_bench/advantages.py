@@ -14,11 +14,28 @@ function                       A_i                                        used b
 
 A singleton group has advantage 0 under every rule: there is nothing to compare against (for leave-one-out
 the mean over the empty set is undefined; 0 is the value that makes the sample contribute no gradient).
+
+``compute_dtype`` is the one precision rule of every advantage rule here and of every loss in ``baselines/``
+(which import it from this module, the lowest one they all share).
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """The dtype an advantage rule or loss computes in and returns: promote_types(input dtypes..., float32).
+
+    Half-precision inputs (bf16 / fp16) are upcast to float32, as the official trainers do before their losses;
+    float32 stays float32 and float64 stays float64, so a caller never gets less precision than it passed in, and
+    integer or bool inputs (rewards, correctness flags) give float32. ``None`` entries (optional inputs) are skipped.
+    """
+    dtype = torch.float32
+    for tensor in tensors:
+        if tensor is not None:
+            dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
 
 
 def group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -44,8 +61,9 @@ def _check(values: torch.Tensor, group_ids: torch.Tensor, what: str) -> None:
 
 
 def group_mean_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """A_i = r_i - (1/G) sum_{j in g(i)} r_j  (d1, SPG, StableDRL: no std division)."""
+    """A_i = r_i - (1/G) sum_{j in g(i)} r_j  (d1, SPG, StableDRL: no std division), in ``compute_dtype``."""
     _check(rewards, group_ids, "rewards")
+    rewards = rewards.to(compute_dtype(rewards))
     index, num_groups = group_index(group_ids)
     mean = group_reduce(rewards, index, num_groups, "mean")
     return rewards - mean[index]
@@ -54,9 +72,11 @@ def group_mean_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torc
 def leave_one_out_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """A_i = r_i - (1/(G-1)) sum_{j in g(i), j != i} r_j  (ESPO, RLOO); 0 for a singleton group.
 
-    Written as (G r_i - S_g) / (G - 1) with S_g the group sum, which is the same number without a loop.
+    Written as (G r_i - S_g) / (G - 1) with S_g the group sum, which is the same number without a loop; in
+    ``compute_dtype``.
     """
     _check(rewards, group_ids, "rewards")
+    rewards = rewards.to(compute_dtype(rewards))
     index, num_groups = group_index(group_ids)
     total = group_reduce(rewards, index, num_groups, "sum")[index]
     size = torch.bincount(index, minlength=num_groups)[index].to(rewards.dtype)
@@ -73,7 +93,8 @@ def group_zscore_advantage(
     (sqrt(p_g (1 - p_g)) for 0/1 values); A = 0 for every member when sigma_g = 0 (all equal).
     ``keep`` [B] bool is False for every member of a group whose accuracy lies outside
     ``[keep_range[0], keep_range[1]]`` (bounds inclusive, as ``p > 0.8 or p < 0.2`` drops a group).
-    The accuracy is compared in float64 so that e.g. 1/5 == 0.2 exactly as in the Python original.
+    The accuracy is compared in float64 so that e.g. 1/5 == 0.2 exactly as in the Python original; the
+    advantages are returned in ``compute_dtype(correct)`` (float32 for bool or 0/1 flags, float64 stays float64).
     """
     _check(correct, group_ids, "correct")
     c = correct.to(torch.float64)
@@ -85,4 +106,4 @@ def group_zscore_advantage(
     std = group_reduce((c - p) ** 2, index, num_groups, "mean").sqrt()[index]
     adv = torch.where(std > 0, (c - p) / std.clamp(min=torch.finfo(c.dtype).tiny), torch.zeros_like(c))
     keep = (p >= low) & (p <= high)
-    return adv.to(torch.get_default_dtype()), keep
+    return adv.to(compute_dtype(correct)), keep

@@ -69,3 +69,43 @@ def test_zscore_custom_range_and_bad_input() -> None:
         group_zscore_advantage(torch.tensor([0.5, 1.0]), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="equal length"):
         group_mean_advantage(torch.zeros(3), torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("rule", [group_mean_advantage, leave_one_out_advantage])
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+        (torch.int64, torch.float32),
+    ],
+)
+def test_advantages_compute_in_at_least_the_input_precision(rule, dtype: torch.dtype, expected: torch.dtype) -> None:
+    """promote_types(dtype, float32): half precision and integer rewards are upcast before the group means (integer
+    rewards 1, 2 give -0.5, 0.5, not a truncated integer mean), float64 stays float64."""
+    rewards = torch.tensor([1, 2, 0, 4, 2, 7, 1, 2]).to(dtype)
+    ids = torch.cat([IDS, torch.tensor([11, 11])])
+    out = rule(rewards, ids)
+    assert out.dtype == expected
+    assert torch.equal(out, rule(rewards.to(expected), ids))
+    assert out[-2:].tolist() == ([-0.5, 0.5] if rule is group_mean_advantage else [-1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [
+        (torch.bool, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+    ],
+)
+def test_zscore_returns_at_least_the_input_precision(dtype: torch.dtype, expected: torch.dtype) -> None:
+    correct, ids = torch.tensor([1, 0, 0, 1, 1]).to(dtype), torch.tensor([0, 0, 0, 1, 1])
+    adv, _ = group_zscore_advantage(correct, ids)
+    assert adv.dtype == expected
+    torch.testing.assert_close(
+        adv, torch.tensor([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0]).to(expected)
+    )

@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 
+from stabledrl_bench.advantages import compute_dtype
 from stabledrl_bench.baselines.espo import espo_loss, k2_kl
-from stabledrl_bench.baselines.grpo import grpo_loss, k3_kl
-from stabledrl_bench.baselines.spg import spg_loss
-from stabledrl_bench.baselines.stabledrl import importance_weights, stabledrl_loss
+from stabledrl_bench.baselines.grpo import conditional_clip, grpo_loss, k3_kl, scaled_exp
+from stabledrl_bench.baselines.spg import sandwich_bound, spg_loss
+from stabledrl_bench.baselines.stabledrl import importance_weights, log_importance_weights, stabledrl_loss
 from stabledrl_bench.baselines.trado import trado_loss
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.estimators import Estimate
@@ -354,3 +355,211 @@ def test_loss_options_validated() -> None:
         build_baseline("grpo").loss(
             LossInputs(Estimate(), None, None, torch.zeros(1), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1))
         )
+
+
+# ------------------------------------------------------------------------------------------ precision and overflow
+# Every built-in baseline through its registered class, on one set of inputs that carries every estimate any of them
+# reads: two groups of two sequences, three token positions, a completion canvas of width 1 (so ESPO's L = 1 and its
+# log-ratio Delta ELBO / L equals StableDRL's Delta ELBO). Group 0 gets advantage ``adv`` and log-ratio ``x`` on
+# every token and sequence; group 1 is ordinary (A = +-0.5). Values are dyadic, hence exact in bf16 / fp16 too.
+BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only")
+UNCLAMPED = {"trado": {"log_ratio_clamp": math.inf}, "stabledrl_clip_only": {"clip_threshold": math.inf}}
+HUGE = [(torch.float64, 100.0), (torch.float64, 500.0), (torch.float64, 1000.0), (torch.float32, 100.0)]
+
+
+def _inputs(dtype: torch.dtype, x: float = 0.0, adv: float = 0.0) -> LossInputs:
+    def t(values: list, grad: bool = False) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, requires_grad=grad)
+
+    shift = t([x, x, 0.25, -0.125])
+    logp = t([[-1.0, -0.5, -2.0], [-0.75, -1.25, -0.25], [-1.5, -0.375, -1.0], [-0.25, -2.25, -1.125]], grad=True)
+    elbo, eubo = t([-3.0, -2.5, -4.0, -1.5], grad=True), t([-2.0, -2.0, -3.0, -1.0], grad=True)
+    return LossInputs(
+        new=Estimate(token_logp=logp, token_mask=torch.ones(4, 3, dtype=torch.bool), elbo=elbo, eubo=eubo),
+        old=Estimate(token_logp=logp.detach() - shift[:, None], elbo=elbo.detach() - shift),
+        ref=Estimate(token_logp=logp.detach() - 0.125, elbo=elbo.detach() - 0.5),
+        advantages=t([adv, adv, 0.5, -0.5]),
+        completion_mask=torch.ones(4, 1, dtype=torch.bool),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+    )
+
+
+def _loss_and_grads(name: str, inputs: LossInputs, **options: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The baseline's loss and its gradients with respect to every current-policy estimate it uses."""
+    leaves = [inputs.new.token_logp, inputs.new.elbo, inputs.new.eubo]
+    loss, _ = build_baseline(name, **options).loss(inputs)
+    return loss, [g for g in torch.autograd.grad(loss, leaves, allow_unused=True) if g is not None]
+
+
+def _finite(loss: torch.Tensor, grads: list[torch.Tensor]) -> bool:
+    return bool(torch.isfinite(loss)) and all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_compute_dtype_rule() -> None:
+    f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+    cases = [((bf16,), f32), ((f16,), f32), ((f32,), f32), ((f64,), f64), ((bf16, f64), f64), ((torch.bool,), f32)]
+    for dtypes, expected in cases:
+        assert compute_dtype(*(torch.zeros(1, dtype=d) for d in dtypes), None) == expected
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_every_loss_computes_and_returns_at_least_the_input_precision(name: str, dtype: torch.dtype) -> None:
+    """float64 in -> float64 out; bf16 / fp16 in -> computed in float32: the very number float32 inputs give."""
+    beta = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01}.get(name, 0.0)  # the KL terms too
+    loss, grads = _loss_and_grads(name, _inputs(dtype, x=0.5, adv=1.0), beta=beta)
+    single, _ = _loss_and_grads(name, _inputs(torch.float32, x=0.5, adv=1.0), beta=beta)
+    assert loss.dtype == torch.promote_types(dtype, torch.float32) and all(g.dtype == dtype for g in grads)
+    if dtype == torch.float64:
+        torch.testing.assert_close(loss.float(), single, rtol=1e-6, atol=1e-7)
+    else:
+        assert torch.equal(loss, single)
+
+
+def test_building_blocks_return_the_compute_dtype() -> None:
+    groups = torch.zeros(2, dtype=torch.long)
+    for dtype, expected in ((torch.bfloat16, torch.float32), (torch.float32, torch.float32), (torch.float64,) * 2):
+        x, a = torch.tensor([0.25, -0.125], dtype=dtype), torch.tensor([1.0, -1.0], dtype=dtype)
+        outputs = [conditional_clip(x, a, 0.2)[0], k3_kl(x), k2_kl(x), sandwich_bound(x, x, a)]
+        outputs += [importance_weights(x, groups), log_importance_weights(x, groups)]
+        assert all(out.dtype == expected for out in outputs)
+
+
+def _textbook_ppo(log_ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """min(rho A, clip(rho, 1 - eps, 1 + eps) A) as written in the papers (and as this code computed it before)."""
+    ratio = torch.exp(log_ratio)
+    return torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conditional_clip_equals_the_textbook_min_on_ordinary_inputs(dtype: torch.dtype) -> None:
+    """Bit for bit, value and gradient, wherever rho is representable: only the overflow behaviour changed."""
+    gen = torch.Generator().manual_seed(3)
+    for eps in (0.2, 0.5):
+        log_ratio = (torch.randn(64, 8, generator=gen) * 2).to(dtype)
+        adv = torch.randn(64, 1, generator=gen).to(dtype)
+        adv[::7] = 0.0
+        x, x_ref = log_ratio.clone().requires_grad_(), log_ratio.clone().requires_grad_()
+        objective, _ = conditional_clip(x, adv, eps)
+        expected = _textbook_ppo(x_ref, adv, eps)
+        assert torch.equal(objective, expected)
+        weights = torch.randn(objective.shape, generator=gen).to(dtype)
+        (grad,) = torch.autograd.grad((objective * weights).sum(), x)
+        (expected_grad,) = torch.autograd.grad((expected * weights).sum(), x_ref)
+        assert torch.equal(grad, expected_grad)
+
+
+@pytest.mark.parametrize("self_normalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_space_weights_equal_the_plain_normalisation(self_normalize: bool, dtype: torch.dtype) -> None:
+    """exp(log w) = clip(rho) / sum_g clip(rho) (or / G) to rounding, for ratios well inside the range."""
+    gen = torch.Generator().manual_seed(4)
+    log_ratio, groups = (torch.randn(24, generator=gen) * 3).to(dtype), torch.randint(0, 5, (24,), generator=gen)
+    clipped = torch.exp(log_ratio.clamp(max=math.log(5.0)))
+    index = torch.unique(groups, return_inverse=True)[1]
+    summed = clipped if self_normalize else torch.ones_like(clipped)
+    norm = torch.zeros(int(index.max()) + 1, dtype=dtype).index_add(0, index, summed)
+    weights = importance_weights(log_ratio, groups, self_normalize=self_normalize)
+    tol = {"rtol": 1e-6, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 1e-14, "atol": 1e-15}
+    torch.testing.assert_close(weights, clipped / norm[index], **tol)
+
+
+@pytest.mark.parametrize(
+    ("log_scale", "factor", "dtype", "expected"),
+    [
+        (100.0, 1e-30, torch.float32, math.exp(100.0) * 1e-30),  # e^100 overflows float32, the product does not
+        (100.0, -1e-30, torch.float32, -math.exp(100.0) * 1e-30),
+        (1000.0, 1e-300, torch.float64, math.exp(1000.0 + math.log(1e-300))),
+        (1000.0, 0.0, torch.float64, 0.0),  # was inf x 0 = NaN
+        (1000.0, -1.0, torch.float64, -math.inf),  # the product itself is beyond float64's range
+        (5.0, 2.0, torch.float32, math.exp(5.0) * 2.0),
+    ],
+)
+def test_scaled_exp(log_scale: float, factor: float, dtype: torch.dtype, expected: float) -> None:
+    x = torch.tensor([log_scale], dtype=dtype, requires_grad=True)
+    value = scaled_exp(x, torch.tensor([factor], dtype=dtype))
+    (grad,) = torch.autograd.grad(value.sum(), x)  # d/dx a e^x = a e^x
+    assert value.dtype == dtype and not torch.isnan(value).any() and not torch.isnan(grad).any()
+    if math.isinf(expected) or expected == 0:
+        assert value.item() == expected and grad.item() == expected
+    else:
+        assert close(value.item(), expected, 1e-5) and close(grad.item(), expected, 1e-5)
+    if log_scale < 80:  # ordinary inputs: exactly the plain product
+        assert torch.equal(value, torch.exp(x.detach()) * factor)
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize(("dtype", "x"), HUGE)
+def test_zero_advantage_contributes_exactly_zero_at_huge_ratios(name: str, dtype: torch.dtype, x: float) -> None:
+    """A = 0 with rho = e^x far beyond the dtype's range (every clamp removed): loss and gradient are exactly those
+    of rho = 1, where they used to be NaN (inf x 0)."""
+    options = {"beta": 0.0, **UNCLAMPED.get(name, {})}
+    loss, grads = _loss_and_grads(name, _inputs(dtype, x=x), **options)
+    calm, calm_grads = _loss_and_grads(name, _inputs(dtype), **options)
+    assert _finite(loss, grads) and torch.equal(loss, calm)
+    assert all(torch.equal(g, c) for g, c in zip(grads, calm_grads, strict=True))
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize(("dtype", "x"), HUGE)
+def test_clipped_branch_stays_finite_at_huge_ratios(name: str, dtype: torch.dtype, x: float) -> None:
+    """A > 0 and rho = e^x: the PPO clip (GRPO, ESPO, TraDo, also unclamped) or StableDRL's clip / self-normalisation
+    caps the term, so loss and gradient equal those of rho = e^5 (clipped as well), where the gradient used to be
+    NaN (0 x inf through the discarded branch). Group 0's two samples share the ratio, so their weights are 1/2."""
+    for options in ({"beta": 0.0}, {"beta": 0.0, **UNCLAMPED.get(name, {})}):
+        if options.get("clip_threshold") == math.inf:
+            continue  # unclipped and unnormalised: rho A / G is the weight itself, see the overflow test below
+        loss, grads = _loss_and_grads(name, _inputs(dtype, x=x, adv=1.0), **options)
+        calm, calm_grads = _loss_and_grads(name, _inputs(dtype, x=5.0, adv=1.0), **options)
+        assert _finite(loss, grads) and torch.equal(loss, calm)
+        assert all(torch.equal(g, c) for g, c in zip(grads, calm_grads, strict=True))
+
+
+def test_zero_bound_under_an_infinite_weight_contributes_exactly_zero() -> None:
+    """Clip-only with C = inf and logp_estimation="zero": the A < 0 samples' bound is the constant 0, so however far
+    beyond the range their weight rho / G is, they contribute 0 (not inf x 0 = NaN), with zero gradient."""
+    options = {"clip_threshold": math.inf, "logp_estimation": "zero"}
+    for dtype, x in HUGE:
+        loss, grads = _loss_and_grads("stabledrl_clip_only", _inputs(dtype, x=x, adv=-1.0), **options)
+        calm, calm_grads = _loss_and_grads("stabledrl_clip_only", _inputs(dtype, adv=-1.0), **options)
+        assert _finite(loss, grads) and torch.equal(loss, calm)
+        assert all(torch.equal(g, c) for g, c in zip(grads, calm_grads, strict=True))
+
+
+# Loss / e^t when group 0 has A = -e^(t - x): GRPO -(1/12) sum over 6 tokens of rho A; ESPO -(1/4) sum over two
+# sequences; TraDo (length) -(1/4) sum of the two rows' (1/3) sum of 3 tokens; clip-only with C = inf:
+# -(1/2) sum_i (rho / 2) A_i bound_i, bounds mix(-2, -3) = -2.5 and mix(-2, -2.5) = -2.25.
+PASSING_FACTOR = {"grpo": 0.5, "espo": 0.5, "trado": 0.5, "stabledrl_clip_only": -0.25 * 4.75}
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize(("dtype", "x"), HUGE)
+def test_unclipped_term_is_finite_when_its_value_is(name: str, dtype: torch.dtype, x: float) -> None:
+    """A < 0 and rho = e^x beyond the range, but rho |A| = e^t representable (t = 20 below the dtype's log max):
+    the passing term is the finite number it is, not inf (nor NaN), for the methods that let it pass."""
+    t = min(x, math.log(torch.finfo(dtype).max) - 20)
+    options = {"beta": 0.0, **UNCLAMPED.get(name, {})}
+    loss, grads = _loss_and_grads(name, _inputs(dtype, x=x, adv=-math.exp(t - x)), **options)
+    assert _finite(loss, grads)
+    if name in PASSING_FACTOR:
+        assert close(loss.item() / math.exp(t), PASSING_FACTOR[name], 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "adv", "sign"),
+    [
+        ("grpo", -1, 1),
+        ("espo", -1, 1),
+        ("trado", -1, 1),
+        ("stabledrl_clip_only", -1, -1),
+        ("stabledrl_clip_only", 1, 1),
+    ],
+)
+def test_exploding_term_beyond_the_range_is_inf_not_nan(name: str, adv: float, sign: int) -> None:
+    """rho |A| = e^1000 / N exceeds float64 (all clamps removed): the passing term, hence the loss, is +-inf as the
+    method's maths says (PPO with A < 0: -rho A > 0; clip-only with C = inf: -(rho / G) A bound with bound < 0), its
+    gradient is +-inf, and nothing is NaN."""
+    inputs = _inputs(torch.float64, x=1000.0, adv=adv)
+    loss, grads = _loss_and_grads(name, inputs, beta=0.0, **UNCLAMPED.get(name, {}))
+    assert loss.item() == sign * math.inf
+    assert all(not torch.isnan(g).any() for g in grads) and any(torch.isinf(g).any() for g in grads)
