@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stabledrl_bench.tasks import Task, get_task
-from stabledrl_bench.tasks.graders.mathverify import math_verify
+from stabledrl_bench.tasks.graders.mathverify import math_verify, warm_up
 from stabledrl_bench.tasks.gsm8k import GSM8KTask
 
 LIMIT_S = 2.0
@@ -64,7 +64,7 @@ def make_task(name: str) -> Task:
 def test_adversarial_completions(task_name: str, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     task, doc = make_task(task_name), DOCS[task_name]
-    assert math_verify("1", "\\boxed{1}").correct  # warm workers
+    warm_up()
     slow = {}
     for name, completion in adversarial(marker).items():
         start = time.monotonic()
@@ -94,7 +94,7 @@ def test_hard_limits_hold_for_a_stream_of_hostile_answers_on_a_busy_machine() ->
     limit, slack = 0.5, 0.5
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
-        assert math_verify("1", "\\boxed{1}").correct  # a warm pool, as in every other test here
+        warm_up()  # a warm pool, as in every other test here
         times, timed_out = [], []
         for i in range(10):
             answer = "\\boxed{1}" if i % 5 == 4 else "\\boxed{9^{9^{9^{9}}}}"

@@ -11,9 +11,10 @@ re-imported and no global start-method or fork-server state is touched. A worker
 a pool keeps ``size`` of them warm. After a kill, the replacement is started immediately in the background, so
 the next call normally finds a ready worker and only the overrunning call pays its limit.
 
-The limit holds end to end: waiting for a free worker, and for a replacement that is still starting (importing
-sympy takes seconds on a busy machine), counts against the call's deadline. Only the pool's first start in a
-process is waited for without a limit, since nothing could be graded before it.
+The limit holds end to end for each answer: from the moment a call gets its worker, waiting for that worker to
+finish starting (a replacement importing sympy takes seconds on a busy machine) counts against the call's limit.
+Queueing behind other callers' answers for a free worker does not (that is throughput, not this answer's cost),
+nor does the pool's first start in a process, since nothing could be graded before it.
 
 Protocol: the child imports a *registry* module that maps names to functions (``ISOLATED_FUNCTIONS``) and may
 define a warm-up hook (``isolated_warmup``); requests are pickled ``(name, args)`` tuples over the child's
@@ -143,17 +144,14 @@ class IsolatedPool:
             self._idle = [_Worker(self.registry) for _ in range(self.size)]
             self._warm = False
 
-    def _acquire(self, deadline: float) -> _Worker | None:
-        """A free worker, preferring started ones; None if none is free by ``deadline`` (once the pool is warm)."""
+    def _acquire(self) -> _Worker:
+        """A free worker (waiting for one as long as it takes), preferring one that has started."""
         with self._cond:
             self._check_owner()
             if self._closed:
                 raise RuntimeError("isolated pool is closed")
             while not self._idle:
-                remaining = deadline - time.monotonic()
-                if self._warm and remaining <= 0:
-                    return None
-                self._cond.wait(remaining if self._warm else None)
+                self._cond.wait()
             # prefer a started worker, so a call made right after a kill does not wait for the replacement
             worker = next((w for w in self._idle if w.has_started()), self._idle[0])
             self._idle.remove(worker)
@@ -168,18 +166,16 @@ class IsolatedPool:
             self._cond.notify()
 
     def call(self, func: str, *args: Any, timeout_s: float) -> IsolatedResult:
-        """Run ``func(*args)`` in a worker, killing it if it overruns; returns within ``timeout_s`` (plus a kill).
+        """Run ``func(*args)`` in a worker, killing it if it overruns its ``timeout_s`` limit.
 
-        Waiting for a free worker, or for one that is still starting, counts against the limit: a call that finds
-        no ready worker in time is a ``timeout`` that never ran (``error`` says so). Only the pool's first start
-        in this process is waited for in full.
+        The limit runs from the moment the call has a worker: if that worker is still starting, the wait counts,
+        and a call whose worker is not ready in time is a ``timeout`` that never ran (``error`` says so). Only
+        the pool's first start in this process is waited for in full.
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        worker = self._acquire()
         deadline = time.monotonic() + timeout_s
-        worker = self._acquire(deadline)
-        if worker is None:
-            return IsolatedResult("timeout", error=f"no free worker within {timeout_s:g} s")
         replace = True  # unless the call ends normally below
         try:
             cold = not self._warm
@@ -203,6 +199,15 @@ class IsolatedPool:
                 worker.kill()
                 worker = _Worker(self.registry)
             self._release(worker)
+
+    def wait_until_ready(self) -> None:
+        """Block until every idle worker has started (e.g. before timing calls); replacements included."""
+        with self._cond:
+            self._check_owner()
+            idle = list(self._idle)
+        for worker in idle:
+            worker.wait_ready(self.startup_timeout_s, startup_timeout_s=self.startup_timeout_s)
+        self._warm = True
 
     def close(self) -> None:
         """Stop all idle workers now; busy ones are stopped when their call returns."""

@@ -63,6 +63,11 @@ def math_verify(
     return MathVerifyOutcome(False, None, timed_out=result.status == "timeout", error=result.error)
 
 
+def warm_up() -> None:
+    """Start the worker processes now and wait for them (their start-up is a one-off cost per process)."""
+    shared_pool(__name__).wait_until_ready()
+
+
 # ------------------------------------------------------------------------------------- worker side
 # Spellings of the degree sign that math-verify does not parse (a box holding one fails to parse), replaced in this
 # order so that ``^°`` does not become ``^^{\circ}``. ``^\circ`` and ``^{\circ}`` already read as a unit (90 degrees
