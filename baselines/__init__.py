@@ -1,4 +1,4 @@
-"""Built-in baselines: importing this package registers every one of them (``stabledrl_bench.registry``).
+"""Built-in baselines: importing this package registers every one of them (``stabledrl_bench.core.registry``).
 
 One file per method, each = a pure loss function with the official formula in its docstring + a small
 registered ``Baseline`` subclass (Config, estimator, advantages, loss):
@@ -23,7 +23,7 @@ policy (= mean |Delta ELBO| for StableDRL); ``kl`` (the KL penalty before beta, 
 ``weight_max`` (StableDRL family); ``adv_abs_mean``.
 
 Precision, the same for every loss and advantage rule: they compute and return in
-``stabledrl_bench.advantages.compute_dtype`` of their inputs, promote_types(input dtypes, float32), so bf16 / fp16
+``stabledrl_bench.core.advantages.compute_dtype`` of their inputs, promote_types(input dtypes, float32), so bf16 / fp16
 inputs are upcast to float32 and float64 stays float64. Exponentials of log-ratios never overflow into inf x 0
 (``grpo.scaled_exp``): a term is +-inf only where its exact value is beyond the dtype's range.
 """

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import compute_dtype, leave_one_out_advantage
-from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.advantages import compute_dtype, leave_one_out_advantage
+from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
 from .grpo import conditional_clip, need, ratio_metrics
 

@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import compute_dtype, group_mean_advantage
-from stabledrl_bench.estimators import Estimate
-from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.advantages import compute_dtype, group_mean_advantage
+from stabledrl_bench.core.estimators import Estimate
+from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
 
 def scaled_exp(log_scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import compute_dtype, group_mean_advantage
+from stabledrl_bench.core.advantages import compute_dtype, group_mean_advantage
+from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
 from .grpo import need
 

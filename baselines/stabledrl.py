@@ -39,9 +39,9 @@ from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import compute_dtype, group_index, group_reduce
+from stabledrl_bench.core.advantages import compute_dtype, group_index, group_reduce
+from stabledrl_bench.core.registry import BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.registry import BaselineConfig, LossInputs, register_baseline
 
 from .grpo import need, ratio_metrics, scaled_exp
 from .spg import SPG, SPGConfig, sandwich_bound

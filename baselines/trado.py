@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.advantages import compute_dtype, group_zscore_advantage
+from stabledrl_bench.core.advantages import compute_dtype, group_zscore_advantage
+from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.registry import Baseline, BaselineConfig, LossInputs, register_baseline
 
 from .grpo import conditional_clip, k3_kl, need, per_row, ratio_metrics
 

@@ -14,9 +14,9 @@ import argparse
 import torch
 from timing import best_time
 
-from stabledrl_bench.estimators import SequenceBatch, build_estimator
-from stabledrl_bench.models import build_tiny
-from stabledrl_bench.sampling import DecodeSettings, generate
+from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.core.sampling import DecodeSettings, generate
 
 ESTIMATORS = {
     "d1_one_step": {},

@@ -13,8 +13,8 @@ import argparse
 import torch
 from timing import best_time
 
-from stabledrl_bench.models import build_tiny
-from stabledrl_bench.sampling import GenerationOutput, block_diffusion_generate
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.core.sampling import GenerationOutput, block_diffusion_generate
 
 
 def main() -> None:

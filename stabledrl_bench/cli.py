@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import CommandParser, UserError, positive_int, require_folder
+from stabledrl_bench.errors import CommandParser, UserError, positive_int, require_folder
 
 
 def _add_reproduce(sub) -> None:
@@ -128,18 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_list(args) -> int:
     if args.what == "baselines":
-        from .registry import available_baselines
+        from stabledrl_bench.core.registry import available_baselines
 
         for name, cls in available_baselines().items():
             print(f"{name:26s} {cls.description}")
     elif args.what == "tasks":
-        from .tasks import TASKS
+        from stabledrl_bench.tasks import TASKS
 
         for name, cls in TASKS.items():
             doc = (cls.__doc__ or "").strip().splitlines()
             print(f"{name:12s} {doc[0] if doc else ''}")
     else:
-        from .protocols import PROTOCOLS
+        from stabledrl_bench.evaluation.protocols import PROTOCOLS
 
         for name, proto in PROTOCOLS.items():
             print(f"{name:18s} {proto.description}")
@@ -148,7 +148,7 @@ def _cmd_list(args) -> int:
 
 def _load_config(cls, args, overrides: dict):
     """``--config`` file (if any) with command-line overrides on top; every mistake is a one-line UserError."""
-    from .config import from_dict
+    from stabledrl_bench.config import from_dict
 
     if args.config:
         return cls.from_file(args.config, **overrides)
@@ -156,7 +156,7 @@ def _load_config(cls, args, overrides: dict):
 
 
 def _cmd_train(args) -> int:
-    from .trainer import RLTrainer, TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 
     fields = ("baseline", "task", "model", "output_dir", "seed")
     cfg = _load_config(TrainConfig, args, {name: getattr(args, name) for name in fields})
@@ -171,7 +171,7 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_sft(args) -> int:
-    from .sft import SFTConfig, run_sft
+    from stabledrl_bench.training.sft import SFTConfig, run_sft
 
     fields = ("task", "model", "output_dir", "max_steps", "seed")
     cfg = _load_config(SFTConfig, args, {name: getattr(args, name) for name in fields})
@@ -180,12 +180,12 @@ def _cmd_sft(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from .evaluation import evaluate_and_record, model_record
-    from .models.backends import load_model_spec
-    from .protocols import get_protocol
-    from .registry import get_baseline
-    from .results import TABLE1_LENGTHS
-    from .tasks import get_task
+    from stabledrl_bench.core.models.backends import load_model_spec
+    from stabledrl_bench.core.registry import get_baseline
+    from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+    from stabledrl_bench.evaluation.protocols import get_protocol
+    from stabledrl_bench.reporting.results import TABLE1_LENGTHS
+    from stabledrl_bench.tasks import get_task
 
     # Everything cheap is checked before the model loads.
     get_task(args.task)
@@ -235,8 +235,8 @@ def _cmd_eval(args) -> int:
 def _cmd_check_model(args) -> int:
     import torch
 
-    from .models.backends import load_model_spec
-    from .models.probes import model_facts, run_probes
+    from stabledrl_bench.core.models.backends import load_model_spec
+    from stabledrl_bench.core.models.probes import model_facts, run_probes
 
     if args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
@@ -274,8 +274,8 @@ def _run_budget(run: Path) -> dict:
 
 
 def _cmd_leaderboard(args) -> int:
-    from .leaderboard import write_leaderboard
-    from .stress import stability_section
+    from stabledrl_bench.experiments.stress import stability_section
+    from stabledrl_bench.reporting.leaderboard import write_leaderboard
 
     if Path(args.out).is_dir():
         raise UserError(f"--out {args.out} is a directory; give the markdown file to write")
@@ -288,7 +288,7 @@ def _cmd_leaderboard(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from .verify import verify_results
+    from stabledrl_bench.evaluation.verify import verify_results
 
     summary = verify_results(args.results, weights=not args.no_weights, redecode=args.redecode or 0)
     if summary["failed"]:
@@ -298,14 +298,14 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_grade(args) -> int:
-    from .tasks.grade_file import main as grade_main
+    from stabledrl_bench.tasks.grade_file import main as grade_main
 
     argv = ["--task", args.task, "--input", args.input] + (["--output", args.output] if args.output else [])
     return grade_main(argv)
 
 
 def _cmd_reproduce(args) -> int:
-    from .reproduce import reproduce
+    from stabledrl_bench.experiments.reproduce import reproduce
 
     require_folder(args.results, "--results")
     require_folder(args.runs, "--runs")
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["stress"]:
-            from .stress import main as stress_main
+            from stabledrl_bench.experiments.stress import main as stress_main
 
             return stress_main(argv[1:])
         args = build_parser().parse_args(argv)

@@ -7,6 +7,8 @@ never be silently ignored and never surface as a traceback deep inside the train
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import types
 import typing
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from .errors import UserError
+from stabledrl_bench.errors import UserError
 
 T = TypeVar("T")
 
@@ -93,6 +95,23 @@ def require_positive(**values: int | None) -> None:
     for name, value in values.items():
         if value is not None and value < 1:
             raise UserError(f"{name} must be positive, got {value}")
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal data, equal text (the input of :func:`stable_hash`)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def stable_hash(value: Any) -> str:
+    """``sha256(canonical JSON)[:12]``: key order and whitespace do not change it, any value does.
+
+    Identifies a configuration (a training budget, an experiment) in records and folder names.
+    """
+    try:
+        text = canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"cannot hash {type(value).__name__}: not plain JSON data ({exc})") from exc
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -14,16 +14,16 @@ from unittest import mock
 
 import torch
 
-from stabledrl_bench.budget import Budget
-from stabledrl_bench.estimators import SequenceBatch, build_estimator
-from stabledrl_bench.evaluation import evaluate
-from stabledrl_bench.lmeval_adapter import DiffusionEvalLM
-from stabledrl_bench.models import DiffusionLM
-from stabledrl_bench.optim import OptimConfig
-from stabledrl_bench.runlog import read_log
-from stabledrl_bench.sampling import block_diffusion_generate, llada_generate
+from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
+from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.sampling import block_diffusion_generate, llada_generate
+from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM
+from stabledrl_bench.evaluation.native import evaluate
 from stabledrl_bench.tasks.base import GradeResult, RewardResult
-from stabledrl_bench.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.optim import OptimConfig
+from stabledrl_bench.training.runlog import read_log
+from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 
 PROMPTS = ["3+4=", "12 + 30 =", "a", "solve: 7*6 and 5*5 =", "10-1", "list: 1, 2, 3, 4, 5", "x y", "the sum is"]
 FULL_ESTIMATORS = {
@@ -177,7 +177,7 @@ def rl_step(model: str | Path, baseline: str, out: Path, **overrides) -> dict:
         progress=False,
         **overrides,
     )
-    with mock.patch("stabledrl_bench.trainer.plot_curves"):  # the curves PNG (2 s) is tested elsewhere
+    with mock.patch("stabledrl_bench.training.trainer.plot_curves"):  # the curves PNG (2 s) is tested elsewhere
         trainer = RLTrainer(cfg)
         trainer.task.reward, trainer.task.grade = _digit_share, _some_digits
         trainer.train()

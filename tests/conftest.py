@@ -17,7 +17,7 @@ SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "i
 @pytest.fixture(scope="session")
 def small_checkpoint(tmp_path_factory):
     """A saved small tiny model (seed 0); shared by many tests, so treat it as read-only."""
-    from stabledrl_bench.models import build_tiny, save_diffusion_lm
+    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 
     path = tmp_path_factory.mktemp("small-tiny")
     save_diffusion_lm(build_tiny(**SMALL), path)

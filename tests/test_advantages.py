@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stabledrl_bench.advantages import group_mean_advantage, group_zscore_advantage, leave_one_out_advantage
+from stabledrl_bench.core.advantages import group_mean_advantage, group_zscore_advantage, leave_one_out_advantage
 
 # Non-contiguous, unordered ids: group 3 = {0, 2, 4}, group 9 = {1, 3}, group 42 = {5} (a singleton).
 IDS = torch.tensor([3, 9, 3, 9, 3, 42])

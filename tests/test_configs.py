@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from stabledrl_bench.config import deep_merge, read_mapping
+from stabledrl_bench.core.registry import build_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.registry import build_baseline
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.trainer import TrainConfig
+from stabledrl_bench.training.trainer import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = sorted(p for p in (CONFIGS / "recipes").rglob("*.yaml") if not p.name.startswith("_"))

@@ -26,11 +26,11 @@ from backend_checks import (
 )
 
 from stabledrl_bench.cli import main
+from stabledrl_bench.core.masks import block_causal_mask, real_positions
+from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.models.backends import DreamBackend, LLaDABackend, SDARBackend, TinyBackend
+from stabledrl_bench.core.registry import available_baselines
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.masks import block_causal_mask, real_positions
-from stabledrl_bench.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.models.backends import DreamBackend, LLaDABackend, SDARBackend, TinyBackend
-from stabledrl_bench.registry import available_baselines
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 EMULATED = {

@@ -14,16 +14,16 @@ import math
 import pytest
 import torch
 
-from stabledrl_bench.errors import UserError
-from stabledrl_bench.estimators import (
+from stabledrl_bench.core.estimators import (
     ESTIMATORS,
     ESPONoise,
     SequenceBatch,
     build_estimator,
     trace_replay_plan,
 )
-from stabledrl_bench.masks import block_causal_mask
-from stabledrl_bench.models import build_tiny
+from stabledrl_bench.core.masks import block_causal_mask
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.errors import UserError
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 BLOCK = 4

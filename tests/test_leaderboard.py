@@ -15,7 +15,7 @@ import yaml
 from test_results import BUDGET, store
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.leaderboard import (
+from stabledrl_bench.reporting.leaderboard import (
     ROW_COLUMNS,
     TRAINING_COLUMNS,
     bootstrap_mean_ci,
@@ -25,7 +25,7 @@ from stabledrl_bench.leaderboard import (
     training_path,
     write_leaderboard,
 )
-from stabledrl_bench.results import budget_hash
+from stabledrl_bench.reporting.results import budget_hash
 
 TABLE1_HEADERS = [
     f"{task} {sub}" for task in ("GSM8K", "MATH500", "Countdown", "Sudoku") for sub in ("128", "256", "512", "avg")
@@ -238,7 +238,7 @@ def test_measured_and_published_cells_never_mix_markers(tmp_path: Path) -> None:
 
 
 def test_packaged_published_numbers_have_grades_and_no_grade_u() -> None:
-    raw = yaml.safe_load(resources.files("stabledrl_bench").joinpath("published.yaml").read_text("utf-8"))
+    raw = yaml.safe_load(resources.files("stabledrl_bench.reporting").joinpath("published.yaml").read_text("utf-8"))
 
     def cells(node: Any) -> list[dict[str, Any]]:
         if isinstance(node, dict):

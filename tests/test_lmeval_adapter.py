@@ -12,9 +12,9 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from stabledrl_bench.lmeval_adapter import DiffusionEvalLM, _cut
-from stabledrl_bench.protocols import PROTOCOLS
-from stabledrl_bench.sampling import generate
+from stabledrl_bench.core.sampling import generate
+from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM, _cut
+from stabledrl_bench.evaluation.protocols import PROTOCOLS
 from stabledrl_bench.tasks import TASKS, get_task
 
 REPO = Path(__file__).resolve().parents[1]

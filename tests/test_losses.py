@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 
-from stabledrl_bench.advantages import compute_dtype
 from stabledrl_bench.baselines.espo import espo_loss, k2_kl
 from stabledrl_bench.baselines.grpo import conditional_clip, grpo_loss, k3_kl, scaled_exp
 from stabledrl_bench.baselines.spg import sandwich_bound, spg_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, log_importance_weights, stabledrl_loss
 from stabledrl_bench.baselines.trado import trado_loss
+from stabledrl_bench.core.advantages import compute_dtype
+from stabledrl_bench.core.estimators import Estimate
+from stabledrl_bench.core.registry import LossInputs, build_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.estimators import Estimate
-from stabledrl_bench.registry import LossInputs, build_baseline
 
 
 def close(actual: float, expected: float, tol: float = 1e-5) -> bool:

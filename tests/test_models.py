@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from stabledrl_bench.core.masks import block_causal_mask, block_index, staircase_mask, staircase_position_ids
+from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.models.backends import DreamBackend
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.masks import block_causal_mask, block_index, staircase_mask, staircase_position_ids
-from stabledrl_bench.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.models.backends import DreamBackend
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stabledrl_bench import registry
+from stabledrl_bench.core import registry
+from stabledrl_bench.core.estimators import build_estimator
+from stabledrl_bench.core.registry import available_baselines, build_baseline, get_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.estimators import build_estimator
-from stabledrl_bench.registry import available_baselines, build_baseline, get_baseline
 
 BUILTIN = ["grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only"]
 
@@ -62,7 +62,7 @@ def test_clip_threshold_ablation_is_a_stabledrl_option() -> None:
 
 
 PLUGIN_SOURCE = """
-from stabledrl_bench.registry import Baseline, register_baseline
+from stabledrl_bench.core.registry import Baseline, register_baseline
 
 
 @register_baseline("{name}")

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from stabledrl_bench.core.models import build_tiny, load_diffusion_lm
+from stabledrl_bench.core.models.backends import SDARBackend
+from stabledrl_bench.core.models.kernel_stubs import flash_attn_func, kernel_stubs, rms_norm_fn
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.models import build_tiny, load_diffusion_lm
-from stabledrl_bench.models.backends import SDARBackend
-from stabledrl_bench.models.kernel_stubs import flash_attn_func, kernel_stubs, rms_norm_fn
 
 MODELING = '''
 import torch

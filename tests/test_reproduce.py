@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from stabledrl_bench.cli import main
-from stabledrl_bench.reproduce import TABLE_BASELINES, presets
-from stabledrl_bench.results import load_results
+from stabledrl_bench.experiments.reproduce import TABLE_BASELINES, presets
+from stabledrl_bench.reporting.results import load_results
 
 
 def _run(tmp_path: Path, table: str, *extra: str) -> int:
@@ -77,7 +77,7 @@ def _repeats(record: dict) -> int:
 
 def test_interrupted_training_resumes(tmp_path, monkeypatch):
     """A run killed after its checkpoint resumes instead of starting over."""
-    from stabledrl_bench import reproduce as rep
+    from stabledrl_bench.experiments import reproduce as rep
 
     calls = []
     original = rep.RLTrainer.train
@@ -88,7 +88,7 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rep.RLTrainer, "train", spy)
     run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "grpo"
-    from stabledrl_bench.trainer import RLTrainer, TrainConfig  # noqa: F401  (same class as rep.RLTrainer)
+    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig  # noqa: F401  (same class as rep.RLTrainer)
 
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
     assert calls == [("grpo", False), ("frozen", False)]

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from stabledrl_bench import results
+from stabledrl_bench.core.registry import Baseline, register_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.registry import Baseline, register_baseline
-from stabledrl_bench.results import (
+from stabledrl_bench.reporting import results
+from stabledrl_bench.reporting.results import (
     ENV_PACKAGES,
     atomic_write_text,
     budget_hash,

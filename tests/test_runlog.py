@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stabledrl_bench.runlog import plot_runs
+from stabledrl_bench.training.runlog import plot_runs
 
 
 def test_plot_runs_writes_one_png_and_ignores_runs_without_data(tmp_path: Path) -> None:

@@ -12,9 +12,8 @@ import math
 import pytest
 import torch
 
-from stabledrl_bench.errors import UserError
-from stabledrl_bench.models import build_tiny
-from stabledrl_bench.sampling import (
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.core.sampling import (
     DecodeSettings,
     block_diffusion_generate,
     filter_logits,
@@ -22,6 +21,7 @@ from stabledrl_bench.sampling import (
     llada_generate,
     transfer_schedule,
 )
+from stabledrl_bench.errors import UserError
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 PROMPTS = ["What is 2+3?", "hi", "Count: 1 2 3"]

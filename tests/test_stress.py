@@ -25,12 +25,12 @@ import torch
 from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.spg import sandwich_bound
 from stabledrl_bench.baselines.stabledrl import stabledrl_loss
+from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
+from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.estimators import SequenceBatch, build_estimator
-from stabledrl_bench.models import build_tiny, save_diffusion_lm
-from stabledrl_bench.stress import hull as hull_mod
-from stabledrl_bench.stress import main, stability_section
-from stabledrl_bench.stress.common import (
+from stabledrl_bench.experiments.stress import hull as hull_mod
+from stabledrl_bench.experiments.stress import main, stability_section
+from stabledrl_bench.experiments.stress.common import (
     Definitions,
     ExplodingNoise,
     WarmStartSpec,
@@ -39,8 +39,8 @@ from stabledrl_bench.stress.common import (
     running_mean,
     spike_steps,
 )
-from stabledrl_bench.stress.drift import Rollout, measure_update_norms
-from stabledrl_bench.trainer import inject_log_ratio_noise
+from stabledrl_bench.experiments.stress.drift import Rollout, measure_update_norms
+from stabledrl_bench.training.trainer import inject_log_ratio_noise
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 STABLEDRL_MAX_GAP = 10.0

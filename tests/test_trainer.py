@@ -13,18 +13,24 @@ import pytest
 import torch
 import yaml
 
-from stabledrl_bench import sft as sft_module
-from stabledrl_bench.budget import Budget
 from stabledrl_bench.config import from_dict
+from stabledrl_bench.core.estimators import Estimate
+from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
+from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.registry import available_baselines
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.estimators import Estimate
-from stabledrl_bench.masks import staircase_mask, staircase_position_ids
-from stabledrl_bench.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.optim import OptimConfig
-from stabledrl_bench.registry import available_baselines
-from stabledrl_bench.runlog import read_log
-from stabledrl_bench.sft import SFTConfig, encode_targets, run_sft, sft_loss
-from stabledrl_bench.trainer import NoiseInjection, RLTrainer, TrainConfig, TrainingDiverged, inject_log_ratio_noise
+from stabledrl_bench.training import sft as sft_module
+from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.optim import OptimConfig
+from stabledrl_bench.training.runlog import read_log
+from stabledrl_bench.training.sft import SFTConfig, encode_targets, run_sft, sft_loss
+from stabledrl_bench.training.trainer import (
+    NoiseInjection,
+    RLTrainer,
+    TrainConfig,
+    TrainingDiverged,
+    inject_log_ratio_noise,
+)
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
@@ -111,7 +117,7 @@ def test_block_model_uses_staircase_estimator(small_models, tmp_path):
 
 def test_lora_training_uses_the_adapter_free_model_as_reference(small_models, tmp_path, monkeypatch):
     from stabledrl_bench.tasks.base import RewardResult
-    from stabledrl_bench.trainer import LoraSettings
+    from stabledrl_bench.training.trainer import LoraSettings
 
     cfg = _config(small_models["full"], tmp_path, "grpo", lora=LoraSettings(r=4, alpha=8, target_modules=["qkv"]))
     trainer = RLTrainer(cfg)

@@ -35,10 +35,10 @@ from backend_checks import (
 )
 
 from stabledrl_bench.cli import main
-from stabledrl_bench.masks import block_causal_mask, real_positions
-from stabledrl_bench.models import build_char_tokenizer, load_diffusion_lm
-from stabledrl_bench.models.backends import DreamBackend, LLaDABackend, SDARBackend
-from stabledrl_bench.models.kernel_stubs import kernel_stubs
+from stabledrl_bench.core.masks import block_causal_mask, real_positions
+from stabledrl_bench.core.models import build_char_tokenizer, load_diffusion_lm
+from stabledrl_bench.core.models.backends import DreamBackend, LLaDABackend, SDARBackend
+from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 
 ROOT = os.environ.get("STABLEDRL_UPSTREAM_DIR")
 pytestmark = pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files")
@@ -216,7 +216,7 @@ def test_an_rl_step_of_every_baseline_evaluation_and_lm_eval_run(checkpoints, va
 
 
 def test_the_published_files_behave_as_the_tiny_emulations_say(checkpoints) -> None:
-    """What ``stabledrl_bench.models.conventions`` emulates, observed on the published files themselves."""
+    """What ``stabledrl_bench.core.models.conventions`` emulates, observed on the published files themselves."""
     ids = torch.tensor([[0, 0, 20, 21, 22, 23, 24, 25]])
     padding = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
     changed = ids.clone()

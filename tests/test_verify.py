@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from stabledrl_bench.cli import main
-from stabledrl_bench.evaluation import evaluate_and_record, model_record, weights_sha256
-from stabledrl_bench.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.verify import verify_record
+from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.evaluation.native import evaluate_and_record, model_record, weights_sha256
+from stabledrl_bench.evaluation.verify import verify_record
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

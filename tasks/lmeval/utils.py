@@ -15,7 +15,7 @@ from typing import Any
 
 import datasets
 
-import stabledrl_bench.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
+import stabledrl_bench.evaluation.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import Task, get_task
 

@@ -1,0 +1,684 @@
+"""Likelihood estimators for masked diffusion LMs (data types; implementations follow below them).
+
+Every RL method for dLLMs needs log pi(y|x), which a masked diffusion model cannot compute exactly; each method
+uses a different Monte-Carlo proxy. They share one interface so baselines can be compared on equal terms:
+
+* ``draw(batch, generator) -> Noise``: all randomness (masks, mask counts, chosen blocks), from an explicit
+  ``torch.Generator``;
+* ``evaluate(model, batch, noise) -> Estimate``: one batched forward pass over every MC sample.
+
+Coupled estimation (old and new policy see the same masks) is reusing one ``Noise``; independent estimation
+(what the official StableDRL code does) is drawing twice.
+
+Attention, for every estimator: a full-attention model gets a key-padding mask, so left-pad prompt keys are
+never attended. This deliberately fixes d1/ESPO, which attend the pads (harmless there only because a
+per-device batch holds one prompt). A block-attention model (``model.attention == "block"``) gets
+:func:`~stabledrl_bench.core.masks.block_causal_mask` over ``[prompt | completion]``; the staircase-based estimators
+build ``[prompt | clean | noisy]`` rows with :func:`~stabledrl_bench.core.masks.staircase_mask`. Log-probs come from
+a log-softmax in float32 (float64 when the model runs in float64).
+
+Registered estimators (``ESTIMATORS``; ``build_estimator(name, **kwargs)``):
+
+==================  ===============================================================  ==========================
+name                proxy                                                            returns
+==================  ===============================================================  ==========================
+``d1_one_step``     d1 mean-field one-step log-probs, prompt masked with p           token_logp [B, L]
+``spg_block``       SPG block_random masks: per-token-mean ELBO and Renyi EUBO       elbo, eubo [B] (+ tokens)
+``espo_elbo``       ESPO sum-scale ELBO, stratified counts, antithetic complement     elbo [B]
+``trace_replay``    TraceRL: exact per-step log-probs along the sampler trajectory   token_logp [R, L]
+``staircase_elbo``  block-diffusion ELBO, all blocks in one staircase pass           elbo, eubo [B] (+ tokens)
+==================  ===============================================================  ==========================
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
+from stabledrl_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from stabledrl_bench.core.models.interface import DiffusionLM
+
+
+@dataclass
+class SequenceBatch:
+    """Prompts and completions to score; prompts are left-padded, completions have a fixed length L."""
+
+    prompt_ids: torch.Tensor  # [B, P] long
+    prompt_mask: torch.Tensor  # [B, P] bool, False at left padding
+    completion_ids: torch.Tensor  # [B, L] long
+    completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
+    unmask_step: torch.Tensor | None = None  # [B, L] long, sampler step that committed each token (TraceRL)
+
+
+@dataclass
+class Estimate:
+    """What an estimator returns. Each estimator fills the fields it defines; the rest stay None.
+
+    Token-level estimators (d1 one-step, TraceRL replay) give ``token_logp`` and ``token_mask`` over R rows
+    (R = B, or more rows for trajectory replay, mapped back by ``row_to_seq``). Sequence-level estimators
+    (SPG, ESPO, staircase) give ``elbo`` (and SPG also ``eubo``) per sequence.
+    """
+
+    token_logp: torch.Tensor | None = None  # [R, L] log p of the clean token (0 where token_mask is False)
+    token_mask: torch.Tensor | None = None  # [R, L] bool, the positions that count
+    row_to_seq: torch.Tensor | None = None  # [R] long, sequence index of each row (None means identity)
+    elbo: torch.Tensor | None = None  # [B] sequence-level ELBO (scale documented per estimator)
+    eubo: torch.Tensor | None = None  # [B] SPG's Renyi-type upper bound proxy
+
+    def detach(self) -> Estimate:
+        return Estimate(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+
+
+# ====================================================================================== noise types
+@dataclass
+class D1Noise:
+    """d1: which real prompt tokens are replaced by the mask token (the completion is always fully masked)."""
+
+    prompt_masked: torch.Tensor  # [B, P] bool
+
+
+@dataclass
+class SPGNoise:
+    """SPG block_random masks for m MC samples per sequence (True = replaced by the mask token)."""
+
+    prompt_masked: torch.Tensor  # [B, m, P] bool
+    completion_masked: torch.Tensor  # [B, m, L] bool (partial chosen block, later blocks, post-EOS, p-masking)
+    block: torch.Tensor  # [B, m] long, the chosen (partially masked) block
+    count: torch.Tensor  # [B, m] long, masked tokens inside the valid part of the chosen block
+
+
+@dataclass
+class ESPONoise:
+    """ESPO masks: a uniformly random ``count``-subset of the L completion positions per (sequence, MC sample)."""
+
+    masked: torch.Tensor  # [B, K, L] bool
+    count: torch.Tensor  # [B, K] long, n_i = round(kappa + i (L+1)/B) mod (L+1)
+    kappa: torch.Tensor  # [K] long, the stratification offset of each MC sample, U{0..L}
+
+
+@dataclass
+class TraceNoise:
+    """TraceRL replays the recorded trajectory: there is no randomness."""
+
+
+@dataclass
+class StaircaseNoise:
+    """Masks of the noisy copy in the staircase input, drawn per (sequence, MC sample, block)."""
+
+    masked: torch.Tensor  # [B, K, L] bool (post-EOS positions always masked)
+    count: torch.Tensor  # [B, K, NB] long, U{1..valid tokens of the block}; 0 for blocks without valid tokens
+    block_size: int
+
+
+Noise = D1Noise | SPGNoise | ESPONoise | TraceNoise | StaircaseNoise
+
+
+# ====================================================================================== shared pieces
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)
+
+
+def _is_int(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_prob(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def _uniform(generator: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """U[0, 1) in float64 from ``generator`` (drawn on the generator's device, then moved to ``device``)."""
+    return torch.rand(shape, generator=generator, device=generator.device, dtype=torch.float64).to(device)
+
+
+def _uniform_int(generator: torch.Generator, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Elementwise U{low..high} (inclusive; requires high >= low)."""
+    u = _uniform(generator, tuple(low.shape), low.device)
+    return torch.minimum(low + torch.floor(u * (high - low + 1)).long(), high)
+
+
+def _random_subsets(
+    generator: torch.Generator, allowed: torch.Tensor, count: torch.Tensor, group: torch.Tensor | None = None
+) -> torch.Tensor:
+    """For every row and every group g, a uniformly random ``count[..., g]``-subset of the allowed positions of g.
+
+    ``allowed`` [..., L] bool; ``count`` [..., G] (at most the number of allowed positions of the group);
+    ``group`` [L] long (contiguous groups 0..G-1, e.g. blocks; None = one group). Random keys put the allowed
+    positions of each group first in random order; a position is chosen when its rank inside its group is below
+    the group's count.
+    """
+    length = allowed.shape[-1]
+    if group is None:
+        group = torch.zeros(length, dtype=torch.long, device=allowed.device)
+    keys = group.to(torch.float64) * 4.0 + torch.where(
+        allowed, _uniform(generator, tuple(allowed.shape), allowed.device), 2.0
+    )
+    rank = keys.argsort(dim=-1).argsort(dim=-1)
+    group_start = torch.searchsorted(group, group, right=False)  # first position of each position's group
+    rank_in_group = rank - group_start
+    per_position = count.gather(-1, group.expand(*count.shape[:-1], length))
+    return allowed & (rank_in_group < per_position)
+
+
+def _log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for low-precision models (as every official code does), float64 for float64 models."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _block_ids(length: int, block_size: int | None, device: torch.device) -> torch.Tensor:
+    """Block index of each completion position (all 0 when there are no blocks)."""
+    pos = torch.arange(length, device=device)
+    return pos // block_size if block_size else torch.zeros_like(pos)
+
+
+def spg_bounds(
+    logp: torch.Tensor, member: torch.Tensor, completion_mask: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPG's ELBO and EUBO proxies (§4.2) from per-token log-probs of m MC samples.
+
+    ``logp`` [B, m, L] (log p(y^k | z_ij)), ``member`` [B, m, L] = M_ij (masked valid completion positions),
+    ``completion_mask`` [B, L].
+
+    * ELBO  E_i = (1/m) sum_j (1/|M_ij|) sum_{k in M_ij} log p(y^k | z_ij)   (no 1/t weighting);
+    * EUBO  t_ij = |M_ij| / l_i,  q_ik = (1/m) sum_j 1[k in M_ij] p(y^k | z_ij)^beta / t_ij,
+            U_i = (1/beta) (1/|K_i|) sum_{k in K_i} log q_ik,  K_i = {k : q_ik > 0}.
+
+    Denominators are clamped at 1e-8 as in StableDRL's ``_get_per_seq_logps_spg``; p^beta = exp(beta log p).
+    """
+    dtype = logp.dtype
+    weights = member.to(dtype)
+    n_masked = weights.sum(-1)  # |M_ij|
+    elbo = ((logp * weights).sum(-1) / n_masked.clamp(min=1e-8)).mean(-1)
+    valid_len = completion_mask.to(dtype).sum(-1, keepdim=True).clamp(min=1e-8)
+    t = (n_masked / valid_len).clamp(min=1e-8)  # [B, m]
+    q = (torch.exp(beta * logp) * weights / t.unsqueeze(-1)).mean(1)  # [B, L]
+    keep = q > 0
+    log_q = torch.where(keep, q, torch.ones_like(q)).log()
+    eubo = (log_q * keep).sum(-1) / keep.to(dtype).sum(-1).clamp(min=1e-8) / beta
+    return elbo, eubo
+
+
+# ====================================================================================== interface
+class Estimator(ABC):
+    """A likelihood estimator: ``draw`` all randomness, then ``evaluate`` it under a model in one batched pass.
+
+    ``micro_batch_size`` splits the rows of the forward pass into chunks (memory only; same result).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, *, micro_batch_size: int | None = None) -> None:
+        _require(
+            micro_batch_size is None or _is_int(micro_batch_size, 1),
+            f"micro_batch_size must be a positive integer or None, got {micro_batch_size!r}",
+        )
+        self.micro_batch_size = micro_batch_size
+
+    def bind(self, model: DiffusionLM) -> Estimator:
+        """Resolve defaults that depend on the model (only the staircase's block size today); returns self."""
+        del model
+        return self
+
+    @abstractmethod
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> Noise:
+        """Every random choice of one estimate (masks, counts, chosen blocks), from ``generator`` only."""
+
+    @abstractmethod
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: Noise) -> Estimate:
+        """The estimate of ``batch`` under ``model`` for the given noise (gradients flow to the model)."""
+
+    def _clean_token_logps(
+        self,
+        model: DiffusionLM,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        targets: torch.Tensor,
+        read_start: int,
+    ) -> torch.Tensor:
+        """log p(targets) [R, L] read from logits at positions read_start .. read_start+L of each row."""
+        rows, length = targets.shape
+        step = self.micro_batch_size or max(rows, 1)
+        out = []
+        for lo in range(0, rows, step):
+            hi = min(lo + step, rows)
+            pos = None if position_ids is None else position_ids[lo:hi]
+            logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos)[:, read_start : read_start + length]
+            logp = torch.log_softmax(logits.to(_log_prob_dtype(logits.dtype)), dim=-1)
+            out.append(logp.gather(-1, targets[lo:hi].unsqueeze(-1)).squeeze(-1))
+        return torch.cat(out, dim=0)
+
+
+# ====================================================================================== d1
+class D1OneStep(Estimator):
+    """d1 / diffu-GRPO one-step mean-field estimator (§3.1).
+
+    z = [x~, M^L], where each real prompt token is replaced by M with probability ``p_mask_prompt`` and every
+    completion position (all L, post-EOS included) is M; log pi^(y^k) = log softmax(f(z))_k[y^k]. One sample,
+    no 1/t weighting. ``token_mask`` = completion mask (tokens up to and including the first EOS).
+    """
+
+    name = "d1_one_step"
+
+    def __init__(self, *, p_mask_prompt: float = 0.15, micro_batch_size: int | None = None) -> None:
+        super().__init__(micro_batch_size=micro_batch_size)
+        _require(_is_prob(p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {p_mask_prompt!r}")
+        self.p_mask_prompt = float(p_mask_prompt)
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> D1Noise:
+        u = _uniform(generator, tuple(batch.prompt_ids.shape), batch.prompt_ids.device)
+        return D1Noise(prompt_masked=batch.prompt_mask.bool() & (u < self.p_mask_prompt))
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: D1Noise) -> Estimate:
+        prompt = torch.where(noise.prompt_masked, model.mask_id, batch.prompt_ids)
+        completion = torch.full_like(batch.completion_ids, model.mask_id)
+        attention = model.context_attention(batch.prompt_mask, batch.completion_ids.shape[1])
+        logp = self._clean_token_logps(
+            model, torch.cat((prompt, completion), dim=1), attention, None, batch.completion_ids, prompt.shape[1]
+        )
+        mask = batch.completion_mask.bool()
+        return Estimate(token_logp=torch.where(mask, logp, torch.zeros_like(logp)), token_mask=mask)
+
+
+# ====================================================================================== SPG
+class SPGBlock(Estimator):
+    """SPG ``block_random`` forward process (§4.1) with the ELBO / EUBO proxies of §4.2.
+
+    Per sequence i (valid length l_i, n_i = ceil(l_i / b) blocks holding valid tokens) and MC sample j:
+
+    1. chosen block beta_ij = j-th entry of (random permutation of the N_b blocks) mod n_i;
+    2. m_len = min(b, l_i - b beta_ij); mask a uniform n-subset of the first m_len positions of the block with
+       n ~ U{max(floor(m_len t_min), 1) .. min(floor(m_len t_max), m_len)};
+    3. every later block and every post-EOS position is masked;
+    4. everything else, real prompt tokens **and earlier clean completion blocks**, is masked independently
+       with probability ``p_mask_prompt`` (the official code's "prompt" masking hits both).
+
+    ``elbo`` and ``eubo`` [B] come from :func:`spg_bounds` over M_ij = masked valid completion positions, from
+    one forward pass over B*m rows. Also returns the per-row tokens (``token_logp`` / ``token_mask`` over M_ij,
+    rows ordered sequence-major, ``row_to_seq``).
+
+    Deviations: the block count is ceil(L / b), so L need not be a multiple of b (identical when it is); if
+    t_max is so small that the upper count bound falls below the lower one (the official code asserts, StableDRL
+    masks the whole block), the count is the lower bound, so at least one token is always masked.
+    """
+
+    name = "spg_block"
+
+    def __init__(
+        self,
+        *,
+        num_t: int = 2,
+        p_mask_prompt: float = 0.15,
+        block_length: int = 32,
+        min_t: float = 0.0,
+        max_t: float = 1.0,
+        eubo_beta: float = 1.5,
+        micro_batch_size: int | None = None,
+    ) -> None:
+        super().__init__(micro_batch_size=micro_batch_size)
+        _require(_is_int(num_t, 1), f"num_t must be a positive integer, got {num_t!r}")
+        _require(_is_prob(p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {p_mask_prompt!r}")
+        _require(_is_int(block_length, 1), f"block_length must be a positive integer, got {block_length!r}")
+        _require(
+            _is_prob(min_t) and _is_prob(max_t) and min_t <= max_t,
+            f"need 0 <= min_t <= max_t <= 1, got min_t={min_t!r}, max_t={max_t!r}",
+        )
+        _require(
+            isinstance(eubo_beta, int | float) and not isinstance(eubo_beta, bool) and eubo_beta > 0,
+            f"eubo_beta must be > 0, got {eubo_beta!r}",
+        )
+        self.num_t = num_t
+        self.p_mask_prompt = float(p_mask_prompt)
+        self.block_length = block_length
+        self.min_t = float(min_t)
+        self.max_t = float(max_t)
+        self.eubo_beta = float(eubo_beta)
+
+    def count_bounds(self, valid_in_block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inclusive bounds of the mask count for a chosen block with ``valid_in_block`` (= m_len) valid tokens."""
+        low = torch.clamp(torch.floor(valid_in_block * self.min_t).long(), min=1)
+        high = torch.minimum(torch.floor(valid_in_block * self.max_t).long(), valid_in_block)
+        return low, torch.maximum(high, low)
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> SPGNoise:
+        comp_mask = batch.completion_mask.bool()
+        dev = comp_mask.device
+        n_seq, length = comp_mask.shape
+        m, bl = self.num_t, self.block_length
+        n_blocks = -(-length // bl)
+        _require(m <= n_blocks, f"spg_block needs num_t <= number of blocks ({n_blocks}), got num_t={m}")
+        valid_len = comp_mask.sum(-1)  # l_i (>= 1: the first token is always kept)
+        valid_blocks = (valid_len - 1) // bl + 1  # n_i
+        perm = _uniform(generator, (n_seq, n_blocks), dev).argsort(dim=-1)  # a random permutation per sequence
+        chosen = perm[:, :m] % valid_blocks.unsqueeze(1)  # [B, m]
+        m_len = torch.clamp(valid_len.unsqueeze(1) - bl * chosen, max=bl)
+        count = _uniform_int(generator, *self.count_bounds(m_len))
+        blk = _block_ids(length, bl, dev)
+        in_chosen = (blk == chosen.unsqueeze(-1)) & comp_mask.unsqueeze(1)  # valid part of the chosen block
+        partial = _random_subsets(generator, in_chosen, count.unsqueeze(-1))
+        earlier = blk < chosen.unsqueeze(-1)
+        p_masked = earlier & (_uniform(generator, (n_seq, m, length), dev) < self.p_mask_prompt)
+        completion_masked = partial | (blk > chosen.unsqueeze(-1)) | ~comp_mask.unsqueeze(1) | p_masked
+        u_prompt = _uniform(generator, (n_seq, m, batch.prompt_ids.shape[1]), dev)
+        prompt_masked = batch.prompt_mask.bool().unsqueeze(1) & (u_prompt < self.p_mask_prompt)
+        return SPGNoise(prompt_masked=prompt_masked, completion_masked=completion_masked, block=chosen, count=count)
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: SPGNoise) -> Estimate:
+        n_seq, m, length = noise.completion_masked.shape
+        seq = torch.arange(n_seq, device=batch.completion_ids.device).repeat_interleave(m)
+        prompt = torch.where(noise.prompt_masked, model.mask_id, batch.prompt_ids.unsqueeze(1)).flatten(0, 1)
+        completion = torch.where(noise.completion_masked, model.mask_id, batch.completion_ids.unsqueeze(1))
+        attention = model.context_attention(batch.prompt_mask, length)[seq]
+        input_ids = torch.cat((prompt, completion.flatten(0, 1)), dim=1)
+        targets = batch.completion_ids[seq]
+        logp = self._clean_token_logps(model, input_ids, attention, None, targets, prompt.shape[1])
+        logp = logp.view(n_seq, m, length)
+        member = noise.completion_masked & batch.completion_mask.bool().unsqueeze(1)
+        elbo, eubo = spg_bounds(logp, member, batch.completion_mask, self.eubo_beta)
+        return Estimate(
+            token_logp=torch.where(member, logp, torch.zeros_like(logp)).flatten(0, 1),
+            token_mask=member.flatten(0, 1),
+            row_to_seq=seq,
+            elbo=elbo,
+            eubo=eubo,
+        )
+
+
+# ====================================================================================== ESPO
+class ESPOElbo(Estimator):
+    """ESPO's sequence ELBO (§6.1): stratified mask counts and an antithetic complement pass.
+
+    For MC sample j: kappa ~ U{0..L}; sequence i of the batch gets n_i = round(kappa + i (L+1)/B) mod (L+1),
+    t_i = n_i / (L+1), and a uniform n_i-subset M_i of **all L** completion positions (EOS padding included, as
+    the official code does; no prompt masking). With ``reduce_var`` a second row masks the complement:
+
+        E_i = 1/2 [ sum_{k in M_i} log p(y^k | z_i) / t_i + sum_{k not in M_i} log p(y^k | z~_i) / (L/(L+1) - t_i) ]
+
+    (without ``reduce_var``: the first sum alone). ``elbo`` [B] is the mean over ``num_mc`` samples, on the sum
+    (log-likelihood) scale. Empty sums (n_i = 0, or n_i = L for the complement) contribute 0, never NaN. One
+    forward pass over B * num_mc * (2 if reduce_var else 1) rows.
+    """
+
+    name = "espo_elbo"
+
+    def __init__(self, *, num_mc: int = 2, reduce_var: bool = True, micro_batch_size: int | None = None) -> None:
+        super().__init__(micro_batch_size=micro_batch_size)
+        _require(_is_int(num_mc, 1), f"num_mc must be a positive integer, got {num_mc!r}")
+        _require(isinstance(reduce_var, bool), f"reduce_var must be true or false, got {reduce_var!r}")
+        self.num_mc = num_mc
+        self.reduce_var = reduce_var
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> ESPONoise:
+        n_seq, length = batch.completion_ids.shape
+        dev = batch.completion_ids.device
+        kappa = torch.floor(_uniform(generator, (self.num_mc,), dev) * (length + 1)).long().clamp(max=length)
+        offsets = torch.arange(n_seq, device=dev, dtype=torch.float64) * ((length + 1) / n_seq)
+        count = torch.round(kappa.unsqueeze(0) + offsets.unsqueeze(1)).long() % (length + 1)  # [B, K]
+        allowed = torch.ones(n_seq, self.num_mc, length, dtype=torch.bool, device=dev)
+        masked = _random_subsets(generator, allowed, count.unsqueeze(-1))
+        return ESPONoise(masked=masked, count=count, kappa=kappa)
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: ESPONoise) -> Estimate:
+        n_seq, k_mc, length = noise.masked.shape
+        passes = (noise.masked, ~noise.masked) if self.reduce_var else (noise.masked,)
+        masks = torch.stack(passes, dim=2)  # [B, K, S, L]
+        n_pass = masks.shape[2]
+        seq = torch.arange(n_seq, device=masks.device).repeat_interleave(k_mc * n_pass)
+        completion = torch.where(masks.flatten(0, 2), model.mask_id, batch.completion_ids[seq])
+        input_ids = torch.cat((batch.prompt_ids[seq], completion), dim=1)
+        attention = model.context_attention(batch.prompt_mask, length)[seq]
+        logp = self._clean_token_logps(
+            model, input_ids, attention, None, batch.completion_ids[seq], batch.prompt_ids.shape[1]
+        ).view(n_seq, k_mc, n_pass, length)
+        n = noise.count.to(logp.dtype)
+        zero = torch.zeros_like(n)
+        weight_masked = torch.where(noise.count > 0, (length + 1) / n.clamp(min=1), zero)  # 1 / t
+        weight_complement = torch.where(noise.count < length, (length + 1) / (length - n).clamp(min=1), zero)
+        weights = torch.stack((weight_masked, weight_complement), dim=-1)[..., :n_pass]  # [B, K, S]
+        per_pass = torch.where(masks, logp, torch.zeros_like(logp)).sum(-1) * weights
+        return Estimate(elbo=per_pass.mean(-1).mean(-1))
+
+
+# ====================================================================================== TraceRL
+@dataclass
+class TracePlan:
+    """The rows of a trajectory replay: which positions are masked in each row's state, and its targets."""
+
+    row_to_seq: torch.Tensor  # [R] long
+    masked: torch.Tensor  # [R, L] bool, positions shown as the mask token in the (noisy) state
+    targets: torch.Tensor  # [R, L] bool, positions whose log-prob is an action of this row
+
+
+def trace_replay_plan(
+    unmask_step: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    shrink: int,
+    post_num: int,
+    block_size: int | None,
+) -> TracePlan:
+    """TraceRL's replay rows (§7.1) from the step at which the sampler committed every completion token.
+
+    Eligible targets are the positions up to the first EOS plus ``post_num`` more. Inside each block (the whole
+    completion when ``block_size`` is None), the unique steps of eligible positions are sorted and grouped
+    every ``shrink`` consecutive values. Round r takes, in every block at once, the block's r-th group g:
+
+    * state: every position of the block whose step >= the first step of g is masked (the sampler's state just
+      before g started); blocks without an r-th group are left clean;
+    * targets: eligible positions whose step lies in g.
+
+    One row per (sequence, round); each eligible position is a target exactly once.
+    """
+    n_seq, length = unmask_step.shape
+    dev = unmask_step.device
+    # Negative steps mark positions the sampler never decoded (EOS fill after an early stop): never targets.
+    decoded = unmask_step >= 0
+    steps = unmask_step.long().clamp(min=0)
+    span = int(steps.max()) + 1
+    block = _block_ids(length, block_size, dev)
+    n_blocks = int(block.max()) + 1
+    eligible = decoded & (torch.arange(length, device=dev) < (completion_mask.long().sum(-1, keepdim=True) + post_num))
+    # rank of a step among the unique eligible steps of its (sequence, block): searchsorted over sorted keys
+    cell = torch.arange(n_seq, device=dev).unsqueeze(1) * n_blocks + block  # [B, L]
+    keys = cell * span + steps
+    unique_keys = torch.unique(keys[eligible])
+    rank = torch.searchsorted(unique_keys, keys) - torch.searchsorted(unique_keys, cell * span)
+    group = torch.where(eligible, rank // shrink, -1)  # [B, L]
+    rounds = group.max(dim=1).values + 1  # [B] (>= 1: the first completion token is always eligible)
+    row_to_seq = torch.arange(n_seq, device=dev).repeat_interleave(rounds)
+    row_round = torch.cat([torch.arange(int(r), device=dev) for r in rounds])
+    targets = group[row_to_seq] == row_round.unsqueeze(1)
+    row_steps = steps[row_to_seq]
+    never = torch.iinfo(torch.long).max
+    first = torch.full((row_to_seq.shape[0], n_blocks), never, dtype=torch.long, device=dev)
+    first.scatter_reduce_(1, block.expand_as(targets), torch.where(targets, row_steps, never), reduce="amin")
+    masked = row_steps >= first.gather(1, block.expand_as(targets))
+    return TracePlan(row_to_seq=row_to_seq, masked=masked, targets=targets)
+
+
+class TraceReplay(Estimator):
+    """TraceRL trajectory replay (§7.1): exact per-step log-probs of the tokens the sampler committed.
+
+    Needs ``batch.unmask_step``. Full-attention models: one plain ``[prompt | state]`` row per (sequence, step
+    group), grouping over the whole completion (dLLM-RL's LLaDA path). Block models: one staircase row
+    ``[prompt | clean | noisy_r]`` per round, where round r replays every block's r-th group at once (TraDo).
+    The noise is deterministic (``draw`` returns an empty :class:`TraceNoise`), so old and new are always coupled.
+
+    Deviation: targets beyond the first EOS are cut by position (first EOS + ``post_num``) rather than by
+    counting pad tokens, and only eligible positions define the step groups.
+    """
+
+    name = "trace_replay"
+
+    def __init__(self, *, shrink: int = 1, post_num: int = 0, micro_batch_size: int | None = None) -> None:
+        super().__init__(micro_batch_size=micro_batch_size)
+        _require(_is_int(shrink, 1), f"shrink must be a positive integer, got {shrink!r}")
+        _require(_is_int(post_num, 0), f"post_num must be a non-negative integer, got {post_num!r}")
+        self.shrink = shrink
+        self.post_num = post_num
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> TraceNoise:
+        del batch, generator
+        return TraceNoise()
+
+    def plan(self, model: DiffusionLM, batch: SequenceBatch) -> TracePlan:
+        """The replay rows of ``batch`` for ``model`` (blocks of ``model.block_size`` for block models)."""
+        _require(batch.unmask_step is not None, "trace_replay needs the sampler's unmask_step for every completion")
+        block_size = int(model.block_size) if model.attention == "block" else None
+        return trace_replay_plan(
+            batch.unmask_step, batch.completion_mask, shrink=self.shrink, post_num=self.post_num, block_size=block_size
+        )
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: TraceNoise) -> Estimate:
+        del noise
+        plan = self.plan(model, batch)
+        seq = plan.row_to_seq
+        clean = batch.completion_ids[seq]
+        state = torch.where(plan.masked, model.mask_id, clean)
+        p_len, length = batch.prompt_ids.shape[1], clean.shape[1]
+        if model.attention == "block":
+            prompt_valid = batch.prompt_mask.bool()[seq]
+            input_ids = torch.cat((batch.prompt_ids[seq], clean, state), dim=1)
+            attention = staircase_mask(prompt_valid, length, int(model.block_size))
+            logp = self._clean_token_logps(
+                model, input_ids, attention, staircase_position_ids(prompt_valid, length), clean, p_len + length
+            )
+        else:
+            input_ids = torch.cat((batch.prompt_ids[seq], state), dim=1)
+            attention = model.context_attention(batch.prompt_mask, length)[seq]
+            logp = self._clean_token_logps(model, input_ids, attention, None, clean, p_len)
+        return Estimate(
+            token_logp=torch.where(plan.targets, logp, torch.zeros_like(logp)),
+            token_mask=plan.targets,
+            row_to_seq=seq,
+        )
+
+
+# ====================================================================================== staircase
+class StaircaseElbo(Estimator):
+    """Block-diffusion ELBO with staircase attention (§5.8), every block in one pass of length P + 2L.
+
+    Input ``[prompt | clean y | noisy z]`` under :func:`~stabledrl_bench.core.masks.staircase_mask`: noisy block b
+    sees the prompt, the clean blocks before b and itself, so its logits give log p(y^k | x, y_<b, z_b). For
+    each (sequence, MC sample, block b) with v_b > 0 valid tokens, a uniform count c_b ~ U{1..v_b} of them is
+    masked (t_b = c_b / v_b; every block gets its own t, the BD3-LM / SDAR training choice; post-EOS positions are
+    always masked and never count). With M = masked valid positions:
+
+    * ``scale="sum"``:  elbo_i = (1/K) sum_j sum_b (1/t_b) sum_{k in M_b} log p(y^k | ...)  (log-likelihood scale);
+    * ``scale="mean"``: elbo_i = (1/K) sum_j (1/|M_ij|) sum_{k in M_ij} log p (SPG-style per-token average, the
+      quantity StableDRL's per-token ratio uses);
+    * ``eubo``: SPG's formula (:func:`spg_bounds`) over the same masks.
+
+    Also returns ``token_logp`` / ``token_mask`` over M (rows sequence-major, ``row_to_seq``).
+    ``block_length=None`` takes ``model.block_size``: call :meth:`bind` before :meth:`draw`.
+    """
+
+    name = "staircase_elbo"
+
+    def __init__(
+        self,
+        *,
+        num_mc: int = 1,
+        block_length: int | None = None,
+        scale: str = "mean",
+        eubo_beta: float = 1.5,
+        micro_batch_size: int | None = None,
+    ) -> None:
+        super().__init__(micro_batch_size=micro_batch_size)
+        _require(_is_int(num_mc, 1), f"num_mc must be a positive integer, got {num_mc!r}")
+        _require(
+            block_length is None or _is_int(block_length, 1),
+            f"block_length must be a positive integer or None, got {block_length!r}",
+        )
+        _require(scale in ("mean", "sum"), f"scale must be 'mean' or 'sum', got {scale!r}")
+        _require(
+            isinstance(eubo_beta, int | float) and not isinstance(eubo_beta, bool) and eubo_beta > 0,
+            f"eubo_beta must be > 0, got {eubo_beta!r}",
+        )
+        self.num_mc = num_mc
+        self.block_length = block_length
+        self.scale = scale
+        self.eubo_beta = float(eubo_beta)
+
+    def bind(self, model: DiffusionLM) -> StaircaseElbo:
+        if self.block_length is None:
+            _require(bool(model.block_size), "staircase_elbo needs block_length (the model has no block_size)")
+            self.block_length = int(model.block_size)
+        return self
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> StaircaseNoise:
+        _require(
+            self.block_length is not None,
+            "staircase_elbo: pass block_length or call bind(model) before draw so the block size is known",
+        )
+        comp_mask = batch.completion_mask.bool()
+        n_seq, length = comp_mask.shape
+        block = _block_ids(length, self.block_length, comp_mask.device)
+        n_blocks = int(block.max()) + 1
+        valid = torch.zeros(n_seq, n_blocks, dtype=torch.long, device=comp_mask.device)
+        valid.index_add_(1, block, comp_mask.long())  # v_b
+        valid = valid.unsqueeze(1).expand(n_seq, self.num_mc, n_blocks)
+        count = torch.where(valid > 0, _uniform_int(generator, torch.ones_like(valid), valid.clamp(min=1)), 0)
+        allowed = comp_mask.unsqueeze(1).expand(n_seq, self.num_mc, length)
+        masked = _random_subsets(generator, allowed, count, block) | ~allowed
+        return StaircaseNoise(masked=masked, count=count, block_size=self.block_length)
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: StaircaseNoise) -> Estimate:
+        if self.block_length is not None and noise.block_size != self.block_length:
+            raise ValueError(f"noise drawn with block size {noise.block_size}, estimator uses {self.block_length}")
+        n_seq, k_mc, length = noise.masked.shape
+        seq = torch.arange(n_seq, device=noise.masked.device).repeat_interleave(k_mc)
+        clean = batch.completion_ids[seq]
+        noisy = torch.where(noise.masked.flatten(0, 1), model.mask_id, clean)
+        prompt_valid = batch.prompt_mask.bool()[seq]
+        input_ids = torch.cat((batch.prompt_ids[seq], clean, noisy), dim=1)
+        attention = staircase_mask(prompt_valid, length, noise.block_size)
+        positions = staircase_position_ids(prompt_valid, length)
+        read_start = batch.prompt_ids.shape[1] + length
+        logp = self._clean_token_logps(model, input_ids, attention, positions, clean, read_start)
+        logp = logp.view(n_seq, k_mc, length)
+        comp_mask = batch.completion_mask.bool()
+        member = noise.masked & comp_mask.unsqueeze(1)
+        elbo, eubo = spg_bounds(logp, member, comp_mask, self.eubo_beta)
+        if self.scale == "sum":
+            block = _block_ids(length, noise.block_size, comp_mask.device)
+            valid = torch.zeros(n_seq, noise.count.shape[-1], dtype=logp.dtype, device=logp.device)
+            valid.index_add_(1, block, comp_mask.to(logp.dtype))
+            inv_t = valid.unsqueeze(1) / noise.count.to(logp.dtype).clamp(min=1)  # 1/t_b = v_b / c_b
+            weight = inv_t.gather(-1, block.expand(n_seq, k_mc, length))
+            elbo = (torch.where(member, logp, torch.zeros_like(logp)) * weight).sum(-1).mean(-1)
+        return Estimate(
+            token_logp=torch.where(member, logp, torch.zeros_like(logp)).flatten(0, 1),
+            token_mask=member.flatten(0, 1),
+            row_to_seq=seq,
+            elbo=elbo,
+            eubo=eubo,
+        )
+
+
+# ====================================================================================== registry
+ESTIMATORS: dict[str, type[Estimator]] = {
+    cls.name: cls for cls in (D1OneStep, SPGBlock, ESPOElbo, TraceReplay, StaircaseElbo)
+}
+
+
+def build_estimator(name: str, **kwargs: object) -> Estimator:
+    """The estimator registered as ``name``, configured by keyword arguments (UserError on unknown ones)."""
+    if name not in ESTIMATORS:
+        raise UserError(f"unknown estimator {name!r}; choose one of {', '.join(sorted(ESTIMATORS))}")
+    cls = ESTIMATORS[name]
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise UserError(
+            f"estimator {name!r} has no option(s) {', '.join(unknown)}; it accepts {', '.join(sorted(accepted))}"
+        )
+    return cls(**kwargs)

@@ -1,0 +1,342 @@
+"""Model families behind :class:`~stabledrl_bench.core.models.interface.DiffusionLM`, and the loader.
+
+Each backend speaks one family's calling convention, as read from its published modeling code:
+
+* ``tiny``  - the built-in model (:mod:`.tiny`): key padding or a boolean pattern, position ids, exact KV cache.
+* ``llada`` - LLaDA-8B-Base/Instruct, LLaDA-1.5 (``AutoModel``, remote code): always a 4-D additive
+  ``attention_bias``, never the 2-D ``attention_mask`` (dLLM-RL's copy turns causal when it gets one). The Hub
+  file ignores every mask; the loader detects that (:func:`~stabledrl_bench.core.models.probes.masks_honoured`)
+  and runs such a model pad-free. No position ids (LLaDA numbers positions itself). Mask id from the config,
+  else 126336.
+* ``dream`` - Dream-7B: an additive 4-D bias in the model's dtype and explicit real-token position ids; its
+  logits at position i predict token i+1, so they are shifted right by one.
+* ``sdar``  - SDAR / TraDo block-diffusion checkpoints (``AutoModelForCausalLM``): a boolean 4-D block-causal
+  mask and position ids; their train-mode forward computes an SFT loss instead of logits, so the backend runs
+  the model's inference branches (same weights, same attention, gradients flow); SDAR's own KV cache
+  (``past_key_values`` + ``store_kv``) for exact cached block decoding.
+
+The loader applies :func:`~stabledrl_bench.core.models.kernel_stubs.kernel_stubs` while importing remote code (CPU
+machines lack flash-attn/triton) and turns load failures into one clear line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
+from stabledrl_bench.core.models.interface import DiffusionLM
+from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
+from stabledrl_bench.core.models.tiny import TinyDLM, TinyDLMConfig
+from stabledrl_bench.core.models.tokenizer import EOT, build_char_tokenizer
+from stabledrl_bench.errors import UserError
+
+LLADA_MASK_ID = 126336
+DREAM_MASK_ID = 151666
+SDAR_MASK_ID = 151669
+# The published LLaDA/Dream/SDAR files run unmodified on these releases (both upstreams pin 4.52.4; SDAR's
+# imports of ``LossKwargs`` and ``modeling_attn_mask_utils`` are gone from 4.54 on).
+TESTED_TRANSFORMERS = ("4.52.4", "4.53.3")
+
+
+def additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean [B, 1, Q, K] pattern -> additive float bias (0 where allowed, dtype-min elsewhere)."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill(~mask.bool(), torch.finfo(dtype).min)
+
+
+def as_pattern(mask: torch.Tensor, q_len: int) -> torch.Tensor:
+    """A [B, K] key-padding mask as the [B, 1, Q, K] pattern it means (4-D masks pass through)."""
+    if mask.dim() == 4:
+        return mask.bool()
+    return mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
+
+
+class TinyBackend(DiffusionLM):
+    family = "tiny"
+    supports_kv_cache = True
+
+
+class LLaDABackend(DiffusionLM):
+    """LLaDA's remote code: the mask goes in as a 4-D additive ``attention_bias`` (LLaDA casts it itself)."""
+
+    family = "llada"
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        del position_ids, cache, store  # LLaDA numbers positions 0..T-1 itself and has no cache
+        kwargs = {}
+        if attention_mask is not None:
+            kwargs["attention_bias"] = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), torch.float32)
+        return self.model(input_ids=input_ids, **kwargs).logits, None
+
+
+class DreamBackend(DiffusionLM):
+    """Dream's remote code adds ``attention_mask`` to the scores: send a 0/-inf bias in the model's dtype."""
+
+    family = "dream"
+    shift_logits = True
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        del cache, store
+        bias = None
+        if attention_mask is not None:
+            bias = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), self.model.dtype)
+        return self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids).logits, None
+
+
+class SDARBackend(DiffusionLM):
+    """SDAR/TraDo: boolean block-causal mask, position ids, SDAR's KV cache, logits also in train mode."""
+
+    family = "sdar"
+    supports_kv_cache = True
+
+    def __init__(self, model, tokenizer, **kwargs) -> None:
+        super().__init__(model, tokenizer, **kwargs)
+        # In train mode SDAR's top-level forward runs its SFT loss (no logits) and SDAR-8B-Chat's attention
+        # switches to flex attention; both are inference-branch-only here. Decoder layers keep their mode, so
+        # gradient checkpointing still works.
+        self._inference_branches = [model] + [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        if attention_mask is None or attention_mask.dim() != 4:
+            raise ValueError("the sdar backend needs a 4-D block-causal mask")
+        for module in self._inference_branches:
+            module.training = False
+        kwargs: dict[str, Any] = {"attention_mask": attention_mask.bool(), "position_ids": position_ids}
+        if cache is not None or store:
+            from transformers import DynamicCache
+
+            cache = DynamicCache() if cache is None else cache
+            kwargs.update(past_key_values=cache, use_cache=True, store_kv=store)
+        out = self.model(input_ids=input_ids, **kwargs)
+        if out.logits is None:
+            raise RuntimeError(f"{type(self.model).__name__} returned no logits; is it an SDAR-style model?")
+        return out.logits, cache
+
+    def select_cache_rows(self, cache, keep):
+        cache.batch_select_indices(keep.nonzero().squeeze(1))
+        return cache
+
+
+BACKENDS: dict[str, type[DiffusionLM]] = {b.family: b for b in (TinyBackend, LLaDABackend, DreamBackend, SDARBackend)}
+_MODEL_TYPE_TO_FAMILY = {
+    TinyDLMConfig.model_type: "tiny",
+    "llada": "llada",
+    "llada_moe": "llada",
+    "dream": "dream",
+    "sdar": "sdar",
+}
+
+
+def build_tiny(
+    *,
+    attention: str = "full",
+    block_size: int = 4,
+    seed: int = 0,
+    **config_overrides: object,
+) -> TinyBackend:
+    """A freshly initialised tiny model with the char tokenizer (deterministic given ``seed``).
+
+    Initialisation draws from the global RNG inside a forked RNG state, so building a model never disturbs the
+    caller's random streams.
+    """
+    tokenizer = build_char_tokenizer()
+    config = TinyDLMConfig(
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attention_kind=attention,
+        block_size=block_size,
+        **config_overrides,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TinyDLM(config)
+    return _wrap_tiny(model, tokenizer, name=f"tiny-{attention}-seed{seed}")
+
+
+def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> DiffusionLM:
+    """The backend of a tiny model: its own, or the family whose convention it emulates."""
+    cfg = model.config
+    family = CONVENTION_FAMILY[cfg.convention]
+    dlm = BACKENDS[family](
+        model,
+        tokenizer,
+        mask_id=cfg.mask_token_id,
+        eos_id=cfg.eos_token_id,
+        pad_id=cfg.pad_token_id,
+        stop_ids=(tokenizer.convert_tokens_to_ids(EOT),),
+        attention=cfg.attention_kind,
+        block_size=cfg.block_size if cfg.attention_kind == "block" else None,
+        name=name,
+    )
+    return _detect_pad_free(dlm)
+
+
+def _detect_pad_free(dlm: DiffusionLM) -> DiffusionLM:
+    """Full-attention models that ignore attention masks run pad-free (every other model is padded and masked)."""
+    if dlm.attention == "full" and dlm.family != "tiny":
+        from stabledrl_bench.core.models.probes import mask_effect
+
+        to_removed, to_unmasked = mask_effect(dlm)
+        dlm.pad_free = not to_removed < to_unmasked
+    return dlm
+
+
+TINY_SPECS = {"tiny": "full", "tiny-block": "block"}
+
+
+def load_model_spec(
+    spec: str,
+    *,
+    seed: int = 0,
+    family: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> DiffusionLM:
+    """``tiny`` / ``tiny-block`` build a fresh tiny model (seeded); anything else is a checkpoint to load."""
+    if spec in TINY_SPECS:
+        dlm = build_tiny(attention=TINY_SPECS[spec], seed=seed)
+        if dtype is not None or device is not None:
+            dlm.model.to(device=device, dtype=dtype)
+        return dlm
+    return load_diffusion_lm(spec, family=family, dtype=dtype, device=device)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def load_diffusion_lm(
+    path_or_id: str | os.PathLike,
+    *,
+    family: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> DiffusionLM:
+    """Load a checkpoint (local folder or Hub id) as a :class:`DiffusionLM`.
+
+    The family is read from ``config.model_type`` (a tiny checkpoint: from its ``convention``) unless given.
+    A missing path, a Hub id while ``HF_HUB_OFFLINE=1``, or a checkpoint that fails to load raises
+    :class:`UserError` with one clear line. Full-attention models are probed once for whether they honour
+    attention masks; those that do not are run pad-free (see :class:`DiffusionLM`).
+    """
+    source = _resolve_source(path_or_id)
+    with _loading(source, "config"):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=True)
+    model_type = str(getattr(config, "model_type", "")).lower()
+    tiny = model_type == TinyDLMConfig.model_type
+    family = family or (CONVENTION_FAMILY[config.convention] if tiny else _MODEL_TYPE_TO_FAMILY.get(model_type))
+    if family not in BACKENDS:
+        known = ", ".join(sorted(BACKENDS))
+        raise UserError(f"unknown model family for {source!r} (model_type={config.model_type!r}); use one of {known}")
+    auto = AutoModelForCausalLM if family == "sdar" and not tiny else AutoModel
+    with _loading(source, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+    with _loading(source, "model"):
+        model = auto.from_pretrained(source, trust_remote_code=True, **_dtype_kwargs(dtype))
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    if tiny and family == CONVENTION_FAMILY[config.convention]:
+        return _wrap_tiny(model, tokenizer, name=source)
+    default_mask = {"tiny": None, "llada": LLADA_MASK_ID, "dream": DREAM_MASK_ID, "sdar": SDAR_MASK_ID}[family]
+    mask_id = getattr(config, "mask_token_id", None) or default_mask
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
+    block = getattr(config, "block_size", None) or getattr(config, "block_length", None) or 4
+    dlm = BACKENDS[family](
+        model,
+        tokenizer,
+        mask_id=mask_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        stop_ids=stop_ids,
+        attention="block" if family == "sdar" else "full",
+        block_size=block if family == "sdar" else None,
+        name=source,
+    )
+    return _detect_pad_free(dlm)
+
+
+def _resolve_source(path_or_id: str | os.PathLike) -> str:
+    local = Path(path_or_id).expanduser()
+    if local.exists():
+        return str(local)
+    if _is_hub_id(str(path_or_id)):
+        if _offline():
+            raise UserError(
+                f"model {str(path_or_id)!r} is not a local folder and HF_HUB_OFFLINE=1 forbids downloading it; "
+                "pass --model /path/to/weights"
+            )
+        return str(path_or_id)
+    raise UserError(f"model path does not exist: {path_or_id}")
+
+
+def _dtype_kwargs(dtype: torch.dtype | None) -> dict[str, Any]:
+    """``torch_dtype=`` before transformers 4.56, ``dtype=`` after (the old name warns there)."""
+    if dtype is None:
+        return {}
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
+@contextlib.contextmanager
+def _loading(source: str, what: str):
+    """Remote code imports with kernel stubs; any failure becomes one line naming the checkpoint and the cause."""
+    try:
+        with kernel_stubs():
+            yield
+    except UserError:
+        raise
+    except Exception as exc:  # a damaged folder or incompatible remote code fails in many ways
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        hint = ""
+        if transformers.__version__ not in TESTED_TRANSFORMERS:
+            hint = (
+                f" (transformers {transformers.__version__} is installed; the published LLaDA/Dream/SDAR modeling "
+                f"files are tested with {' and '.join(TESTED_TRANSFORMERS)}: pip install -e .)"
+            )
+        raise UserError(f"cannot load the {what} of {source!r}: {type(exc).__name__}: {first_line}{hint}") from exc
+
+
+def _is_hub_id(source: str) -> bool:
+    """``owner/name`` with nothing else: what the Hub accepts and a relative path rarely looks like."""
+    parts = source.split("/")
+    return len(parts) == 2 and all(parts) and not source.startswith((".", "~"))
+
+
+def _special_ids(tokenizer, tokens: tuple[str, ...]) -> list[int | None]:
+    """Ids of the tokens the tokenizer knows (unknown ones give None)."""
+    ids = []
+    for token in tokens:
+        with contextlib.suppress(Exception):
+            idx = tokenizer.convert_tokens_to_ids(token)
+            ids.append(idx if idx != tokenizer.unk_token_id else None)
+    return ids
+
+
+def save_diffusion_lm(dlm: DiffusionLM, path: str | os.PathLike) -> None:
+    """Write weights, config and tokenizer so :func:`load_diffusion_lm` restores the same model."""
+    model = dlm.model
+    model = getattr(model, "module", model)  # unwrap DDP
+    model.save_pretrained(path)
+    dlm.tokenizer.save_pretrained(path)
+
+
+__all__ = [
+    "BACKENDS",
+    "DiffusionLM",
+    "build_tiny",
+    "load_diffusion_lm",
+    "load_model_spec",
+    "save_diffusion_lm",
+]

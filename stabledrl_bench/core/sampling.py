@@ -1,0 +1,537 @@
+"""Diffusion samplers: LLaDA's semi-autoregressive low-confidence remasking and SDAR-style block diffusion.
+
+Both samplers start from an all-MASK completion and, step by step, commit some masked positions to a sampled
+token; a committed token is never remasked. They record, for every completion token, the global index of the
+step that committed it (``unmask_step``): the trajectory TraceRL trains on (``algorithms.md`` §7.1).
+
+* :func:`llada_generate` (full attention; LLaDA ``generate.py``, ``algorithms.md`` §2): every step is a full
+  forward over ``[prompt | completion]``; within the current block, the top-k masked positions by confidence
+  ``c_k = softmax(l)_k[x0_k]`` are committed, ``x0 = argmax(l / tau + Gumbel)``.
+* :func:`block_diffusion_generate` (block-causal attention; SDAR ``generate.py``, ``lmeval_decoding.md``
+  §3.7): blocks are decoded left to right, each one against an exact KV cache of the prompt and the finished
+  blocks (or, without cache, by recomputing them under :func:`~stabledrl_bench.core.masks.block_causal_mask`).
+
+Step indices are global and per row: step ``i`` (0-based) of block ``j`` is ``j * steps_per_block + i``. They
+are monotone over blocks, every block owns the range ``[j*n, (j+1)*n)``, and a row's trajectory does not depend
+on the other rows of the batch.
+
+Deliberate differences from the reference code (each one keeps the result well defined):
+
+* The MASK token is never sampled (its logit is set to -inf). The reference may commit MASK, which the next
+  step then treats as masked again, breaking its own per-step schedule.
+* LLaDA: ``steps`` must be a multiple of the number of blocks (LLaDA's assertion; d1 silently floors), so the
+  recorded ``steps`` is the number of forward passes actually run.
+* Block diffusion: blocks are aligned to the end of the prompt (as in :mod:`stabledrl_bench.core.masks` and
+  dLLM-RL), so the whole prompt is prefilled and the completion starts a fresh block; SDAR instead lets the
+  prompt's last partial block share a block with the first completion tokens.
+* Block diffusion, dynamic: the fallback quota is capped at the number of masked tokens left in the row's block
+  (SDAR's batched top-k would otherwise overwrite committed tokens).
+* Block diffusion at ``temperature=0``: the token is the argmax and its confidence is its probability under the
+  filtered *untempered* distribution (SDAR's code divides by zero there).
+* The store pass after the final block (and after blocks where every remaining row stopped) is skipped: its
+  keys/values would never be read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from stabledrl_bench.core.masks import block_causal_mask, real_positions
+from stabledrl_bench.core.models.interface import DiffusionLM
+from stabledrl_bench.errors import UserError
+
+REMASKING = ("low_confidence", "random")
+STRATEGIES = ("static", "dynamic")
+
+
+class DecodeSettingsError(UserError, ValueError):
+    """Invalid decoding settings: a user-facing error (one line) that is also a ``ValueError``."""
+
+
+@dataclass
+class GenerationOutput:
+    """Result of one batched decode."""
+
+    sequences: torch.Tensor  # [B, P+L] prompt (left-padded) + completion
+    completion_ids: torch.Tensor  # [B, L]
+    unmask_step: torch.Tensor  # [B, L] long; -1 only at positions filled with EOS after a row stopped
+    nfe: int  # forward evaluations per sample (CFG step = 2, KV store pass = 1, prefill = 1)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything that defines a decode; recorded in results files.
+
+    ``block_length`` and ``remasking``/``cfg_scale`` are used by full-attention models only; ``strategy``,
+    ``threshold``, ``top_k``, ``top_p``, ``use_cache`` and ``stop_at_eos`` by block-attention models only
+    (whose block size is the model's own).
+    """
+
+    gen_length: int = 256
+    block_length: int = 32
+    steps: int = 128
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    strategy: str = "static"
+    threshold: float = 0.9
+    top_k: int = 0
+    top_p: float = 1.0
+    use_cache: bool = True
+    stop_at_eos: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise DecodeSettingsError(message)
+
+
+def _check_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None) -> torch.Tensor:
+    """Boolean [B, P] key-padding mask; the prompt must be left-padded (the completion follows real tokens)."""
+    _require(prompt_ids.dim() == 2, f"prompt_ids must be [batch, prompt_len], got shape {tuple(prompt_ids.shape)}")
+    if prompt_mask is None:
+        return torch.ones_like(prompt_ids, dtype=torch.bool)
+    _require(prompt_mask.shape == prompt_ids.shape, "prompt_mask must have the shape of prompt_ids")
+    mask = prompt_mask.bool()
+    _require(bool((mask[:, 1:] >= mask[:, :-1]).all()), "prompts must be left-padded (prompt_mask False...True)")
+    return mask
+
+
+def _check_generator(generator: torch.Generator | None, needed: bool, device: torch.device) -> None:
+    """Randomness comes only from the caller's generator, which must live where the noise is drawn."""
+    if not needed:
+        return
+    _require(generator is not None, "temperature > 0 or random remasking needs a torch.Generator")
+    _require(
+        generator.device.type == device.type,
+        f"generator is on {generator.device.type} but the model runs on {device.type}",
+    )
+
+
+def _check_common(gen_length: int, steps: int, temperature: float) -> None:
+    _require(gen_length > 0, f"gen_length must be positive, got {gen_length}")
+    _require(steps > 0, f"the number of steps must be positive, got {steps}")
+    _require(temperature >= 0, f"temperature must be >= 0, got {temperature}")
+
+
+# ---------------------------------------------------------------------------------------------- shared pieces
+def transfer_schedule(masked_count: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to commit per step, [B, steps]: every step gets floor(m/n), the first (m mod n) steps one more.
+
+    LLaDA's ``get_num_transfer_tokens``: the linear noise schedule unmasks the same expected number of tokens at
+    every step, and the counts sum exactly to the ``m`` masked tokens of the block.
+    """
+    base = torch.div(masked_count, steps, rounding_mode="floor")[:, None]
+    extra = torch.arange(steps, device=masked_count.device)[None, :] < (masked_count % steps)[:, None]
+    return base + extra.long()
+
+
+def _top_by_confidence(confidence: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Boolean [B, b]: the ``count[row]`` highest-confidence positions of each row (ties: lower index first)."""
+    order = torch.argsort(confidence, dim=-1, descending=True, stable=True)
+    ranks_taken = torch.arange(confidence.shape[1], device=confidence.device)[None, :] < count[:, None]
+    return torch.zeros_like(ranks_taken).scatter(1, order, ranks_taken)
+
+
+def _pick_tokens(scores: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """argmax(scores) at tau=0, else a Gumbel-max sample argmax(scores + g), g = -log(-log u), u ~ U(0,1).
+
+    ``scores`` are float64 log-weights already divided by tau: LLaDA's ``exp(l) / (-log u)^tau`` has the same
+    argmax as ``l / tau - log(-log u)``, an exact sample from softmax(l / tau). float64 as in LLaDA (low-precision
+    Gumbel-max hurts generation quality, arXiv:2409.02908).
+    """
+    if temperature == 0:
+        return scores.argmax(dim=-1)
+    u = torch.rand(scores.shape, generator=generator, dtype=torch.float64, device=scores.device)
+    return (scores - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+def _token_prob(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """softmax(scores)[token] without materialising the softmax: exp(s_token - logsumexp(s))."""
+    return torch.exp(scores.gather(-1, tokens[..., None])[..., 0] - torch.logsumexp(scores, dim=-1))
+
+
+def _block_logits64(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """float64 copy of block logits with MASK excluded from the vocabulary (it is never a valid output)."""
+    scores = logits.to(torch.float64, copy=True)
+    scores[..., mask_id] = float("-inf")
+    return scores
+
+
+def _commit(
+    state: torch.Tensor,
+    steps: torch.Tensor,
+    tokens: torch.Tensor,
+    selected: torch.Tensor,
+    step_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's state and unmask steps after writing the selected tokens, committed at ``step_index``."""
+    return torch.where(selected, tokens, state), steps.masked_fill(selected, step_index)
+
+
+def _with_completion(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_length: int, mask_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x = [prompt | MASK * L]`` and its key-padding mask ``[prompt_mask | True * L]``."""
+    batch = prompt_ids.shape[0]
+    masks = torch.full((batch, gen_length), mask_id, dtype=prompt_ids.dtype, device=prompt_ids.device)
+    valid = torch.ones((batch, gen_length), dtype=torch.bool, device=prompt_ids.device)
+    return torch.cat((prompt_ids, masks), dim=1), torch.cat((prompt_mask, valid), dim=1)
+
+
+# ---------------------------------------------------------------------------------------------- LLaDA
+def _llada_step_logits(
+    model: DiffusionLM,
+    x: torch.Tensor,
+    key_valid: torch.Tensor | None,
+    prompt_real: torch.Tensor,
+    cfg_scale: float,
+) -> torch.Tensor:
+    """Logits [B, T, V] of one full forward; with CFG ``l = l_u + (s+1)(l_c - l_u)``, both halves in one batch.
+
+    The unconditional copy replaces every real prompt token by MASK (LLaDA's ``un_x[prompt_index] = mask_id``).
+    """
+    if cfg_scale == 0:
+        return model.logits(x, attention_mask=key_valid)
+    uncond = x.clone()
+    uncond[:, : prompt_real.shape[1]][prompt_real] = model.mask_id
+    mask = None if key_valid is None else key_valid.repeat(2, 1)
+    cond_logits, uncond_logits = model.logits(torch.cat((x, uncond)), attention_mask=mask).chunk(2)
+    return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits)
+
+
+@torch.no_grad()
+def llada_generate(
+    model: DiffusionLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    *,
+    gen_length: int,
+    block_length: int,
+    steps: int,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    cfg_scale: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """LLaDA reference sampler (semi-autoregressive blocks, low-confidence or random remasking).
+
+    For each block j (N_b = L / b blocks, n = S / N_b steps each) and step i: full forward of x under the key
+    padding mask ``[prompt_mask | True]``; ``x0 = argmax(l / tau + g)`` (plain argmax at tau = 0); confidence
+    ``c = softmax(l)[x0]`` (untempered, float64) or ``c ~ U(0, 1)`` for ``random``; ``c = -inf`` at committed
+    positions (positions outside block j are never candidates); commit the top-k_{j,i} positions of each row,
+    with k from :func:`transfer_schedule` of the row's masked count at block start. ``nfe = S`` (``2S`` with CFG).
+    """
+    mask = _check_prompt(prompt_ids, prompt_mask)
+    _require(model.attention == "full", "llada_generate needs a full-attention model; use block_diffusion_generate")
+    _check_common(gen_length, steps, temperature)
+    _require(block_length > 0 and gen_length % block_length == 0, "block_length must divide gen_length")
+    num_blocks = gen_length // block_length
+    _require(
+        steps % num_blocks == 0,
+        f"steps ({steps}) must be a multiple of the number of blocks gen_length/block_length = {num_blocks}",
+    )
+    _require(remasking in REMASKING, f"remasking must be one of {REMASKING}, got {remasking!r}")
+    _require(cfg_scale >= 0, f"cfg_scale must be >= 0, got {cfg_scale}")
+    _check_generator(generator, temperature > 0 or remasking == "random", prompt_ids.device)
+
+    steps_per_block = steps // num_blocks
+    prompt_len = prompt_ids.shape[1]
+    x, key_valid = _with_completion(prompt_ids, mask, gen_length, model.mask_id)
+    attention = None if bool(mask.all()) else key_valid
+    unmask_step = torch.full((x.shape[0], gen_length), -1, dtype=torch.long, device=x.device)
+    for j in range(num_blocks):
+        cols = slice(j * block_length, (j + 1) * block_length)
+        span = slice(prompt_len + cols.start, prompt_len + cols.stop)
+        schedule = transfer_schedule((x[:, span] == model.mask_id).sum(dim=1), steps_per_block)
+        for i in range(steps_per_block):
+            logits = _block_logits64(_llada_step_logits(model, x, attention, mask, cfg_scale)[:, span], model.mask_id)
+            scores = logits / temperature if temperature > 0 else logits
+            tokens = _pick_tokens(scores, temperature, generator)
+            if remasking == "low_confidence":
+                confidence = _token_prob(logits, tokens)
+            else:
+                confidence = torch.rand(tokens.shape, generator=generator, dtype=torch.float64, device=x.device)
+            masked = x[:, span] == model.mask_id
+            selected = _top_by_confidence(confidence.masked_fill(~masked, float("-inf")), schedule[:, i])
+            x[:, span], unmask_step[:, cols] = _commit(
+                x[:, span], unmask_step[:, cols], tokens, selected, j * steps_per_block + i
+            )
+    nfe = steps * (2 if cfg_scale > 0 else 1)
+    return GenerationOutput(sequences=x, completion_ids=x[:, prompt_len:], unmask_step=unmask_step, nfe=nfe)
+
+
+# ---------------------------------------------------------------------------------------------- block diffusion
+def filter_logits(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then top-p (nucleus) filtering of [..., V] scores: dropped tokens get -inf (SDAR's order).
+
+    top-k keeps every score >= the k-th largest; top-p keeps, in descending order, every token whose preceding
+    mass is <= p (so the token that crosses p is kept and at least one token survives).
+    """
+    if 0 < top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        probs = torch.softmax(sorted_scores, dim=-1)
+        drop_sorted = probs.cumsum(dim=-1) - probs > top_p
+        drop_sorted[..., 0] = False
+        scores = scores.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    return scores
+
+
+def _sample_block(
+    logits: torch.Tensor,
+    mask_id: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDAR sampling: tokens from the tempered, top-k/top-p filtered distribution, and their probability there."""
+    scores = _block_logits64(logits, mask_id)
+    scores = filter_logits(scores / temperature if temperature > 0 else scores, top_k, top_p)
+    tokens = _pick_tokens(scores, temperature, generator)
+    return tokens, _token_prob(scores, tokens)
+
+
+def _select_block(
+    confidence: torch.Tensor,
+    masked: torch.Tensor,
+    quota: int,
+    strategy: str,
+    threshold: float,
+) -> torch.Tensor:
+    """Positions to commit in each row's block.
+
+    static: the top-``quota`` masked positions by confidence. dynamic: every masked position with confidence
+    > threshold, unless that is fewer than the quota, then the top-quota ones. The quota is capped by the
+    number of masked positions left (0 for rows whose block is already complete).
+    """
+    confidence = confidence.masked_fill(~masked, float("-inf"))
+    count = masked.sum(dim=1).clamp(max=quota)
+    top = _top_by_confidence(confidence, count)
+    if strategy == "static":
+        return top
+    confident = confidence > threshold
+    enough = confident.sum(dim=1) >= count
+    return torch.where(enough[:, None], confident, top)
+
+
+class _BlockContext:
+    """The working batch of block diffusion: the rows still decoding, and (with cache) their exact KV cache.
+
+    Only the rows in ``rows`` are forwarded; rows that stopped at a stop token are dropped from the batch and
+    from the cache, so their skipped work costs nothing.
+    """
+
+    def __init__(
+        self,
+        model: DiffusionLM,
+        x: torch.Tensor,
+        key_valid: torch.Tensor,
+        prompt_len: int,
+        use_cache: bool,
+    ) -> None:
+        self.model = model
+        self.x = x
+        self.key_valid = key_valid
+        self.prompt_len = prompt_len
+        self.use_cache = use_cache
+        self.positions = real_positions(key_valid)
+        self.rows = torch.arange(x.shape[0], device=x.device)
+        self.cache: Any = None  # the backend's own cache object
+        self.nfe = 0
+
+    def prefill(self) -> None:
+        """Cache the prompt's keys/values under the block-causal mask (prompt blocks aligned to its end)."""
+        if not self.use_cache or self.prompt_len == 0:
+            return
+        span = slice(0, self.prompt_len)
+        mask = block_causal_mask(self.key_valid[:, span], self.prompt_len, self.model.block_size)
+        self._cached_forward(span, mask, store=True)
+
+    def block_logits(self, span: slice) -> torch.Tensor:
+        """Logits [R, block, V] of the current block given the prompt and the finished blocks."""
+        if self.use_cache:
+            return self._cached_forward(span, self._block_queries_mask(span), store=False)
+        context = slice(0, span.stop)
+        mask = block_causal_mask(self.key_valid[self.rows, context], self.prompt_len, self.model.block_size)
+        self.nfe += 1
+        return self.model.logits(self.x[self.rows, context], mask, self.positions[self.rows, context])[:, span]
+
+    def store(self, span: slice) -> None:
+        """Append the finished block's keys/values to the cache (exact: it never attends to later blocks)."""
+        if self.use_cache:
+            self._cached_forward(span, self._block_queries_mask(span), store=True)
+
+    def drop(self, stopped: torch.Tensor) -> None:
+        """Remove the rows flagged in ``stopped`` [R] from the working batch and the cache."""
+        keep = ~stopped
+        self.rows = self.rows[keep]
+        if self.cache is not None:
+            self.cache = self.model.select_cache_rows(self.cache, keep)
+
+    def _block_queries_mask(self, span: slice) -> torch.Tensor:
+        """The block's rows of the block-causal mask: every cached key and its own block, except left padding."""
+        keys = self.key_valid[self.rows, : span.stop]
+        return keys[:, None, None, :].expand(-1, 1, span.stop - span.start, -1)
+
+    def _cached_forward(self, span: slice, mask: torch.Tensor, store: bool) -> torch.Tensor:
+        logits, cache = self.model.forward_cached(
+            self.x[self.rows, span], mask, self.positions[self.rows, span], self.cache, store=store
+        )
+        if store:
+            self.cache = cache
+        self.nfe += 1
+        return logits
+
+
+@torch.no_grad()
+def block_diffusion_generate(
+    model: DiffusionLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    *,
+    gen_length: int,
+    steps_per_block: int,
+    strategy: str = "static",
+    threshold: float = 0.9,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    use_cache: bool = True,
+    stop_at_eos: bool = False,
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """SDAR/TraDo block diffusion for block-causal models (block size = ``model.block_size``).
+
+    Blocks of the completion are decoded left to right, each in at most ``steps_per_block`` steps: sample
+    ``x0`` from softmax(filter(l / tau)) (argmax at tau = 0), confidence = that distribution's probability of
+    ``x0``, commit per ``strategy`` (static quota: the block spread evenly over the steps). With ``use_cache``:
+    one prefill of the prompt, one block-sized forward per step against the cache, and one store pass per
+    finished block (except the last), so ``nfe = 1 + steps + blocks - 1`` for static decoding. Without cache
+    every step recomputes ``[prompt | finished blocks | block]`` under the block-causal mask (same outputs,
+    ``nfe = steps``). With ``stop_at_eos``, a row whose finished block holds a stop token stops there and the
+    rest of its completion is filled with EOS (``unmask_step = -1``).
+    """
+    mask = _check_prompt(prompt_ids, prompt_mask)
+    _require(model.attention == "block", "block_diffusion_generate needs a block-attention model; use llada_generate")
+    block = int(model.block_size)
+    _check_common(gen_length, steps_per_block, temperature)
+    _require(gen_length % block == 0, f"gen_length ({gen_length}) must be a multiple of the block size ({block})")
+    _require(strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    _require(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold}")
+    _require(top_k >= 0, f"top_k must be >= 0, got {top_k}")
+    _require(0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p}")
+    _require(
+        not use_cache or model.supports_kv_cache,
+        f"the {model.family} backend has no KV cache; decode with use_cache=False",
+    )
+    _check_generator(generator, temperature > 0, prompt_ids.device)
+
+    prompt_len = prompt_ids.shape[1]
+    num_blocks = gen_length // block
+    x, key_valid = _with_completion(prompt_ids, mask, gen_length, model.mask_id)
+    unmask_step = torch.full((x.shape[0], gen_length), -1, dtype=torch.long, device=x.device)
+    quota = transfer_schedule(torch.tensor([block]), steps_per_block)[0].tolist()
+    stop_ids = torch.tensor(model.stop_ids, device=x.device)
+    ctx = _BlockContext(model, x, key_valid, prompt_len, use_cache)
+    ctx.prefill()
+    for j in range(num_blocks):
+        cols = slice(j * block, (j + 1) * block)
+        span = slice(prompt_len + cols.start, prompt_len + cols.stop)
+        for i in range(steps_per_block):
+            state = x[ctx.rows, span]
+            masked = state == model.mask_id
+            if not masked.any():
+                break
+            tokens, confidence = _sample_block(
+                ctx.block_logits(span), model.mask_id, temperature, top_k, top_p, generator
+            )
+            selected = _select_block(confidence, masked, quota[i], strategy, threshold)
+            x[ctx.rows, span], unmask_step[ctx.rows, cols] = _commit(
+                state, unmask_step[ctx.rows, cols], tokens, selected, j * steps_per_block + i
+            )
+        if stop_at_eos:
+            stopped = torch.isin(x[ctx.rows, span], stop_ids).any(dim=1)
+            x[ctx.rows[stopped], span.stop :] = model.eos_id
+            ctx.drop(stopped)
+        if j + 1 < num_blocks and len(ctx.rows) > 0:
+            ctx.store(span)
+        if len(ctx.rows) == 0:
+            break
+    return GenerationOutput(sequences=x, completion_ids=x[:, prompt_len:], unmask_step=unmask_step, nfe=ctx.nfe)
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+def generate(
+    model: DiffusionLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """Decode with the sampler that matches the model's attention pattern.
+
+    Full attention: :func:`llada_generate` with ``settings.steps`` in total. Block attention:
+    :func:`block_diffusion_generate` with ``steps_per_block = max(1, steps // (gen_length // block_size))``,
+    the same total step budget. Settings the chosen sampler cannot honour raise instead of being ignored.
+    """
+    if model.attention == "full":
+        _require(
+            settings.strategy == "static" and settings.top_k == 0 and settings.top_p == 1.0,
+            "strategy/top_k/top_p apply to block-diffusion models only",
+        )
+        _require(not settings.stop_at_eos, "stop_at_eos applies to block-diffusion models only")
+        return llada_generate(
+            model,
+            prompt_ids,
+            prompt_mask,
+            gen_length=settings.gen_length,
+            block_length=settings.block_length,
+            steps=settings.steps,
+            temperature=settings.temperature,
+            remasking=settings.remasking,
+            cfg_scale=settings.cfg_scale,
+            generator=generator,
+        )
+    _require(
+        settings.remasking == "low_confidence" and settings.cfg_scale == 0,
+        "remasking='random' and cfg_scale apply to full-attention models only",
+    )
+    num_blocks = max(1, settings.gen_length // int(model.block_size))
+    return block_diffusion_generate(
+        model,
+        prompt_ids,
+        prompt_mask,
+        gen_length=settings.gen_length,
+        steps_per_block=max(1, settings.steps // num_blocks),
+        strategy=settings.strategy,
+        threshold=settings.threshold,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        use_cache=settings.use_cache,
+        stop_at_eos=settings.stop_at_eos,
+        generator=generator,
+    )
+
+
+__all__ = [
+    "DecodeSettings",
+    "DecodeSettingsError",
+    "GenerationOutput",
+    "block_diffusion_generate",
+    "filter_logits",
+    "generate",
+    "llada_generate",
+    "transfer_schedule",
+]

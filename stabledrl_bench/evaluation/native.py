@@ -1,0 +1,207 @@
+"""Native evaluator: decode a task's test set under a named protocol, grade it, write a result record.
+
+The lm-eval adapter (:mod:`stabledrl_bench.evaluation.lmeval_adapter`) runs the same decoder and graders inside lm-eval;
+this path exists because ``reproduce`` evaluates many checkpoints at several lengths and needs per-sample
+records, resumability and no per-call framework overhead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.sampling import generate
+from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
+from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
+from stabledrl_bench.tasks import get_task
+
+
+@dataclass
+class EvalOutcome:
+    metrics: dict[str, Any]
+    samples: list[dict[str, Any]]
+    settings: dict[str, Any]
+
+
+def evaluate(
+    dlm: DiffusionLM,
+    task_name: str,
+    *,
+    protocol: str | EvalProtocol = "d1",
+    length: int = 256,
+    limit: int | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> EvalOutcome:
+    """Decode every evaluation doc of ``task_name`` (the protocol's subset) at canvas ``length`` and grade it.
+
+    Accuracy is the mean of the task grader's ``correct`` verdicts; for Sudoku the d1 cell accuracy goes into
+    ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side).
+    """
+    proto = get_protocol(protocol) if isinstance(protocol, str) else protocol
+    task = get_task(task_name)
+    docs = task.eval_docs(limit=limit)
+    settings = proto.settings(length, dlm)
+    generator = torch.Generator().manual_seed(seed)
+    dlm.model.eval()
+    specs = [task.prompt(doc, proto.prompt_protocol) for doc in docs]
+    chat = proto.chat_template
+    rendered = [dlm.render_prompt(s.messages, chat_template=chat, prefill=s.prefill) for s in specs]
+    # Sort by prompt length in tokens so each batch pads little (equal lengths share a batch); results are
+    # restored to document order. Padding never changes a result (see DiffusionLM), only the work.
+    tokens = [len(dlm.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered]
+    order = sorted(range(len(docs)), key=lambda i: tokens[i])
+    rows_by_doc: dict[int, list[dict[str, Any]]] = {}
+    nfe = 0
+    generated_tokens = 0
+    start = time.perf_counter()
+    bar = tqdm(total=len(docs) * proto.repeats, desc=f"eval {task_name}@{length}", disable=not progress)
+    with torch.no_grad():
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo : lo + batch_size]
+            prompts = [specs[i].messages for i in idx]
+            prompt_ids, prompt_mask = dlm.encode_prompts(prompts, chat_template=chat, prefill=specs[idx[0]].prefill)
+            for repeat in range(proto.repeats):
+                out = generate(dlm, prompt_ids, prompt_mask, settings, generator=generator)
+                nfe += out.nfe * len(idx)
+                generated_tokens += int(dlm.completion_mask(out.completion_ids).sum())
+                for i, text in zip(idx, dlm.decode(out.completion_ids), strict=True):
+                    grade = task.grade(text, docs[i])
+                    doc_id = docs[i]["doc_id"]
+                    rows_by_doc.setdefault(i, []).append(
+                        {
+                            # Sampling protocols decode each problem several times; every decode is one row, so
+                            # accuracy is the average over repeats (TraceRL's definition).
+                            "doc_id": f"{doc_id}#r{repeat}" if proto.repeats > 1 else doc_id,
+                            "prompt": rendered[i],
+                            "completion": text,
+                            "correct": bool(grade.correct),
+                            "score": float(grade.score),
+                            "extracted": grade.extracted,
+                            "details": dict(grade.details),
+                        }
+                    )
+                bar.update(len(idx))
+    bar.close()
+    wall = time.perf_counter() - start
+    rows = [row for i in range(len(docs)) for row in rows_by_doc[i]]
+    metrics: dict[str, Any] = {
+        "accuracy": sum(s["correct"] for s in rows) / len(rows),
+        "n": len(rows),
+        "score_mean": sum(s["score"] for s in rows) / len(rows),
+        "nfe_per_sample": nfe / len(rows),
+        "wall_time_s": wall,
+        "tokens_per_s": generated_tokens / wall if wall > 0 else None,
+    }
+    d1_flags = [s["details"]["d1"] for s in rows if isinstance(s["details"].get("d1"), bool)]
+    if len(d1_flags) == len(rows):
+        metrics["d1_accuracy"] = sum(d1_flags) / len(rows)
+    if task_name == "sudoku":
+        metrics["d1_accuracy"] = metrics["score_mean"]  # d1 reports cell accuracy for Sudoku
+    return EvalOutcome(metrics=metrics, samples=rows, settings={**settings.to_dict(), "protocol": proto.to_dict()})
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 of a model's weights: every state-dict entry's name, dtype, shape and bytes, in name order.
+
+    Why: a result is only reusable for the weights it measured. Paths are not identities (a fresh clone retrains
+    ``runs/.../final`` with different weights; a checkpoint can be swapped), bytes are.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def model_record(dlm: DiffusionLM, checkpoint: str) -> dict[str, Any]:
+    """The ``model`` field of a result record (the rest of the model's summary goes into ``settings``)."""
+    summary = dlm.config_summary()
+    return {
+        "family": summary["family"],
+        "name": summary["name"],
+        "checkpoint": checkpoint,
+        "parameters": summary["parameters"],
+        "weights_sha256": weights_sha256(dlm.model),
+        "dtype": str(next(dlm.model.parameters()).dtype).replace("torch.", ""),
+    }
+
+
+class Recorded(NamedTuple):
+    """Where a result is, and whether it was reused instead of measured (with the reason it was not)."""
+
+    path: Path
+    reused: bool
+    note: str
+
+
+def _why_not_reusable(
+    results_dir, key: dict[str, Any], settings: dict[str, Any], actual_length: int, n: int
+) -> str | None:
+    """None when the stored result for ``key`` measured these weights with these settings, else the reason."""
+    if not result_exists(results_dir, key):
+        return "no stored result"
+    stored = read_result(result_path(results_dir, key))
+    weights = stored["model"].get("weights_sha256")
+    if weights is None or weights != key["model"].get("weights_sha256"):
+        return "the stored result measured other weights" if weights else "the stored result records no weights hash"
+    if stored["actual_gen_length"] != actual_length:
+        return f"the stored result decoded {stored['actual_gen_length']} tokens, not {actual_length}"
+    if {k: v for k, v in stored["settings"].items() if k != "model"} != settings:
+        return "the stored result used other decode settings"
+    if stored["metrics"]["n"] != n:
+        return f"the stored result has {stored['metrics']['n']} samples, not {n}"
+    return None
+
+
+def evaluate_and_record(
+    dlm: DiffusionLM,
+    *,
+    results_dir,
+    key: dict[str, Any],
+    actual_length: int,
+    budget: dict[str, Any] | None,
+    limit: int | None = None,
+    batch_size: int = 16,
+    skip_existing: bool = True,
+    progress: bool = True,
+) -> Recorded:
+    """Evaluate and write one result, or reuse the stored one when it measured the same weights (resumable).
+
+    Reuse needs the same weights hash, decode settings, generated length and number of samples; anything else
+    is measured again and replaces the stored result.
+    """
+    proto = get_protocol(key["protocol"])
+    settings = {**proto.settings(actual_length, dlm).to_dict(), "protocol": proto.to_dict()}
+    n = len(get_task(key["task"]).eval_docs(limit=limit)) * proto.repeats
+    reason = _why_not_reusable(results_dir, key, settings, actual_length, n) if skip_existing else "--force"
+    if reason is None:
+        return Recorded(result_path(results_dir, key), True, "same weights and settings")
+    outcome = evaluate(
+        dlm,
+        key["task"],
+        protocol=proto,
+        length=actual_length,
+        limit=limit,
+        batch_size=batch_size,
+        seed=key["seed"],
+        progress=progress,
+    )
+    record = {
+        **key,
+        "actual_gen_length": actual_length,
+        "budget": budget,
+        "settings": {**outcome.settings, "model": dlm.config_summary()},
+        "metrics": outcome.metrics,
+    }
+    return Recorded(write_result(results_dir, record, outcome.samples), False, reason)

@@ -1,0 +1,137 @@
+"""Named evaluation protocols: prompt style + decoding settings, recorded in every result.
+
+Published dLLM numbers come from different evaluators; comparing them means decoding exactly as they did.
+Each protocol names one such evaluator (see the reference notes, ``lmeval_decoding.md`` §2.4-2.5, §3.7):
+
+* ``d1`` (default): d1/SPG's evaluator, basis of most published LLaDA RL numbers: greedy, block 32,
+  steps = length / 2 (two tokens per step), chat template + task system prompt + ``<reasoning>`` prefill.
+* ``stabledrl-code``: the official StableDRL ``math_metrics.py``: greedy, block 8, one token per step, raw
+  prompt without chat template. It grades prompt + completion there; we grade the completion only (the prompt
+  contains ``\\boxed{answer here}``), a documented deviation.
+* ``stabledrl-evalpy``: StableDRL's deleted ``eval/eval.py``: d1 prompts, block 32, steps = length.
+* ``tracerl-static`` / ``tracerl-dynamic``: TraceRL's block-diffusion protocol (SDAR/TraDo): one token per step
+  greedy (top-1) / temperature 1.0 with confidence threshold 0.9.
+* ``tiny`` / ``tiny-static`` / ``tiny-dynamic``: the same decoders for the built-in tiny model, with the tasks'
+  short ``tiny`` prompts (the tiny model cannot read d1's long system prompts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.sampling import DecodeSettings
+from stabledrl_bench.errors import UserError
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    name: str
+    description: str
+    prompt_protocol: str  # the task's prompt construction (d1, stabledrl, tiny)
+    attention: str  # "full" (LLaDA-style) or "block" (SDAR-style) models
+    block_length: int = 32  # semi-autoregressive block for full-attention models
+    tokens_per_step: int = 2  # steps = length / tokens_per_step (full) or block / tokens_per_step (block)
+    temperature: float = 0.0
+    strategy: str = "static"
+    threshold: float = 0.9
+    chat_template: bool = True  # apply the model's chat template to the user message
+    prefill: str = "<reasoning>"  # text that opens the assistant turn (d1); "" for the short prompts
+    repeats: int = 1  # evaluations per problem, averaged (TraceRL: AIME x20, others x3 when sampling)
+
+    def settings(self, length: int, model: DiffusionLM) -> DecodeSettings:
+        """Decode settings for ``model`` at canvas ``length`` (block models use their own block size)."""
+        if model.attention != self.attention:
+            kind = "block-diffusion" if self.attention == "block" else "full-attention"
+            raise UserError(
+                f"protocol {self.name!r} is for {kind} models; {model.name} has {model.attention} attention"
+            )
+        if self.attention == "block":
+            block_size = model.block_size
+            steps = (length // block_size) * max(1, block_size // self.tokens_per_step)
+            return DecodeSettings(
+                gen_length=length,
+                block_length=block_size,
+                steps=steps,
+                temperature=self.temperature,
+                strategy=self.strategy,
+                threshold=self.threshold,
+                stop_at_eos=True,
+                use_cache=model.supports_kv_cache,
+            )
+        block = min(self.block_length, length)
+        if length % block:
+            raise UserError(f"protocol {self.name!r}: block {block} does not divide length {length}")
+        return DecodeSettings(
+            gen_length=length,
+            block_length=block,
+            steps=max(1, length // self.tokens_per_step),
+            temperature=self.temperature,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+PROTOCOLS: dict[str, EvalProtocol] = {
+    p.name: p
+    for p in (
+        EvalProtocol("d1", "d1/SPG evaluator: greedy, block 32, 2 tokens/step, chat + <reasoning>", "d1", "full"),
+        EvalProtocol(
+            "stabledrl-code",
+            "StableDRL math_metrics.py: greedy, block 8, 1 token/step, no chat template",
+            "stabledrl",
+            "full",
+            block_length=8,
+            tokens_per_step=1,
+            chat_template=False,
+            prefill="",
+        ),
+        EvalProtocol(
+            "stabledrl-evalpy",
+            "StableDRL's deleted eval/eval.py: d1 prompts, block 32, 1 token/step",
+            "d1",
+            "full",
+            tokens_per_step=1,
+        ),
+        EvalProtocol(
+            "tracerl-static", "TraceRL static: block diffusion, greedy, 1 token/step", "d1", "block", tokens_per_step=1
+        ),
+        EvalProtocol(
+            "tracerl-dynamic",
+            "TraceRL dynamic: block diffusion, temperature 1.0, confidence threshold 0.9",
+            "d1",
+            "block",
+            tokens_per_step=1,
+            temperature=1.0,
+            strategy="dynamic",
+            repeats=3,
+        ),
+        EvalProtocol(
+            "tiny",
+            "tiny model: d1 decoder (greedy, 2 tokens/step) with short prompts, block 8",
+            "tiny",
+            "full",
+            block_length=8,
+            prefill="",
+        ),
+        EvalProtocol(
+            "tiny-static", "tiny block model: greedy, 1 token/step", "tiny", "block", tokens_per_step=1, prefill=""
+        ),
+        EvalProtocol(
+            "tiny-dynamic",
+            "tiny block model: greedy with confidence threshold 0.9",
+            "tiny",
+            "block",
+            tokens_per_step=1,
+            strategy="dynamic",
+            prefill="",
+        ),
+    )
+}
+
+
+def get_protocol(name: str) -> EvalProtocol:
+    if name not in PROTOCOLS:
+        raise UserError(f"unknown evaluation protocol {name!r}; known: {', '.join(PROTOCOLS)}")
+    return PROTOCOLS[name]

@@ -1,0 +1,162 @@
+"""``verify``: check that every stored result adds up, from its own files and, where present, its checkpoint.
+
+A result record claims a lot: these completions, graded so, averaging to this accuracy, produced by these
+weights at this commit. Loading a record already checks its schema, its samples' sha256, ``n`` and ``accuracy``.
+This goes further, record by record:
+
+* **re-grade** every stored completion with the task's grader and compare ``correct``, ``score`` and the d1
+  verdict with what the samples say (forged flags, or samples graded by other code);
+* **metrics** recomputed from the samples (``score_mean``, ``d1_accuracy``);
+* **weights**: where the checkpoint exists here (or is the built-in ``tiny`` model), load it as evaluated and
+  compare its weights hash with the recorded one (a swapped checkpoint or path);
+* **commit**: the recorded commit must exist in this repository;
+* **re-decode** (``--redecode N``, greedy protocols only): decode the first N prompts again with the recorded
+  settings and compare the completions token for token (forged or edited completions).
+
+What cannot be checked after the fact: the hardware and whether the tree was dirty; they are reported as
+recorded.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.native import weights_sha256
+from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result
+from stabledrl_bench.tasks import get_task
+
+SCORE_TOLERANCE = 1e-9
+
+
+def _regrade(record: Mapping[str, Any], samples: list[dict[str, Any]]) -> list[str]:
+    task = get_task(record["task"])
+    docs = {str(doc["doc_id"]): doc for doc in task.eval_docs()}
+    problems = []
+    for sample in samples:
+        doc_id = str(sample["doc_id"]).split("#r")[0]  # repeated decodes are "<doc_id>#r<k>"
+        doc = docs.get(doc_id)
+        if doc is None:
+            problems.append(f"sample {sample['doc_id']}: no such test item in {record['task']}")
+            continue
+        grade = task.grade(sample["completion"], doc)
+        if grade.correct != sample["correct"]:
+            problems.append(
+                f"sample {sample['doc_id']}: stored correct={sample['correct']}, grader says {grade.correct}"
+            )
+        elif sample["score"] is not None and not math.isclose(grade.score, sample["score"], abs_tol=SCORE_TOLERANCE):
+            problems.append(f"sample {sample['doc_id']}: stored score {sample['score']}, grader gives {grade.score}")
+        elif grade.details.get("d1") != sample["details"].get("d1"):
+            problems.append(f"sample {sample['doc_id']}: stored d1 verdict differs from the grader's")
+    return problems
+
+
+def _metrics(record: Mapping[str, Any], samples: list[dict[str, Any]]) -> list[str]:
+    metrics, n = record["metrics"], len(samples)
+    expected = {"score_mean": sum(float(s["score"] or 0.0) for s in samples) / n}
+    d1 = [s["details"].get("d1") for s in samples]
+    if all(isinstance(flag, bool) for flag in d1):
+        expected["d1_accuracy"] = sum(d1) / n
+    if record["task"] == "sudoku":
+        expected["d1_accuracy"] = expected["score_mean"]
+    return [
+        f"metrics.{name} = {metrics[name]} but the samples give {value}"
+        for name, value in expected.items()
+        if metrics.get(name) is not None and not math.isclose(metrics[name], value, abs_tol=1e-9)
+    ]
+
+
+def _commit_known(record: Mapping[str, Any]) -> list[str]:
+    commit = (record["environment"].get("git") or {}).get("commit")
+    if not commit:
+        return []
+    try:
+        done = subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []  # no git here: nothing to compare with
+    return [] if done.returncode == 0 else [f"recorded commit {commit[:12]} is not in this repository"]
+
+
+def _load_as_evaluated(record: Mapping[str, Any]):
+    """The recorded model, loaded as it was evaluated, or None when its checkpoint is not on this machine."""
+    from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
+
+    model = record["model"]
+    checkpoint = model.get("checkpoint")
+    if not checkpoint or (checkpoint not in TINY_SPECS and not Path(checkpoint).exists()):
+        return None
+    dtype = getattr(torch, model["dtype"]) if model.get("dtype") else None
+    return load_model_spec(checkpoint, seed=record["seed"], dtype=dtype)
+
+
+def _redecode(dlm, record: Mapping[str, Any], samples: list[dict[str, Any]], count: int) -> list[str]:
+    from stabledrl_bench.core.sampling import DecodeSettings, generate
+
+    fields = {k: v for k, v in record["settings"].items() if k in DecodeSettings.__dataclass_fields__}
+    settings = DecodeSettings(**fields)
+    if settings.temperature > 0:
+        return []  # sampled decodes cannot be repeated without the original batch's random stream
+    problems = []
+    with torch.no_grad():
+        for sample in samples[:count]:
+            ids, mask = dlm.encode_prompts([sample["prompt"]], chat_template=False)
+            text = dlm.decode(generate(dlm, ids, mask, settings).completion_ids)[0]
+            if text != sample["completion"]:
+                problems.append(f"sample {sample['doc_id']}: re-decoding gives another completion")
+    return problems
+
+
+def verify_record(path: Path, *, weights: bool = True, redecode: int = 0) -> tuple[list[str], list[str]]:
+    """``(problems, notes)`` for one result file; no problems means it adds up as far as it can be checked."""
+    try:
+        record = read_result(path)
+        samples = load_samples(record)
+    except UserError as exc:
+        return [str(exc)], []
+    problems = _regrade(record, samples) + _metrics(record, samples) + _commit_known(record)
+    notes = []
+    if weights or redecode:
+        recorded = record["model"].get("weights_sha256")
+        try:
+            dlm = _load_as_evaluated(record)
+        except UserError as exc:
+            return [*problems, f"checkpoint {record['model'].get('checkpoint')}: {exc}"], notes
+        if dlm is None:
+            notes.append(f"checkpoint {record['model'].get('checkpoint')} is not here: weights not checked")
+        elif recorded is None:
+            notes.append("the record has no weights hash (written before hashes were recorded)")
+        elif weights_sha256(dlm.model) != recorded:
+            problems.append(f"checkpoint {record['model']['checkpoint']} holds other weights than were evaluated")
+        elif redecode:
+            problems += _redecode(dlm, record, samples, redecode)
+    return problems, notes
+
+
+def verify_results(results_dir: Path | str, *, weights: bool = True, redecode: int = 0) -> dict[str, Any]:
+    """Verify every result record under ``results_dir`` (the stability records excepted); prints as it goes."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise UserError(f"results directory {root} does not exist")
+    stability = root / STABILITY_DIR
+    paths = sorted(p for p in root.rglob("*.json") if stability not in p.parents)
+    failed = 0
+    for path in paths:
+        problems, notes = verify_record(path, weights=weights, redecode=redecode)
+        failed += bool(problems)
+        print(f"{'FAIL' if problems else 'ok  '} {path}")
+        for line in problems[:20] + [f"({len(problems) - 20} more)"] * (len(problems) > 20):
+            print(f"       problem: {line}")
+        for line in notes:
+            print(f"       note: {line}")
+    return {"records": len(paths), "failed": failed}

@@ -1,0 +1,425 @@
+"""``reproduce table1|table2``: warm start, train every baseline under one budget, evaluate, rebuild the board.
+
+Presets (``--preset``):
+
+* ``paper`` - the official StableDRL settings on real weights (``--model`` = LLaDA-8B-Instruct for Table 1,
+  SDAR-8B for Table 2): full-parameter RL, 32 prompts x 16 completions per step, mu = 2, 2000 steps, lr 2e-6
+  (GSM8K, MATH) / 1e-6 (Countdown, Sudoku), bf16, gradient checkpointing; launch under ``accelerate launch``
+  with one of the configs in ``configs/accelerate/``. Evaluates with the d1 protocol at 128/256/512 (Table 1)
+  or TraceRL's static/dynamic protocol (Table 2).
+* ``tiny`` - the built-in tiny model on a laptop CPU: masked-diffusion SFT warm start, then RL for every
+  baseline, on the tasks a tiny model can learn; lengths are scaled down and labelled as such.
+* ``smoke`` - minutes: a few steps of everything, used by CI to prove the pipeline end to end.
+
+``auto`` (the default) picks ``paper`` when a GPU and ``--model`` are present, else ``tiny``. Everything is
+resumable: finished trainings and evaluations are skipped, interrupted trainings resume from their checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
+from stabledrl_bench.core.models.probes import require_conventions
+from stabledrl_bench.core.registry import available_baselines
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+from stabledrl_bench.reporting.leaderboard import (
+    CONTROL_RUN,
+    TRAINING_COLUMNS,
+    TRAINING_WINDOW,
+    training_changes,
+    training_path,
+    write_leaderboard,
+)
+from stabledrl_bench.reporting.results import atomic_write_text
+from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.checkpoint import latest_checkpoint
+from stabledrl_bench.training.optim import OptimConfig
+from stabledrl_bench.training.runlog import plot_runs, read_log
+from stabledrl_bench.training.sft import SFTConfig, run_sft
+from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+
+TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
+# The control run of every task (leaderboard.CONTROL_RUN): the start model trained with learning rate 0, so its
+# updates are zero, rolling out the same prompts with the same random numbers as every RL run.
+FROZEN_BASELINE = "grpo"
+
+
+@dataclass
+class TaskRecipe:
+    """Per-task settings of a preset (data split, learning rate, generator options for RL and for SFT)."""
+
+    train_split: str = "train"
+    learning_rate: float = 1e-6
+    generator_options: dict[str, Any] = field(default_factory=dict)
+    sft_generator_options: dict[str, Any] | None = None  # None: same puzzles as RL
+
+
+@dataclass
+class Preset:
+    name: str
+    description: str
+    model: str | None  # None: the user must pass --model
+    tasks: dict[str, TaskRecipe]
+    budget: Budget
+    protocols: tuple[str, ...]  # evaluation protocol(s); Table 2 has a static and a dynamic one
+    prompt_protocol: str  # training prompts
+    reward_profile: str  # training rewards
+    lengths: dict[int, int]  # nominal length (table column) -> tokens actually decoded
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SFTConfig | None = None  # warm start (tiny / smoke); None: RL starts from the given model
+    per_device_prompts: int = 1
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    eval_limit: int | None = None
+    eval_batch_size: int = 64
+    save_every: int = 0
+    seeds: tuple[int, ...] = (0,)
+
+
+def _tiny_budget(steps: int, length: int) -> Budget:
+    """The tiny presets' RL budget. Rollouts dominate its cost; 6 prompts x 8 completions keeps the whole default
+    ``reproduce table1`` (SFT, six runs with the control, 18 evaluations) within 20 minutes on 2 cores."""
+    return Budget(
+        max_steps=steps,
+        prompts_per_step=6,
+        num_generations=8,
+        num_iterations=2,
+        max_completion_length=length,
+        diffusion_steps=length // 2,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=64,
+    )
+
+
+def _paper_budget() -> Budget:
+    return Budget(
+        max_steps=2000,
+        prompts_per_step=32,
+        num_generations=16,
+        num_iterations=2,
+        max_completion_length=256,
+        diffusion_steps=128,
+        block_length=32,
+        temperature=0.9,
+        max_prompt_length=256,
+    )
+
+
+_PAPER_TASKS_T1 = {
+    "gsm8k": TaskRecipe("train", 2e-6),
+    "math500": TaskRecipe("train", 2e-6),
+    "countdown": TaskRecipe("train_cd3", 1e-6),
+    "sudoku": TaskRecipe("train", 1e-6),
+}
+# One fixed SFT canvas (64) on purpose: on the 48-token RL canvas this start often garbles "</answer>", which d1's
+# reward requires, and learning that tag is the gain RL makes measurably here. A canvas-robust start
+# (min_completion_length=40) leaves RL nothing this budget can measure; the README's tiny-preset section has both.
+_TINY_SFT = SFTConfig(
+    protocol="tiny",
+    train_split="generated",
+    max_steps=800,
+    batch_size=64,
+    completion_length=64,  # EOS-padded to the longest evaluation canvas, as LLaDA's SFT pads to its sequence length
+    optim=OptimConfig(  # 1e-3 with cosine decay reached 66% cell accuracy; a constant 3e-4 reaches 91%
+        learning_rate=3e-4,
+        weight_decay=0.0,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=20,
+        max_grad_norm=1.0,
+    ),
+)
+TINY_RL_STEPS = 60  # per baseline
+TINY_RL_LR = 2e-5
+_TINY_OPTIM = OptimConfig(learning_rate=TINY_RL_LR, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
+
+
+def _smoke(tiny: Preset) -> Preset:
+    """The tiny preset shrunk to a pipeline check: 2 RL steps, 10 SFT steps, 8 evaluation docs."""
+    return dataclasses.replace(
+        tiny,
+        name="smoke",
+        description=f"pipeline check in minutes: a few steps of everything ({tiny.model} model)",
+        budget=dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations),
+        sft=dataclasses.replace(tiny.sft, max_steps=10, batch_size=16),
+        eval_limit=8,
+    )
+
+
+def presets(table: str) -> dict[str, Preset]:
+    """The presets of ``table``; see the module docstring."""
+    paper = Preset(
+        "paper",
+        "LLaDA-8B-Instruct, official StableDRL settings (full-parameter, 2000 steps, mu = 2)",
+        None,
+        _PAPER_TASKS_T1,
+        _paper_budget(),
+        ("d1",),
+        "stabledrl",
+        "stabledrl",
+        {128: 128, 256: 256, 512: 512},
+        optim=OptimConfig(learning_rate=2e-6),
+        bf16=True,
+        gradient_checkpointing=True,
+        eval_batch_size=8,
+        save_every=100,
+    )
+    tiny = Preset(
+        "tiny",
+        "built-in tiny model on CPU: SFT warm start, then RL at 48 tokens; lengths 128/256/512 scaled to 40/48/64",
+        "tiny",
+        {"sudoku": TaskRecipe("generated", TINY_RL_LR)},
+        _tiny_budget(TINY_RL_STEPS, 48),  # RL at the "256" canvas, as the paper trains at 256
+        ("tiny",),
+        "tiny",
+        "d1",
+        {128: 40, 256: 48, 512: 64},
+        optim=_TINY_OPTIM,
+        sft=_TINY_SFT,
+        per_device_prompts=6,
+    )
+    if table == "table2":
+        paper = dataclasses.replace(
+            paper,
+            description="SDAR-8B block diffusion with staircase attention, official StableDRL settings",
+            tasks={"math500": TaskRecipe("train_l3to5", 1e-6)},
+            budget=dataclasses.replace(paper.budget, block_length=4, diffusion_steps=256),
+            protocols=("tracerl-static", "tracerl-dynamic"),
+            lengths={2000: 2000},
+            optim=OptimConfig(learning_rate=1e-6),
+        )
+        tiny = dataclasses.replace(
+            tiny,
+            description="built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 48 tokens",
+            model="tiny-block",
+            budget=dataclasses.replace(tiny.budget, block_length=4, diffusion_steps=tiny.budget.max_completion_length),
+            protocols=("tiny-static", "tiny-dynamic"),
+            lengths={2000: 48},
+            sft=dataclasses.replace(_TINY_SFT, model="tiny-block"),
+        )
+    return {"paper": paper, "tiny": tiny, "smoke": _smoke(tiny)}
+
+
+def choose_preset(table: str, requested: str, model: str | None) -> Preset:
+    available = presets(table)
+    if requested == "auto":
+        requested = "paper" if (torch.cuda.is_available() and model) else "tiny"
+    if requested not in available:
+        raise UserError(f"unknown preset {requested!r} for {table}; choose auto, {', '.join(available)}")
+    preset = available[requested]
+    if preset.model is None and not model:
+        raise UserError(f"--preset paper needs --model /path/to/weights ({preset.description})")
+    return preset
+
+
+def _banner(table: str, preset: Preset, model: str | None) -> None:
+    print(f"reproduce {table}: preset '{preset.name}' - {preset.description}")
+    if preset.name != "paper":
+        needs = "LLaDA-8B-Instruct" if table == "table1" else "SDAR-8B-Chat"
+        print(
+            f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`;"
+            " see README 'Reproducing on GPUs')"
+        )
+    print(f"  model: {model or preset.model}; tasks: {', '.join(preset.tasks)}; budget {preset.budget.hash()}")
+
+
+def reproduce(args) -> None:
+    """Entry point of ``python -m stabledrl_bench reproduce`` (see the module docstring)."""
+    table = args.table
+    preset = choose_preset(table, args.preset, args.model)
+    model_spec = args.model or preset.model
+    baselines = _select(args.baselines, TABLE_BASELINES, "baseline", available_baselines())
+    tasks = _select(args.tasks, tuple(preset.tasks), "task", preset.tasks)
+    _banner(table, preset, model_spec)
+    comparison = f"{table}-{preset.name}"
+    runs = Path(args.runs) / comparison
+    limit = args.limit if args.limit is not None else preset.eval_limit
+    for task in tasks:
+        recipe = preset.tasks[task]
+        start = model_spec
+        if preset.sft is not None:
+            start = str(_warm_start(preset, task, model_spec, runs / task / "sft", args.seed, args.force))
+        reference = "sft" if preset.sft is not None else "base"
+        _evaluate_all(preset, table, comparison, task, reference, start, None, args, limit)
+        for baseline in baselines:
+            final = _train(preset, recipe, task, baseline, start, runs / task / baseline, args)
+            _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), args, limit)
+        _train(preset, recipe, task, FROZEN_BASELINE, start, runs / task / CONTROL_RUN, args, 0.0)
+        run_dirs = {name: runs / task / name for name in (*baselines, CONTROL_RUN)}
+        _training_summary(task, run_dirs, Path(args.results), comparison)
+    from stabledrl_bench.experiments.stress import stability_section
+
+    path = write_leaderboard(
+        args.results, args.leaderboard, plots_dir=Path(args.results) / "plots", extra_sections=[stability_section]
+    )
+    print(f"leaderboard: {path}")
+
+
+def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, comparison: str) -> None:
+    """Store every run's per-rollout training reward with the frozen control's, print the paired change, plot.
+
+    Why a control: the reward of a rollout depends on which prompts were drawn and on the sampling noise. The
+    frozen run (learning rate 0) draws the same prompts with the same random numbers, so the per-rollout
+    difference isolates what training changed (:func:`training_changes`). The evaluation-side signal (each RL
+    row minus the start on the test set, paired by item) is in the leaderboard next to it.
+    """
+    rollouts = {run: _rollout_records(d / "log.jsonl") for run, d in run_dirs.items() if (d / "log.jsonl").is_file()}
+    rewards = pd.DataFrame(
+        [(task, run, r["step"], r["reward_mean"]) for run, records in rollouts.items() for r in records],
+        columns=list(TRAINING_COLUMNS),
+    )
+    path = training_path(results_dir, comparison, task)
+    atomic_write_text(path, rewards.to_csv(index=False))
+    print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones:")
+    for row in training_changes(rewards).itertuples():
+        print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {row.change.text('+.3f', scale=1.0)}")
+    labels = {run: f"{run} (learning rate 0)" if run == CONTROL_RUN else run for run in rollouts}
+    plot = plot_runs(
+        {labels[run]: records for run, records in rollouts.items()},
+        path.with_suffix(".png"),
+        window=5,
+        title=f"{comparison}: {task}, reward of each rollout",
+    )
+    print(f"  [{task}] training rewards: {path}" + (f", curves: {plot}" if plot else ""))
+
+
+def _rollout_records(log: Path) -> list[dict[str, Any]]:
+    """One record per rollout phase: the phase's first optimizer step carries the reward of its rollout."""
+    return [r for r in read_log(log) if r.get("phase_iteration") == 0 and r.get("reward_mean") is not None]
+
+
+def _select(requested: str | None, default: tuple[str, ...], what: str, known) -> list[str]:
+    if not requested:
+        return list(default)
+    names = [n.strip() for n in requested.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"unknown {what}(s) {', '.join(unknown)}; available: {', '.join(known)}")
+    return names
+
+
+def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, force: bool) -> Path:
+    final = out / "final"
+    if final.is_dir() and not force:
+        print(f"  [{task}] SFT warm start: done ({final})")
+        return final
+    if force:
+        shutil.rmtree(out, ignore_errors=True)
+    recipe = preset.tasks[task]
+    cfg = dataclasses.replace(
+        preset.sft,
+        task=task,
+        model=model,
+        seed=seed,
+        output_dir=str(out),
+        generator_options=recipe.generator_options
+        if recipe.sft_generator_options is None
+        else recipe.sft_generator_options,
+    )
+    print(f"  [{task}] SFT warm start: {cfg.max_steps} steps -> {final}")
+    return run_sft(cfg)
+
+
+def _train(
+    preset: Preset,
+    recipe: TaskRecipe,
+    task: str,
+    baseline: str,
+    start: str,
+    out: Path,
+    args,
+    learning_rate: float | None = None,
+) -> Path:
+    final = out / "final"
+    if args.force:
+        shutil.rmtree(out, ignore_errors=True)
+    if final.is_dir() and _same_budget(out, preset.budget):
+        print(f"  [{task}] {out.name}: trained ({final})")
+        return final
+    cfg = TrainConfig(
+        baseline=baseline,
+        task=task,
+        model=start,
+        protocol=preset.prompt_protocol,
+        reward_profile=preset.reward_profile,
+        train_split=recipe.train_split,
+        generator_options=recipe.generator_options,
+        budget=preset.budget,
+        optim=dataclasses.replace(
+            preset.optim, learning_rate=recipe.learning_rate if learning_rate is None else learning_rate
+        ),
+        per_device_prompts=preset.per_device_prompts,
+        seed=args.seed,
+        bf16=preset.bf16,
+        gradient_checkpointing=preset.gradient_checkpointing,
+        output_dir=str(out),
+        save_every=preset.save_every,
+        check_model=not args.skip_model_check,
+    )
+    resume = latest_checkpoint(out) is not None
+    print(f"  [{task}] {out.name}: {'resuming' if resume else 'training'} {preset.budget.max_steps} steps -> {out}")
+    return RLTrainer(cfg).train(resume=resume)
+
+
+def _same_budget(run_dir: Path, budget: Budget) -> bool:
+    info = run_dir / "run.json"
+    if not info.is_file():
+        return False
+    return json.loads(info.read_text()).get("budget_hash") == budget.hash()
+
+
+def _eval_device() -> tuple[str | None, torch.dtype | None]:
+    """This process's GPU (``LOCAL_RANK`` under ``accelerate launch``) in bf16, or the CPU as loaded."""
+    if not torch.cuda.is_available():
+        return None, None
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
+
+
+def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, args, limit) -> None:
+    device, dtype = _eval_device() if preset.bf16 else (None, None)
+    dlm = load_model_spec(checkpoint, seed=args.seed, device=device, dtype=dtype)
+    if checkpoint not in TINY_SPECS and not args.skip_model_check:
+        require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
+    model = model_record(dlm, checkpoint)  # hashes the weights once per checkpoint
+    for protocol in preset.protocols:
+        sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
+        for nominal, actual in preset.lengths.items():
+            key = {
+                "comparison": comparison,
+                "table": table,
+                "preset": preset.name,
+                "baseline": baseline,
+                "task": task,
+                "length": nominal,
+                "sampling": sampling,
+                "protocol": protocol,
+                "seed": args.seed,
+                "model": model,
+            }
+            recorded = evaluate_and_record(
+                dlm,
+                results_dir=args.results,
+                key=key,
+                actual_length=actual,
+                budget=budget,
+                limit=limit,
+                batch_size=preset.eval_batch_size,
+                skip_existing=not args.force,
+            )
+            acc = json.loads(recorded.path.read_text())["metrics"]
+            how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
+            print(
+                f"  [{task}] {baseline} @ {nominal} ({actual} tokens, {protocol}): accuracy "
+                f"{100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
+            )

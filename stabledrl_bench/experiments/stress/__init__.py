@@ -1,0 +1,35 @@
+"""Stability experiments: the paper's mechanism (paper_tables.md §1.4-1.5, §5; algorithms.md §5) on a tiny model.
+
+The claim under test: with *estimated* importance ratios, GRPO's conditional clip lets noise-driven outliers through
+(for A < 0 the PPO min keeps rho A, unbounded in rho) as gradient spikes; spikes cause drift, drift widens the ratio
+distribution, and the loop ends in reward collapse. StableDRL's unconditional clip plus self-normalisation keeps every
+update inside the convex hull of the per-sample terms. Unlike the 8B accuracy tables, this can be measured on a CPU.
+
+=============  ==============================================================  ==================================
+command        what                                                            module
+=============  ==============================================================  ==================================
+``exploding``  methods x {normal, exploding noise} x seeds, real RL runs:      :mod:`.training`
+               reward / pre-clip grad-norm curves, spikes, collapse step
+``drift``      spike probability of each update rule vs drift from the         :mod:`.drift`
+               rollout policy (no training loop)
+``clip``       StableDRL with C in {1, 5, 100, 1000}                           :mod:`.training`
+``hull``       ||update|| vs the convex-hull bound on random inputs            :mod:`.hull`
+=============  ==============================================================  ==================================
+
+``python -m stabledrl_bench stress <command>`` writes ``results/stability/<command>.json`` plus PNGs and rebuilds the
+leaderboard, whose Stability section (:func:`stability_section`) is generated from those files. Definitions (spike,
+collapse, exploding noise) live in :mod:`.common`; the CI regression is ``tests/test_stress.py``.
+"""
+
+from stabledrl_bench.experiments.stress.report import stability_section
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stabledrl_bench stress ...`` (:func:`.cli.main`); imported on call, so that the leaderboard,
+    which only needs :func:`stability_section`, does not load the training stack."""
+    from stabledrl_bench.experiments.stress.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+__all__ = ["main", "stability_section"]

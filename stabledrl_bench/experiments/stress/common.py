@@ -1,0 +1,382 @@
+"""Shared pieces of the stability experiments: the stress model and its warm start, the exploding-noise condition,
+the precise spike and collapse definitions, result records and seed-band plots.
+
+Why a dedicated stress model: the mechanism under test (estimated ratios -> bypassed clip -> gradient spikes ->
+drift -> collapse) lives in the loss, not in model size, and every experiment must fit ~15 minutes on 2 CPU cores
+including its warm start. The stress model is the built-in tiny transformer shrunk to 2 layers of width 64 (about
+0.1 M parameters, ~5x cheaper than the ``tiny`` preset model), SFT'd on procedurally generated 4x4 Sudoku with the
+``tiny`` protocol, which brings its reward (d1 cell accuracy of the blanks) from 0 to ~0.4, above the 0.25 of
+guessing, with non-zero spread inside a group (so advantages are non-zero). All runs of all experiments start from
+this one checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.plots import new_figure, save_png
+from stabledrl_bench.reporting.results import STABILITY_DIR, atomic_write_text, environment_info
+from stabledrl_bench.training.runlog import finite, running_mean
+
+if TYPE_CHECKING:
+    from stabledrl_bench.training.trainer import NoiseInjection
+
+SCHEMA = "stabledrl-bench/stability/v1"
+CONDITIONS = ("normal", "exploding")
+WARM_START_FILE = "warm_start.json"
+
+
+# ----------------------------------------------------------------------------------------------- warm start
+@dataclass(frozen=True)
+class WarmStartSpec:
+    """The shared starting point: a freshly initialised stress model, then masked-diffusion SFT on Sudoku."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 176
+    init_seed: int = 0
+    task: str = "sudoku"
+    protocol: str = "tiny"
+    sft_steps: int = 1000
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 3e-3
+    completion_length: int = 40
+    sft_seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        return short_hash(self.to_dict())
+
+
+def short_hash(value: Any) -> str:
+    """12 hex digits of sha256 over canonical JSON: identifies a configuration in folder names and records."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def ensure_warm_start(runs_dir: Path, spec: WarmStartSpec, override: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """The warm-start model folder and a description of it; builds and caches it under ``runs_dir/sft``.
+
+    ``override`` (``--warm-start PATH``) uses an existing model folder instead. A cached warm start built with other
+    settings is never reused silently: that is an error naming the folder.
+    """
+    if override is not None:
+        path = Path(override)
+        if not (path / "config.json").is_file():
+            raise UserError(f"--warm-start {override}: not a model folder (no config.json)")
+        return path, {"path": str(path), "source": "user"}
+    folder = runs_dir / "sft"
+    final = folder / "final"
+    info_path = folder / WARM_START_FILE
+    info = {"path": str(final), "source": "built", "spec": spec.to_dict(), "spec_hash": spec.hash()}
+    if info_path.is_file():
+        cached = json.loads(info_path.read_text())
+        if cached.get("spec_hash") != spec.hash():
+            raise UserError(
+                f"{folder} holds a warm start built with other settings ({cached.get('spec_hash')} != {spec.hash()}); "
+                "delete it or pass --runs DIR"
+            )
+        if final.is_dir():
+            cost = {k: cached.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}
+            return final, {**info, **cost, "built_now": False}
+    return final, {**info, **_build_warm_start(folder, spec), "built_now": True}
+
+
+def _build_warm_start(folder: Path, spec: WarmStartSpec) -> dict[str, float]:
+    """Initialise the stress model, SFT it, record the spec; returns the SFT wall and CPU time."""
+    import shutil
+    import time
+
+    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
+    from stabledrl_bench.training.optim import OptimConfig
+    from stabledrl_bench.training.sft import SFTConfig, run_sft
+
+    shutil.rmtree(folder, ignore_errors=True)
+    init = folder / "init"
+    dlm = build_tiny(
+        seed=spec.init_seed,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        intermediate_size=spec.intermediate_size,
+    )
+    save_diffusion_lm(dlm, init)
+    cfg = SFTConfig(
+        task=spec.task,
+        model=str(init),
+        protocol=spec.protocol,
+        train_split="generated",
+        max_steps=spec.sft_steps,
+        batch_size=spec.sft_batch_size,
+        completion_length=spec.completion_length,
+        optim=OptimConfig(
+            learning_rate=spec.sft_learning_rate,
+            weight_decay=0.01,
+            lr_scheduler_type="cosine",
+            warmup_steps=20,
+            max_grad_norm=1.0,
+        ),
+        seed=spec.sft_seed,
+        output_dir=str(folder),
+    )
+    start, cpu_start = time.perf_counter(), time.process_time()
+    print(f"stress warm start: {spec.sft_steps} SFT steps -> {folder / 'final'}")
+    run_sft(cfg)
+    cost = {"sft_seconds": time.perf_counter() - start, "sft_cpu_seconds": time.process_time() - cpu_start}
+    atomic_write_text(folder / WARM_START_FILE, json.dumps({"spec": spec.to_dict(), "spec_hash": spec.hash(), **cost}))
+    return cost
+
+
+# ------------------------------------------------------------------------------------------- exploding noise
+@dataclass(frozen=True)
+class ExplodingNoise:
+    """The ``exploding`` condition: heavy-tailed noise on every estimated importance log-ratio.
+
+    Each log-ratio a method exponentiates (per token for GRPO, per sequence for ESPO / StableDRL and its
+    ablations) gets an independent additive draw ``scale * StudentT(df)`` with probability ``probability``
+    (default: Cauchy, scale 1, every ratio), i.e. rho_hat = rho * exp(-xi). ``df = 1`` makes rho_hat have no
+    finite moments: the paper's "exploding weights" (a single ratio around 10^5 needs xi ~ 11.5; the largest of
+    64 Cauchy(0, 1) draws is ~20 on average). The trainer adds the draw to the rollout-policy estimate
+    (:class:`~stabledrl_bench.training.trainer.NoiseInjection`), never to the gradient path. Methods that compute
+    no ratio (SPG) are unaffected by construction.
+    """
+
+    df: float = 1.0
+    scale: float = 1.0
+    probability: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.df > 0 and self.scale > 0 and 0 < self.probability <= 1):
+            raise UserError(
+                f"exploding noise needs df > 0, scale > 0 and 0 < probability <= 1; got df={self.df}, "
+                f"scale={self.scale}, probability={self.probability}"
+            )
+
+    def injection(self, baseline: str, gen_length: int) -> NoiseInjection:
+        """The trainer hook for ``baseline``: the noise lands on the estimate in the units the ratio uses.
+
+        ESPO's log-ratio is Delta ELBO / L on a summed ELBO, so its ELBO noise is scaled by L to give the same
+        ``scale`` on the log-ratio; every other method's estimate is already on its log-ratio scale.
+        """
+        from stabledrl_bench.training.trainer import (
+            NoiseInjection,  # the trainer stack is heavy; the leaderboard imports this module
+        )
+
+        factor = gen_length if baseline == "espo" else 1
+        return NoiseInjection(df=self.df, scale=self.scale * factor, probability=self.probability)
+
+    def describe(self) -> str:
+        dist = "Cauchy" if self.df == 1 else f"Student-t(df={self.df:g})"
+        return (
+            f"log rho_hat = log rho - xi, xi = {self.scale:g} x {dist}, independently per ratio (token for GRPO, "
+            f"sequence otherwise) with probability {self.probability:g}"
+        )
+
+
+# ------------------------------------------------------------------------------------------ spikes, collapse
+@dataclass(frozen=True)
+class Definitions:
+    """The spike and collapse definitions every experiment reports with (all settable on the command line).
+
+    * spike at step t: the pre-clip gradient norm g_t is non-finite, or g_t > ``spike_k`` x median of the finite
+      g over the previous ``spike_window`` steps (needs ``spike_min_history`` of them; earlier steps are never
+      spikes unless non-finite);
+    * collapse: the trainer stopped on ``max_nonfinite_steps`` consecutive non-finite steps (step of the stop), or
+      reward collapse: with R0 = mean rollout reward of the first ``initial_rollouts`` rollouts and R_bar(t) = mean
+      over the last ``reward_window`` rollouts up to t, the first rollout step t from which R_bar stays below
+      ``collapse_fraction`` x R0 until the end of the run, provided the run continued >= ``confirm_steps`` steps
+      after t (a drop in the last steps is not called a collapse).
+    """
+
+    spike_k: float = 5.0
+    spike_window: int = 20
+    spike_min_history: int = 5
+    collapse_fraction: float = 0.5
+    initial_rollouts: int = 3
+    reward_window: int = 5
+    confirm_steps: int = 10
+
+    def __post_init__(self) -> None:
+        if self.spike_k <= 1 or not 0 < self.collapse_fraction < 1:
+            raise UserError("need --spike-k > 1 and 0 < --collapse-fraction < 1")
+        if min(self.spike_window, self.spike_min_history, self.initial_rollouts, self.reward_window) < 1:
+            raise UserError("spike window, history and reward windows must be >= 1")
+        if self.spike_min_history > self.spike_window:
+            raise UserError("spike_min_history cannot exceed spike_window")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "spike": (
+                f"pre-clip grad norm non-finite, or > {self.spike_k:g} x median of the previous {self.spike_window} "
+                f"steps' finite norms (at least {self.spike_min_history} of them)"
+            ),
+            "collapse": (
+                "non-finite divergence (trainer stop), or the first rollout step from which the mean reward of the "
+                f"last {self.reward_window} rollouts stays below {self.collapse_fraction:g} x the mean of the first "
+                f"{self.initial_rollouts} rollouts until the end, confirmed by >= {self.confirm_steps} later steps"
+            ),
+        }
+
+
+def spike_steps(steps: Sequence[int], grad_norms: Sequence[float], d: Definitions) -> list[int]:
+    """Steps whose pre-clip gradient norm is a spike (:class:`Definitions`)."""
+    spikes, history = [], []
+    for step, g in zip(steps, grad_norms, strict=True):
+        if not finite(g):
+            spikes.append(step)
+            continue
+        recent = history[-d.spike_window :]
+        if len(recent) >= d.spike_min_history and g > d.spike_k * statistics.median(recent):
+            spikes.append(step)
+        history.append(g)
+    return spikes
+
+
+def collapse_step(
+    reward_steps: Sequence[int], rewards: Sequence[float], last_step: int, diverged_at: int | None, d: Definitions
+) -> tuple[int | None, str | None]:
+    """``(step, kind)`` of the collapse (:class:`Definitions`), kind ``"nonfinite"`` or ``"reward"``; else None."""
+    if diverged_at is not None:
+        return diverged_at, "nonfinite"
+    if len(rewards) <= d.initial_rollouts:
+        return None, None
+    initial = [r for r in rewards[: d.initial_rollouts] if finite(r)]
+    if not initial:
+        return None, None
+    threshold = d.collapse_fraction * statistics.fmean(initial)
+    running = running_mean(rewards, d.reward_window)
+    start = None
+    for i in range(len(running) - 1, d.initial_rollouts - 1, -1):  # walk back while the tail stays below
+        if running[i] is None or running[i] >= threshold:
+            break
+        start = i
+    if start is None or last_step - reward_steps[start] < d.confirm_steps:
+        return None, None
+    return reward_steps[start], "reward"
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+def band(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean and min/max of the finite values (None where there are none)."""
+    kept = [v for v in values if finite(v)]
+    if not kept:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": statistics.fmean(kept), "min": min(kept), "max": max(kept), "n": len(kept)}
+
+
+def parse_list(text: str, kind: type, what: str) -> list:
+    """Comma-separated values of ``kind``; one clear error on anything else."""
+    try:
+        values = [kind(item.strip()) for item in text.split(",") if item.strip()]
+    except ValueError as exc:
+        raise UserError(f"{what}: cannot parse {text!r} as a comma-separated list of {kind.__name__}") from exc
+    if not values:
+        raise UserError(f"{what}: empty list")
+    return values
+
+
+# ------------------------------------------------------------------------------------------------- records
+def stability_dir(results_dir: Path | str) -> Path:
+    return Path(results_dir) / STABILITY_DIR
+
+
+def write_record(results_dir: Path | str, experiment: str, payload: Mapping[str, Any]) -> Path:
+    """``results/stability/<experiment>.json`` (atomic, strict JSON), with schema, timestamp and environment."""
+    record = {
+        "schema": SCHEMA,
+        "experiment": experiment,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **payload,
+        "environment": environment_info(),
+    }
+    path = stability_dir(results_dir) / f"{experiment}.json"
+    atomic_write_text(path, json.dumps(_strict(record), indent=1, allow_nan=False))
+    return path
+
+
+def _strict(value: Any) -> Any:
+    """Plain JSON: non-finite floats become null (= not finite / undefined), tuples lists, paths strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A stability record, or a one-line error naming the file."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: unreadable stability record ({exc})") from exc
+    if record.get("schema") != SCHEMA:
+        raise UserError(f"{path}: schema {record.get('schema')!r}, expected {SCHEMA!r}")
+    return record
+
+
+# --------------------------------------------------------------------------------------------------- plots
+@dataclass
+class Series:
+    """One labelled curve family: per-seed (x, y) lists, which may have different lengths (stopped runs)."""
+
+    label: str
+    runs: list[tuple[list[float], list[float]]] = field(default_factory=list)
+    stopped: list[float] = field(default_factory=list)  # x where a run stopped on non-finite steps
+
+
+def seed_band(ax, series: Series, color, *, log: bool = False) -> bool:
+    """Mean over the seeds that reached each x (geometric on a log axis), shaded min/max band, a dotted vertical
+    line where a run stopped; returns whether any curve was drawn (a log axis needs some positive value)."""
+    import numpy as np
+
+    for x in series.stopped:
+        ax.axvline(x, color=color, ls=":", lw=1.2)
+    xs = sorted({x for run_x, _ in series.runs for x in run_x})
+    table: dict[float, list[float]] = {x: [] for x in xs}
+    for run_x, run_y in series.runs:
+        for x, y in zip(run_x, run_y, strict=True):
+            if finite(y) and (y > 0 or not log):
+                table[x].append(y)
+    kept = [x for x in xs if table[x]]
+    if not kept:
+        return False
+    mean = [float(np.exp(np.mean(np.log(table[x])))) if log else float(np.mean(table[x])) for x in kept]
+    ax.plot(kept, mean, color=color, lw=1.3, label=series.label)
+    ax.fill_between(kept, [min(table[x]) for x in kept], [max(table[x]) for x in kept], color=color, alpha=0.18)
+    return True
+
+
+def figure(panels: int, *, width: float = 4.6, height: float = 3.2):
+    """A row of ``panels`` axes, each ``width`` x ``height`` inches: returns the figure and the list of axes."""
+    fig = new_figure(width * panels, height)
+    return fig, list(fig.subplots(1, panels, squeeze=False)[0])
+
+
+def save_figure(fig, path: Path, title: str) -> str:
+    fig.suptitle(title, fontsize=10)
+    return save_png(fig, path).name
+
+
+COLORS = ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:brown", "tab:gray", "tab:olive")

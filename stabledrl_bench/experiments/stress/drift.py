@@ -1,0 +1,324 @@
+"""Spike probability vs policy drift: the paper's self-reinforcing loop, measured without a training loop.
+
+The loop (paper_tables.md §5.2-5.4): a gradient spike moves the policy away from the rollout policy; the larger
+the drift, the wider the spread of the estimated ratios at the next step; with a conditional clip a wide spread
+lets more outliers through (rho A for A < 0 is never clipped), so spikes become more likely. This module measures
+the middle link directly, for each update rule, on the real stress model and the real estimators and losses:
+
+1. the warm-start model is the rollout policy theta_0; rollout batches are sampled from it and rewarded;
+2. a drifted policy theta = theta_0 + sigma * rms(W) * N(0, 1) per parameter tensor W (one fresh direction per
+   repeat, shared by every variant), for each drift level sigma;
+3. for every variant: the rollout-policy estimate at theta_0 and the current estimate at theta with the method's
+   own masks (coupled for GRPO / ESPO, independent for the StableDRL family, as their trainers do), optionally the
+   ``exploding`` noise on the rollout estimate, the method's loss, and the norm of its gradient with respect to all
+   model parameters (autograd; this is the pre-clip update norm the trainer logs);
+4. a *spike* is an update norm above ``k`` x the median norm of the same variant at the smallest drift level in
+   the ``normal`` condition (k = ``--spike-k``); the spike probability per level is the fraction of repeats.
+
+The x axis is the measured policy drift: mean |E_theta - E_theta0| per completion, StableDRL's per-token ELBO on
+the same masks (so estimator noise is excluded). Variants (the 2 x 2 of conditional / unconditional clipping and
+with / without self-normalisation, plus token- vs sequence-level conditional clipping):
+
+==================  ===============================  =================================================
+variant             clipping                         normalisation
+==================  ===============================  =================================================
+``grpo``            conditional (PPO min), token     1 / (valid tokens)
+``espo``            conditional (PPO min), sequence  1 / B
+``clip_only``       unconditional, rho <= C          1 / G (fixed)
+``selfnorm_only``   none                             self-normalised (group softmax of log rho)
+``stabledrl``       unconditional, rho <= C          self-normalised
+==================  ===============================  =================================================
+
+GRPO and ESPO run with beta = 0 here (their KL terms do not involve the ratio being studied).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from stabledrl_bench.core.estimators import Estimate, Estimator, SequenceBatch
+from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.registry import Baseline, LossInputs, build_baseline
+from stabledrl_bench.core.sampling import generate
+from stabledrl_bench.experiments.stress.common import (
+    COLORS,
+    ExplodingNoise,
+    band,
+    figure,
+    finite,
+    save_figure,
+    stability_dir,
+)
+from stabledrl_bench.tasks import get_task
+from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.data import PromptStream, training_docs
+from stabledrl_bench.training.trainer import NoiseInjection, baseline_estimator, inject_log_ratio_noise
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("grpo", {"beta": 0.0}),
+    "espo": ("espo", {"beta": 0.0}),
+    "clip_only": ("stabledrl_clip_only", {}),
+    "selfnorm_only": ("stabledrl_selfnorm_only", {}),
+    "stabledrl": ("stabledrl", {}),
+}
+CLIPPING = {
+    "grpo": ("conditional (token)", "1/tokens"),
+    "espo": ("conditional (sequence)", "1/B"),
+    "clip_only": ("unconditional", "1/G"),
+    "selfnorm_only": ("none", "self-normalised"),
+    "stabledrl": ("unconditional", "self-normalised"),
+}
+
+
+@dataclass
+class Rollout:
+    """One rollout batch of the rollout policy with its rewards."""
+
+    batch: SequenceBatch
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    group_ids: torch.Tensor
+
+
+def collect_rollouts(
+    dlm: DiffusionLM, budget: Budget, *, task: str, protocol: str, seed: int, count: int
+) -> list[Rollout]:
+    """``count`` rollout batches of ``budget.prompts_per_step`` x ``num_generations`` from ``dlm`` (the trainer's
+    decode settings and reward profile ``d1``), from generators seeded with ``seed``."""
+    task_obj = get_task(task)
+    prompts = PromptStream(training_docs(task_obj, "generated", seed=seed), seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    decode = budget.decode_settings(use_cache=dlm.supports_kv_cache)
+    out = []
+    for _ in range(count):
+        docs = prompts.next(budget.prompts_per_step)
+        specs = [task_obj.prompt(doc, protocol) for doc in docs]
+        prompt_ids, prompt_mask = dlm.encode_prompts(
+            [s.messages for s in specs for _ in range(budget.num_generations)],
+            chat_template=specs[0].chat_template,
+            prefill=specs[0].prefill,
+            max_prompt_length=budget.max_prompt_length,
+        )
+        with torch.no_grad():
+            gen = generate(dlm, prompt_ids, prompt_mask, decode, generator=generator)
+        rows = [doc for doc in docs for _ in range(budget.num_generations)]
+        texts = dlm.decode(gen.completion_ids)
+        rewards = [task_obj.reward(text, doc, "d1").total for text, doc in zip(texts, rows, strict=True)]
+        correct = [float(task_obj.grade(text, doc).correct) for text, doc in zip(texts, rows, strict=True)]
+        batch = SequenceBatch(prompt_ids, prompt_mask, gen.completion_ids, dlm.completion_mask(gen.completion_ids))
+        group_ids = torch.arange(len(docs)).repeat_interleave(budget.num_generations)
+        out.append(Rollout(batch, torch.tensor(rewards), torch.tensor(correct), group_ids))
+    return out
+
+
+def variant_estimator(baseline: Baseline, dlm: DiffusionLM, block_length: int) -> tuple[Estimator, tuple]:
+    """The estimator the trainer would build for ``baseline`` and a key that groups variants sharing it."""
+    estimator = baseline_estimator(baseline, dlm, block_length)
+    key = (type(estimator).name, repr(sorted(vars(estimator).items())), baseline.config.coupled)
+    return estimator, key
+
+
+def perturb_(model: torch.nn.Module, theta0: dict[str, torch.Tensor], sigma: float, generator) -> None:
+    """theta = theta_0 + sigma * rms(theta_0 tensor) * N(0, 1), per parameter tensor, in place."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            base = theta0[name]
+            direction = torch.randn(base.shape, generator=generator, dtype=base.dtype)
+            param.copy_(base + sigma * base.pow(2).mean().sqrt() * direction)
+
+
+def update_norm(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> float:
+    """||d loss / d params||_2 (inf when non-finite), keeping the graph for the next variant's loss."""
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    total = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def measure_update_norms(
+    dlm: DiffusionLM,
+    rollouts: Sequence[Rollout],
+    variants: Sequence[str],
+    levels: Sequence[float],
+    repeats: int,
+    conditions: Sequence[str],
+    noise: ExplodingNoise,
+    *,
+    seed: int,
+    block_length: int,
+) -> list[dict[str, Any]]:
+    """One record per (level, repeat): the measured policy drift and every variant's update norm per condition.
+
+    The model's parameters are restored to theta_0 afterwards. Randomness (directions, masks, noise) comes from
+    generators seeded with (seed, level index, repeat); every variant of a repeat sees the same drifted policy.
+    """
+    model = dlm.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    theta0 = {name: p.detach().clone() for name, p in model.named_parameters()}
+    built = {v: build_baseline(VARIANTS[v][0], **VARIANTS[v][1]) for v in variants}
+    groups: dict[tuple, tuple[Estimator, list[str]]] = {}
+    for v, baseline in built.items():
+        estimator, key = variant_estimator(baseline, dlm, block_length)
+        groups.setdefault(key, (estimator, []))[1].append(v)
+    drift_estimator, _ = variant_estimator(build_baseline("stabledrl"), dlm, block_length)
+    length = rollouts[0].batch.completion_ids.shape[1]
+    records = []
+    bar = tqdm(total=len(levels) * repeats, desc=f"drift seed {seed}", dynamic_ncols=True, leave=False)
+    for li, sigma in enumerate(levels):
+        for r in range(repeats):
+            base = 2 * (1_000_003 * seed + 10_007 * li + r)
+            gen = torch.Generator().manual_seed(base)  # masks and noise
+            direction_seed = base + 1  # the drift direction: one stream, replayed for every estimator group
+            rollout = rollouts[r % len(rollouts)]
+            batch = rollout.batch
+            drift_noise = drift_estimator.draw(batch, gen)
+            model.load_state_dict(theta0)
+            with torch.no_grad():
+                e0 = drift_estimator.evaluate(dlm, batch, drift_noise).elbo
+                perturb_(model, theta0, sigma, torch.Generator().manual_seed(direction_seed))
+                e1 = drift_estimator.evaluate(dlm, batch, drift_noise).elbo
+            record = {"level": sigma, "repeat": r, "policy_drift": float((e1 - e0).abs().mean()), "variants": {}}
+            for estimator, members in groups.values():
+                coupled = built[members[0]].config.coupled
+                old_noise = estimator.draw(batch, gen)
+                new_noise = old_noise if coupled else estimator.draw(batch, gen)
+                model.load_state_dict(theta0)
+                with torch.no_grad():
+                    old = estimator.evaluate(dlm, batch, old_noise).detach()
+                perturb_(model, theta0, sigma, torch.Generator().manual_seed(direction_seed))
+                new = estimator.evaluate(dlm, batch, new_noise)
+                for v in members:
+                    record["variants"][v] = _variant_norms(
+                        built[v], rollout, new, old, conditions, noise, length, gen, params
+                    )
+            records.append(record)
+            bar.update(1)
+    bar.close()
+    model.load_state_dict(theta0)
+    return records
+
+
+def _variant_norms(
+    baseline: Baseline,
+    rollout: Rollout,
+    new: Estimate,
+    old: Estimate,
+    conditions: Sequence[str],
+    noise: ExplodingNoise,
+    length: int,
+    generator: torch.Generator,
+    params: Sequence[torch.Tensor],
+) -> dict[str, dict[str, float | None]]:
+    """Update norm and ratio diagnostics of one variant under each condition (the method's own advantages)."""
+    advantages, _ = baseline.advantages(rollout.rewards, rollout.group_ids, rollout.correct)
+    out = {}
+    for condition in conditions:
+        injection: NoiseInjection | None = noise.injection(baseline.name, length) if condition == "exploding" else None
+        inputs = LossInputs(
+            new=new,
+            old=old if injection is None else inject_log_ratio_noise(old, injection, generator),
+            ref=None,
+            advantages=advantages,
+            completion_mask=rollout.batch.completion_mask,
+            group_ids=rollout.group_ids,
+        )
+        loss, metrics = baseline.loss(inputs)
+        norm = update_norm(loss, params)
+        out[condition] = {
+            "norm": norm if math.isfinite(norm) else None,
+            "ratio_max": metrics.get("ratio_max") if finite(metrics.get("ratio_max")) else None,
+            "drift": metrics.get("drift") if finite(metrics.get("drift")) else None,
+        }
+    return out
+
+
+def summarize(
+    records_by_seed: dict[int, list[dict[str, Any]]],
+    variants: Sequence[str],
+    levels: Sequence[float],
+    conditions: Sequence[str],
+    spike_k: float,
+) -> list[dict[str, Any]]:
+    """Per variant x condition x level: spike probability (per seed, then mean and min/max over seeds), median and
+    max update norm relative to the reference, measured drift. A non-finite norm counts as a spike."""
+    reference_condition = "normal" if "normal" in conditions else conditions[0]
+    low = min(levels)
+    rows = []
+    for v in variants:
+        reference = {}
+        for s, records in records_by_seed.items():
+            norms = [
+                x["variants"][v][reference_condition]["norm"]
+                for x in records
+                if x["level"] == low and x["variants"][v][reference_condition]["norm"] is not None
+            ]
+            reference[s] = statistics.median(norms) if norms else math.nan
+        for condition in conditions:
+            for level in levels:
+                per_seed, rel_median, rel_max, drifts, ratio_max = [], [], [], [], []
+                for s, records in records_by_seed.items():
+                    at = [x for x in records if x["level"] == level]
+                    norms = [x["variants"][v][condition]["norm"] for x in at]
+                    ref = reference[s]
+                    if ref > 0:  # a zero reference (e.g. every advantage 0) leaves spikes undefined for the seed
+                        relative = [math.inf if n is None else n / ref for n in norms]
+                        per_seed.append(sum(rel > spike_k for rel in relative) / len(relative))
+                        rel_median.append(statistics.median(relative))
+                        rel_max.append(max(relative))
+                    drifts.extend(x["policy_drift"] for x in at)
+                    ratio_max.extend(
+                        x["variants"][v][condition]["ratio_max"]
+                        for x in at
+                        if x["variants"][v][condition]["ratio_max"] is not None
+                    )
+                rows.append(
+                    {
+                        "variant": v,
+                        "clipping": CLIPPING[v][0],
+                        "normalisation": CLIPPING[v][1],
+                        "condition": condition,
+                        "level": level,
+                        "policy_drift": statistics.fmean(drifts),
+                        "spike_probability": band(per_seed),
+                        "relative_norm_median": band(rel_median),
+                        "relative_norm_max": max(rel_max) if rel_max else None,
+                        "ratio_max_median": statistics.median(ratio_max) if ratio_max else None,
+                        "reference_norm": band(list(reference.values())),
+                    }
+                )
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequence[str], results_dir, k: float) -> str:
+    """``drift_spikes.png``: spike probability vs measured policy drift, one panel per condition, seed bands."""
+    fig, axes = figure(len(conditions))
+    for ax, condition in zip(axes, conditions, strict=True):
+        for color, v in zip(COLORS, variants, strict=False):
+            pts = sorted(
+                (
+                    (r["policy_drift"], r["spike_probability"])
+                    for r in rows
+                    if r["variant"] == v and r["condition"] == condition and r["spike_probability"]["mean"] is not None
+                ),
+                key=lambda p: p[0],
+            )
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [p[1]["mean"] for p in pts], marker="o", ms=3, color=color, lw=1.3, label=v)
+            ax.fill_between(xs, [p[1]["min"] for p in pts], [p[1]["max"] for p in pts], color=color, alpha=0.18)
+        ax.set_title(condition, fontsize=9)
+        ax.set_xlabel("policy drift: mean |E_theta - E_theta0| (per-token ELBO, same masks)", fontsize=8)
+        ax.set_ylabel(f"P(update norm > {k:g} x reference)", fontsize=8)
+        ax.set_ylim(-0.03, 1.03)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    return save_figure(
+        fig,
+        stability_dir(results_dir) / "drift_spikes.png",
+        "Spike probability vs drift from the rollout policy (mean, min-max over seeds)",
+    )

@@ -1,0 +1,700 @@
+"""The leaderboard: measured results of this harness next to published numbers, never mixed.
+
+Why two separate blocks per table: a number measured here (one model, one preset, one budget, with a sampling
+interval) and a number copied from a paper (other hardware, other protocol details, a source grade) answer
+different questions. Each table therefore has a "Measured by this code" block per comparison, where every cell is
+``accuracy % [95% interval]`` and never carries a grade, and a "Published (not measured here)" block, where every
+cell is ``value (grade)`` and never carries an interval.
+
+Layout:
+
+* **Table 1** (full attention, LLaDA layout): GSM8K, MATH500, Countdown, Sudoku x 128/256/512, a per-task average
+  over the lengths and an overall average (mean of the twelve cells).
+* **Table 2** (block diffusion, TraceRL layout): MATH500, AIME 2024, GSM8K (and AIME 2025 when measured), each
+  under static and dynamic sampling.
+
+Measured rows are grouped by their ``comparison``: each comparison is its own table, and all RL rows of one
+comparison must share one ``budget_hash`` (reference rows ``base``/``sft`` are exempt), otherwise building the
+leaderboard fails - results trained under different budgets are not comparable. Several seeds of one row are pooled.
+
+Under a comparison that has a starting point (an ``sft`` row, else ``base``), a "Change from the starting point"
+table gives every RL row minus that start, paired by test item (:func:`paired_change`): the learning signal, with
+the item difficulty shared by both rows taken out. Where ``<results>/training/<comparison>__<task>.csv`` exists
+(written by ``reproduce``), a "Training reward" table gives each run's reward over its last rollouts minus a frozen
+control's on the same rollouts (:func:`training_changes`).
+
+Intervals are percentile bootstraps (1000 resamples, ``numpy.random.default_rng(0)``, so the file is reproducible)
+of the mean per-sample correctness. An average column resamples each of its cells independently and averages:
+for cells c = 1..K with samples x_c, one resample is (1/K) Σ_c mean(x*_c), x*_c drawn with replacement from x_c.
+
+Extra sections: ``build_leaderboard(..., extra_sections=[fn, ...])`` calls each ``fn(results_dir)`` after the
+tables and appends the markdown it returns (``None`` or an empty string adds nothing). A later Stability section
+(stress tests) plugs in this way without this module knowing about it::
+
+    def stability_section(results_dir: Path) -> str | None:
+        runs = sorted((results_dir / "stability").glob("*.json"))
+        return None if not runs else "## Stability\\n\\n..."
+
+    write_leaderboard("results", "LEADERBOARD.md", extra_sections=[stability_section])
+
+Regenerate with ``python -m stabledrl_bench leaderboard``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.plots import new_figure
+from stabledrl_bench.reporting.results import (
+    HEADLINE_FIELD,
+    REFERENCE_BASELINES,
+    SAMPLING_MODES,
+    TABLE1_LENGTHS,
+    TABLE1_TASKS,
+    TABLE2_OPTIONAL,
+    TABLE2_TASKS,
+    atomic_write_bytes,
+    atomic_write_text,
+    code_label,
+    hardware_label,
+    load_results,
+    load_samples,
+    model_short_name,
+    slugify,
+)
+
+PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
+DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown
+N_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+MISSING = "–"
+OVERALL = "overall"
+TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
+CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts
+TRAINING_WINDOW = 10
+TRAINING_COLUMNS = ("task", "run", "step", "reward_mean")
+AVG = "avg"
+
+TASK_LABELS = {
+    "gsm8k": "GSM8K",
+    "math500": "MATH500",
+    "countdown": "Countdown",
+    "sudoku": "Sudoku",
+    "aime24": "AIME 2024",
+    "aime25": "AIME 2025",
+}
+TABLE_TITLES = {
+    "table1": "Table 1 — full attention (LLaDA layout)",
+    "table2": "Table 2 — block diffusion (TraceRL layout)",
+}
+ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", "Code", "Seeds")
+
+ExtraSection = Callable[[Path], str | None]
+CellKey = tuple[str, int | str]
+EMPTY_BLOCK: dict[str, Any] = {"title": "", "notes": [], "rows": []}
+
+
+# ------------------------------------------------------------------------------------------- bootstrap
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate (fraction) with its bootstrap interval."""
+
+    mean: float
+    low: float
+    high: float
+
+    def text(self, spec: str = ".1f", scale: float = 100.0) -> str:
+        """``mean [low, high]`` scaled (default: percent) in format ``spec``, e.g. ``"+.1f"`` for changes."""
+        return f"{scale * self.mean:{spec}} [{scale * self.low:{spec}}, {scale * self.high:{spec}}]"
+
+
+def bootstrap_mean_ci(
+    groups: Sequence[Sequence[float] | np.ndarray],
+    *,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> Interval:
+    """Percentile bootstrap of the mean of group means, resampling every group independently.
+
+    One group is the plain bootstrap of a mean. Several groups (the lengths of a task, or all twelve cells of the
+    overall average) are resampled separately because they are separate evaluations whose sizes must not
+    change: statistic* = (1/K) Σ_k mean(resample of group k); interval = its (α/2, 1-α/2) percentiles.
+    A fresh ``default_rng(seed)`` per call makes every cell reproducible independently of the others.
+    """
+    arrays = [np.asarray(group, dtype=np.float64) for group in groups]
+    if not arrays or any(array.ndim != 1 or array.size == 0 for array in arrays):
+        raise ValueError("bootstrap_mean_ci needs one or more non-empty 1-D groups")
+    rng = np.random.default_rng(seed)
+    statistic = np.zeros(n_resamples)
+    for array in arrays:
+        statistic += array[rng.integers(0, array.size, size=(n_resamples, array.size))].mean(axis=1)
+    statistic /= len(arrays)
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(statistic, [tail, 100.0 - tail])
+    return Interval(float(np.mean([array.mean() for array in arrays])), float(low), float(high))
+
+
+# --------------------------------------------------------------------------------------------- columns
+@dataclass(frozen=True)
+class Column:
+    """One numeric column: ``key`` addresses published cells, ``parts`` are the measured cells it averages."""
+
+    key: CellKey
+    header: str
+    parts: tuple[CellKey, ...]
+
+
+def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
+    """Column layout of ``table``; Table 2's optional tasks (AIME 2025, and the Countdown / Sudoku columns of the
+    tiny block-diffusion preset) are shown only when they are in ``present``."""
+    if table == "table1":
+        columns: list[Column] = []
+        for task in TABLE1_TASKS:
+            cells = tuple((task, length) for length in TABLE1_LENGTHS)
+            columns += [Column(cell, f"{TASK_LABELS[task]} {cell[1]}", (cell,)) for cell in cells]
+            columns.append(Column((task, AVG), f"{TASK_LABELS[task]} avg", cells))
+        every = tuple(part for column in columns if column.key[1] != AVG for part in column.parts)
+        return [*columns, Column((OVERALL, ""), "Overall avg", every)]
+    tasks = [task for task in TABLE2_TASKS if task not in TABLE2_OPTIONAL or task in present]
+    return [
+        Column((task, mode), f"{TASK_LABELS[task]} {mode}", ((task, mode),))
+        for task in tasks
+        for mode in SAMPLING_MODES
+    ]
+
+
+# ------------------------------------------------------------------------------------------- published
+def _published_cell(cell: Any, where: str) -> None:
+    if not isinstance(cell, Mapping) or sorted(cell) != ["grade", "source", "value"]:
+        raise UserError(f"{where}: a published cell needs exactly value, grade, source")
+    if cell["grade"] == "U":
+        raise UserError(f"{where}: grade-U (unreliable) numbers must never be shown")
+    if cell["grade"] not in DISPLAY_GRADES:
+        raise UserError(f"{where}: grade {cell['grade']!r} is not one of {', '.join(DISPLAY_GRADES)}")
+    value = cell["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        raise UserError(f"{where}: value must be a percentage in [0, 100], got {value!r}")
+    if not isinstance(cell["source"], str) or not cell["source"].strip():
+        raise UserError(f"{where}: source must be a non-empty string")
+
+
+def _validate_published(data: Any, where: str) -> None:
+    """Published numbers are hand-entered, so their shape is checked as strictly as measured records."""
+    if not isinstance(data, Mapping) or data.get("schema") != PUBLISHED_SCHEMA:
+        raise UserError(f"{where}: expected a mapping with schema {PUBLISHED_SCHEMA!r}")
+    unknown = sorted(set(data) - {"schema", "table1", "table2"})
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    allowed = {
+        "table1": (TABLE1_TASKS, (*TABLE1_LENGTHS, AVG)),
+        "table2": (TABLE2_TASKS, SAMPLING_MODES),
+    }
+    for table in ("table1", "table2"):
+        block = data.get(table, EMPTY_BLOCK)
+        at = f"{where}: {table}"
+        if not isinstance(block, Mapping) or sorted(block) != ["notes", "rows", "title"]:
+            raise UserError(f"{at}: needs exactly title, notes, rows")
+        if not isinstance(block["notes"], list) or not all(isinstance(note, str) for note in block["notes"]):
+            raise UserError(f"{at}: notes must be a list of strings")
+        if not isinstance(block["rows"], list):
+            raise UserError(f"{at}: rows must be a list")
+        tasks, subs = allowed[table]
+        for row in block["rows"]:
+            if not isinstance(row, Mapping) or sorted(row) != ["cells", "label"] or not isinstance(row["cells"], dict):
+                raise UserError(f"{at}: every row needs exactly label and cells")
+            for task, cells in row["cells"].items():
+                at_row = f"{at}: {row['label']}: {task}"
+                if table == "table1" and task == OVERALL:
+                    _published_cell(cells, at_row)
+                    continue
+                if task not in tasks or not isinstance(cells, Mapping):
+                    raise UserError(f"{at_row}: not a column group of {table}")
+                for sub, cell in cells.items():
+                    if sub not in subs:
+                        raise UserError(f"{at_row}: {sub!r} is not one of {subs}")
+                    _published_cell(cell, f"{at_row} {sub}")
+
+
+def load_published(source: Mapping[str, Any] | Path | str | None = None) -> dict[str, Any]:
+    """Validated published numbers: the packaged ``published.yaml`` by default, or a path, or a mapping."""
+    if isinstance(source, Mapping):
+        data, where = dict(source), "published data"
+    else:
+        if source is None:
+            text, where = (
+                resources.files("stabledrl_bench.reporting").joinpath("published.yaml").read_text("utf-8"),
+                "published.yaml",
+            )
+        else:
+            path = Path(source)
+            where = str(path)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read published numbers: {exc}") from exc
+        try:
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # C loader when built
+        except yaml.YAMLError as exc:
+            raise UserError(f"{where}: invalid YAML: {' '.join(str(exc).split())}") from exc
+    _validate_published(data, where)
+    return data
+
+
+def _published_cell_text(row: Mapping[str, Any], column: Column) -> str:
+    task, sub = column.key
+    cell = row["cells"].get(task) if task == OVERALL else row["cells"].get(task, {}).get(sub)
+    return MISSING if cell is None else f"{cell['value']:.1f} ({cell['grade']})"
+
+
+def _published_sources(row: Mapping[str, Any]) -> str:
+    """The row's distinct cell sources, in cell order: the "Source" column."""
+    cells = [cell for task, group in row["cells"].items() for cell in ([group] if task == OVERALL else group.values())]
+    return "; ".join(dict.fromkeys(cell["source"] for cell in cells))
+
+
+def _published_block(table: str, block: Mapping[str, Any]) -> str:
+    if not block["rows"]:
+        return "**Published (not measured here)**: none.\n"
+    columns = table_columns(table, {task for row in block["rows"] for task in row["cells"]})
+    frame = pd.DataFrame(
+        [
+            {"Model": row["label"], **{c.header: _published_cell_text(row, c) for c in columns}}
+            | {"Source": _published_sources(row)}
+            for row in block["rows"]
+        ]
+    )
+    notes = "".join(f"- {' '.join(note.split())}\n" for note in block["notes"])
+    return (
+        f"**Published (not measured here)** — {block['title']}. Each cell is `value (grade)`.\n\n"
+        f"{markdown_table(frame)}\nNotes:\n\n{notes}"
+    )
+
+
+# -------------------------------------------------------------------------------------------- measured
+def _model_label(model: Mapping[str, Any]) -> str:
+    return model["name"] + (f" @ {model_short_name(model)}" if model["checkpoint"] else "")
+
+
+FRAME_COLUMNS = [
+    "index",
+    "comparison",
+    "table",
+    "baseline",
+    "model_key",
+    "model",
+    "protocol",
+    "preset",
+    "task",
+    "sub",
+    "seed",
+    "length",
+    "actual",
+    "budget_hash",
+    "hardware",
+    "code",
+    "path",
+]
+
+
+def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per record with the fields the grouping and checks need; ``index`` points into ``records``."""
+    rows = []
+    for index, record in enumerate(records):
+        model = record["model"]
+        rows.append(
+            {
+                "index": index,
+                "comparison": record["comparison"],
+                "table": record["table"],
+                "baseline": record["baseline"],
+                "model_key": json.dumps([model["name"], model["checkpoint"]]),
+                "model": _model_label(model),
+                "protocol": record["protocol"],
+                "preset": record["preset"],
+                "task": record["task"],
+                "sub": record["length"] if record["table"] == "table1" else record["sampling"],
+                "seed": record["seed"],
+                "length": record["length"],
+                "actual": record["actual_gen_length"],
+                "budget_hash": record["budget_hash"],
+                "hardware": hardware_label(record["environment"]),
+                "code": code_label(record["environment"]),
+                "path": record["_path"],
+            }
+        )
+    return pd.DataFrame(rows, columns=FRAME_COLUMNS)
+
+
+ROW_KEY = ["comparison", "table", "baseline", "model_key", "protocol", "preset"]
+CELL_KEY = [*ROW_KEY, "task", "sub"]
+
+
+def _paths(frame: pd.DataFrame) -> str:
+    return ", ".join(frame["path"])
+
+
+def _check_consistency(frame: pd.DataFrame) -> None:
+    """Refuse what cannot be shown honestly: duplicates, mixed budgets, mixed lengths inside one column."""
+    duplicated = frame[frame.duplicated([*CELL_KEY, "seed"], keep=False)]
+    if not duplicated.empty:
+        raise UserError(f"the same evaluation (row, cell, seed) is stored twice: {_paths(duplicated)}")
+    rl = frame[~frame["baseline"].isin(REFERENCE_BASELINES)]
+    for comparison, runs in rl.groupby("comparison", sort=True):
+        if runs["budget_hash"].nunique() > 1:
+            listing = "; ".join(
+                f"budget {digest}: {_paths(group)}" for digest, group in runs.groupby("budget_hash", sort=True)
+            )
+            raise UserError(f"comparison {comparison!r} mixes RL training budgets (refusing to compare): {listing}")
+    for key, group in frame.groupby(["comparison", "table", "length"], sort=True):
+        if group["actual"].nunique() > 1:
+            raise UserError(
+                f"comparison {key[0]!r} ({key[1]}): nominal length {key[2]} was generated with "
+                f"different actual lengths {sorted(group['actual'].unique())}: {_paths(group)}"
+            )
+    for _, group in frame.groupby(CELL_KEY, sort=True):
+        if group["length"].nunique() > 1:
+            raise UserError(f"one cell pools results of different lengths: {_paths(group)}")
+
+
+def _row_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Reference rows (base, then sft) first, then RL rows alphabetically - stable across regenerations."""
+    rank = frame["baseline"].map(lambda name: REFERENCE_BASELINES.index(name) if name in REFERENCE_BASELINES else 9)
+    return frame.assign(_rank=rank).sort_values(["_rank", "baseline", "model", "protocol", "preset"], kind="stable")
+
+
+def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
+    return MISSING if interval is None else interval.text(spec)
+
+
+def _join_unique(values: Sequence[Any]) -> str:
+    return ", ".join(str(value) for value in sorted(set(values)))
+
+
+@dataclass
+class MeasuredRow:
+    """One displayed row: its descriptive columns, the estimate of every numeric column (None = missing), and per
+    cell the mean headline value of every test item (over seeds and repeats), which the paired comparison needs."""
+
+    info: dict[str, str]
+    estimates: dict[CellKey, Interval | None]
+    per_item: dict[CellKey, dict[str, float]]
+
+
+def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: list[Column]) -> list[MeasuredRow]:
+    """Pool the seeds of every cell and estimate each column.
+
+    An average column is filled only when all of its cells were measured: an average over fewer lengths or tasks
+    would look comparable with the published averages while it is not.
+    """
+    rows = []
+    for _, group in _row_order(frame).groupby(ROW_KEY, sort=False):
+        cells: dict[CellKey, np.ndarray] = {}
+        per_item: dict[CellKey, dict[str, float]] = {}
+        for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
+            field = HEADLINE_FIELD.get(task, "correct")
+            samples = [sample for i in runs["index"] for sample in load_samples(records[i])]
+            cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
+            by_item: dict[str, list[float]] = {}
+            for sample in samples:
+                by_item.setdefault(str(sample["doc_id"]), []).append(float(sample[field]))
+            per_item[(task, sub)] = {doc: float(np.mean(values)) for doc, values in by_item.items()}
+        first = group.iloc[0]
+        budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
+        info = {
+            "Baseline": first["baseline"],
+            "Model": first["model"],
+            "Preset": first["preset"],
+            "Protocol": first["protocol"],
+            "Budget": ", ".join(f"`{digest}`" for digest in sorted(set(budgets))) or MISSING,
+            "Hardware": "; ".join(sorted(set(group["hardware"]))),
+            "Code": "; ".join(sorted(set(group["code"]))),
+            "Seeds": _join_unique(group["seed"].tolist()),
+        }
+        estimates = {
+            column.key: bootstrap_mean_ci([cells[part] for part in column.parts])
+            if all(part in cells for part in column.parts)
+            else None
+            for column in columns
+        }
+        rows.append(MeasuredRow(info, estimates, per_item))
+    return rows
+
+
+def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> Interval | None:
+    """Change of ``row`` over ``reference`` in one column, paired by test item.
+
+    Why paired: both rows answered the same test items, so the per-item difference d_i = x_i - x_ref_i removes
+    the item difficulty that dominates the spread of either row alone; the interval is the bootstrap of
+    (1/K) Σ_c mean(d_c) over the column's cells c (:func:`bootstrap_mean_ci` on the differences). It measures the
+    test-set sampling noise only: one training seed says nothing about the spread over training seeds.
+    ``None`` when a cell is missing in either row or the two rows share no item.
+    """
+    differences = []
+    for part in column.parts:
+        if part not in row.per_item or part not in reference.per_item:
+            return None
+        ours, theirs = row.per_item[part], reference.per_item[part]
+        shared = sorted(ours.keys() & theirs.keys())
+        if not shared:
+            return None
+        differences.append(np.asarray([ours[doc] - theirs[doc] for doc in shared], dtype=np.float64))
+    return bootstrap_mean_ci(differences)
+
+
+def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
+    """Every RL row minus the comparison's starting point (``sft`` if measured, else ``base``), paired by item."""
+    references = {row.info["Baseline"]: row for row in rows if row.info["Baseline"] in REFERENCE_BASELINES}
+    start = references.get("sft") or references.get("base")
+    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES]
+    if start is None or not others:
+        return ""
+    display = pd.DataFrame(
+        [
+            {"Baseline": row.info["Baseline"], "Model": row.info["Model"]}
+            | {c.header: _format_measured(paired_change(row, start, c), "+.1f") for c in columns}
+            for row in others
+        ]
+    )
+    caption = (
+        f"**Change from the starting point** (`{start.info['Baseline']}`, {start.info['Model']}), in percentage "
+        "points, paired by test item, with a percentile-bootstrap 95% interval over the items. An interval above "
+        "0 is a learning signal beyond the test-set sampling noise; it does not cover the spread over training "
+        "seeds.\n"
+    )
+    return caption + "\n" + markdown_table(display)
+
+
+def _caption(comparison: str, table: str, frame: pd.DataFrame) -> str:
+    rl = frame[~frame["baseline"].isin(REFERENCE_BASELINES)]
+    budget = f"`{rl['budget_hash'].iloc[0]}`" if not rl.empty else MISSING
+    lines = [
+        f"**Measured by this code — comparison `{comparison}`** (presets: {_join_unique(frame['preset'].tolist())}; "
+        f"protocols: {_join_unique(frame['protocol'].tolist())}; RL training budget {budget} shared by every RL row, "
+        f"reference rows base/sft exempt). Each cell is accuracy % with a percentile-bootstrap 95% interval over "
+        f"per-sample correctness (Sudoku: d1 cell accuracy, the per-sample score, as in the published tables); "
+        f"seeds of one row are pooled.",
+    ]
+    lengths = frame.drop_duplicates("length").sort_values("length")
+    if (lengths["length"] != lengths["actual"]).any():
+        pairs = ", ".join(f"{row.length} → {row.actual}" for row in lengths.itertuples())
+        noun = "generation lengths" if table == "table1" else "response limits"
+        lines.append(f"Lengths are scaled by the preset: nominal {noun} → actual generated tokens: {pairs}.")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]) -> None:
+    """Grouped bars: one group per measured cell column, one bar per row, 95% interval as error bars."""
+    shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
+    figure = new_figure(max(6.0, 1.2 * len(shown) + 2.0), 4.0)
+    axes = figure.subplots()
+    width = 0.8 / max(1, len(rows))
+    for offset, row in enumerate(rows):
+        estimates = [row.estimates[c.key] for c in shown]
+        means = [100 * e.mean if e else np.nan for e in estimates]
+        errors = [
+            [100 * (e.mean - e.low) if e else 0 for e in estimates],
+            [100 * (e.high - e.mean) if e else 0 for e in estimates],
+        ]
+        positions = np.arange(len(shown)) + (offset - (len(rows) - 1) / 2) * width
+        axes.bar(positions, means, width, yerr=errors, capsize=3, label=f"{row.info['Baseline']} ({row.info['Model']})")
+    axes.set_xticks(np.arange(len(shown)), [c.header for c in shown], rotation=30, ha="right")
+    axes.set_ylabel("accuracy (%)")
+    axes.set_ylim(0, 100)
+    axes.set_title(title)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _measured_blocks(
+    results_dir: Path,
+    table: str,
+    frame: pd.DataFrame,
+    records: list[dict[str, Any]],
+    plots_dir: Path | None,
+    markdown_dir: Path,
+) -> str:
+    subset = frame[frame["table"] == table]
+    if subset.empty:
+        return "**Measured by this code**: no results for this table yet.\n"
+    blocks = []
+    for comparison, group in subset.groupby("comparison", sort=True):
+        columns = table_columns(table, set(group["task"]))
+        rows = _measured_rows(group, records, columns)
+        display = pd.DataFrame(
+            [row.info | {c.header: _format_measured(row.estimates[c.key]) for c in columns} for row in rows]
+        )
+        block = _caption(comparison, table, group) + "\n" + markdown_table(display)
+        change = _change_block(rows, columns)
+        if change:
+            block += "\n" + change
+        training = _training_block(results_dir, comparison)
+        if training:
+            block += "\n" + training
+        if plots_dir is not None:
+            plot_path = Path(plots_dir) / f"{table}__{slugify(comparison, 80)}.png"
+            _plot(plot_path, f"{TABLE_TITLES[table]}: {comparison}", rows, columns)
+            link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
+            block += f"\n![{table} {comparison}]({link})\n"
+        blocks.append(block)
+    return "\n".join(blocks)
+
+
+# ------------------------------------------------------------------------------------ training reward
+def training_path(results_dir: Path | str, comparison: str, task: str) -> Path:
+    return Path(results_dir) / TRAINING_DIR / f"{slugify(comparison, 80)}__{slugify(task)}.csv"
+
+
+def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd.DataFrame:
+    """Each run's mean training reward over its last ``window`` rollouts, minus the frozen control's on the same
+    rollouts (same step = same prompts and random numbers), with a bootstrap 95% interval over those rollouts.
+
+    ``rewards`` has :data:`TRAINING_COLUMNS` for one task; the control is the run named :data:`CONTROL_RUN`.
+    Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
+    """
+    frozen = rewards[rewards["run"] == CONTROL_RUN].set_index("step")["reward_mean"]
+    rows = []
+    for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=False):
+        ours = group.set_index("step")["reward_mean"]
+        steps = sorted(set(ours.index) & set(frozen.index))[-window:]
+        if not steps:
+            continue
+        change = bootstrap_mean_ci([(ours[steps] - frozen[steps]).to_numpy()])
+        rows.append(
+            {
+                "run": run,
+                "rollouts": len(steps),
+                "reward": float(ours[steps].mean()),
+                "frozen": float(frozen[steps].mean()),
+                "change": change,
+            }
+        )
+    return pd.DataFrame(rows, columns=["run", "rollouts", "reward", "frozen", "change"])
+
+
+def _training_block(results_dir: Path, comparison: str) -> str:
+    blocks = []
+    for path in sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv")):
+        try:
+            rewards = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: unreadable training-reward file: {exc}") from exc
+        if list(rewards.columns) != list(TRAINING_COLUMNS) or rewards.empty:
+            raise UserError(f"{path}: a training-reward file needs the columns {', '.join(TRAINING_COLUMNS)}")
+        changes = training_changes(rewards)
+        if changes.empty:
+            continue
+        display = pd.DataFrame(
+            {
+                "Baseline": changes["run"],
+                "Rollouts": changes["rollouts"],
+                "Training reward": changes["reward"].map("{:.3f}".format),
+                "Frozen start": changes["frozen"].map("{:.3f}".format),
+                "Change": changes["change"].map(lambda c: c.text("+.3f", scale=1.0)),
+            }
+        )
+        task = rewards["task"].iloc[0]
+        blocks.append(
+            f"**Training reward, {TASK_LABELS.get(task, task)}** (`{path.name}`): mean reward of each run's last "
+            f"rollouts (sampled at the budget's temperature) against the frozen start, trained with learning rate 0 "
+            f"on the same prompts with the same random numbers; change with a percentile-bootstrap 95% interval over "
+            f"the rollouts.\n\n" + markdown_table(display)
+        )
+    return "\n".join(blocks)
+
+
+# -------------------------------------------------------------------------------------------- markdown
+def markdown_table(frame: pd.DataFrame) -> str:
+    """GitHub markdown of a frame of strings (no extra dependency such as ``tabulate``)."""
+
+    def line(values: Sequence[Any]) -> str:
+        return "| " + " | ".join(str(value).replace("|", "\\|") for value in values) + " |\n"
+
+    return line(frame.columns) + line(["---"] * len(frame.columns)) + "".join(line(row) for row in frame.to_numpy())
+
+
+HEADER = """# stabledrl-bench leaderboard
+
+Generated from the result files in `{results_dir}`; do not edit by hand. Regenerate with:
+
+    python -m stabledrl_bench leaderboard
+
+Two kinds of numbers appear here, always in separate blocks:
+
+* **Measured by this code**: evaluations run with this harness and stored as result files. Each cell is accuracy (%)
+  with a percentile-bootstrap 95% interval over per-sample correctness ({n_resamples} resamples, fixed seed), e.g.
+  `62.5 [55.1, 69.9]`. Measured rows are grouped by comparison; all RL rows of one comparison were trained under one
+  budget (its hash is shown); reference rows (`base`, `sft`) are exempt. Model, preset, hardware, code (the git
+  commit, `dirty` when uncommitted changes were present) and seeds are listed per row; `python -m stabledrl_bench
+  verify` re-checks every record against its samples, grader and weights. Average columns are unweighted means
+  over their cells. Where a comparison has a starting point (`sft`, else `base`), a second table gives each RL
+  row's change from it in percentage points, paired by test item.
+* **Published (not measured here)**: numbers copied from papers, each marked with its source grade: P = the paper's
+  own text or table, C = the authors' code, S = a third-party note quoting the paper (not checked against it),
+  D = derived by arithmetic from P or S numbers. Unreliable (U) values are never shown. Published numbers come from
+  other hardware, checkpoints and protocol details; read the notes under each block before comparing.
+
+Missing cells are shown as `{missing}`.
+"""
+
+
+def build_leaderboard(
+    results_dir: Path | str,
+    published: Mapping[str, Any] | Path | str | None = None,
+    plots_dir: Path | str | None = None,
+    extra_sections: Sequence[ExtraSection] = (),
+    markdown_dir: Path | str | None = None,
+) -> str:
+    """The leaderboard markdown for ``results_dir``.
+
+    ``published``: mapping, YAML path, or ``None`` for the packaged ``published.yaml``. ``plots_dir``: when given, a
+    PNG bar chart per comparison is written there and linked relative to ``markdown_dir`` (the folder the markdown
+    will live in; default: the current directory). ``extra_sections``: see the module docstring.
+    """
+    results_dir = Path(results_dir)
+    tables = load_published(published)
+    records = load_results(results_dir)
+    frame = _records_frame(records)
+    _check_consistency(frame)
+    plots = None if plots_dir is None else Path(plots_dir)
+    parts = [HEADER.format(results_dir=results_dir.as_posix(), n_resamples=N_RESAMPLES, missing=MISSING)]
+    for table in ("table1", "table2"):
+        measured = _measured_blocks(results_dir, table, frame, records, plots, Path(markdown_dir or "."))
+        published_block = _published_block(table, tables.get(table, EMPTY_BLOCK))
+        parts.append(f"## {TABLE_TITLES[table]}\n\n{measured}\n{published_block}")
+    for section in extra_sections:
+        text = section(results_dir)
+        if text and text.strip():
+            parts.append(text.strip() + "\n")
+    return "\n".join(parts)
+
+
+def write_leaderboard(
+    results_dir: Path | str,
+    out_path: Path | str,
+    *,
+    published: Mapping[str, Any] | Path | str | None = None,
+    plots_dir: Path | str | None = None,
+    extra_sections: Sequence[ExtraSection] = (),
+) -> Path:
+    """Build the leaderboard and replace ``out_path`` atomically (plots are linked relative to it)."""
+    out_path = Path(out_path)
+    text = build_leaderboard(results_dir, published, plots_dir, extra_sections, markdown_dir=out_path.parent)
+    atomic_write_text(out_path, text)
+    return out_path

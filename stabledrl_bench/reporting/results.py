@@ -1,0 +1,517 @@
+"""Evaluation result records: one JSON per evaluation plus its per-sample JSONL, written atomically.
+
+Why a strict, versioned record: the leaderboard pools, averages and bootstraps these files without a human in
+the loop, so a record that is missing a field, mixes up units (accuracy is a fraction in [0, 1], never a
+percentage) or points at the wrong samples must fail loudly with the file name instead of becoming a wrong cell.
+
+Layout on disk (``results_dir`` is e.g. ``results/``)::
+
+    results/<comparison>/<table>__<preset>__<baseline>__<task>__L<length>[_<sampling>]__<protocol>__s<seed>__<model>-<hash>.json
+    results/<comparison>/<same stem>.samples.jsonl
+    results/stability/...            (other writers; ignored by :func:`load_results`)
+
+The JSON holds everything about the evaluation except the per-sample rows, which live in the JSONL beside it
+(``doc_id, prompt, completion, correct, score, extracted, details``). The JSON references the JSONL by name and by
+sha256, so a JSON can never silently describe samples that were overwritten later. Both files are written with
+:func:`atomic_write_text` (temporary file in the same directory, ``fsync``, ``os.replace``), JSONL first and an old
+JSON removed before that, so an interrupted run leaves a complete result or none: a JSONL without a JSON counts as
+"not done" and is overwritten by the rerun.
+
+Record fields (schema ``stabledrl-bench/result/v1``):
+
+* ``schema``, ``kind`` (``"measured"``), ``preset`` (``tiny``/``smoke``/``paper``/custom), ``comparison`` (runs that
+  must share one training budget), ``table`` (``table1`` full attention / ``table2`` block diffusion);
+* ``baseline`` (registered baseline name, or ``base``/``sft`` for reference rows), ``task``, ``length`` (the
+  protocol's nominal generation length, 128/256/512 in Table 1), ``actual_gen_length`` (tokens really generated,
+  e.g. the tiny preset scales 128 -> 32), ``sampling`` (``static``/``dynamic`` for Table 2 - TraceRL's two decoding
+  modes are two columns there - and ``null`` for Table 1), ``protocol``, ``seed``;
+* ``model`` (``family, name, checkpoint, parameters``, and in newer records ``weights_sha256`` -- a hash of the
+  evaluated weights, :func:`stabledrl_bench.evaluation.native.weights_sha256` -- and ``dtype``), ``budget`` (dict,
+  required for RL rows) and
+  ``budget_hash`` (:func:`budget_hash` of it), ``settings`` (decode settings);
+* ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
+  samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy`` and any other number;
+* ``environment`` (:func:`environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``.
+
+Loaded records carry one extra key, ``_path`` (the JSON file), which :func:`load_samples` uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.config import canonical_json, stable_hash
+from stabledrl_bench.errors import UserError
+
+SCHEMA = "stabledrl-bench/result/v1"
+REFERENCE_BASELINES = ("base", "sft")
+STABILITY_DIR = "stability"
+SAMPLES_SUFFIX = ".samples.jsonl"
+FILE_MODE = 0o644  # mkstemp creates 0600; results are ordinary shared files
+
+TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")
+TABLE1_LENGTHS = (128, 256, 512)
+TABLE2_TASKS = ("math500", "aime24", "gsm8k", "aime25", "countdown", "sudoku")
+TABLE2_OPTIONAL = ("aime25", "countdown", "sudoku")  # columns shown only when some row has them
+SAMPLING_MODES = ("static", "dynamic")
+TABLE_TASKS = {"table1": TABLE1_TASKS, "table2": TABLE2_TASKS}
+# Per-sample field a table cell averages: d1 (and every paper after it) reports Sudoku as cell accuracy, which is
+# the per-sample ``score``; every other task reports the fraction of ``correct`` answers.
+HEADLINE_FIELD = {"sudoku": "score"}
+
+ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
+MODEL_KEYS = ("family", "name", "checkpoint", "parameters")
+# Written since the weights hash was introduced; older records lack them and are still read.
+MODEL_OPTIONAL_KEYS = ("weights_sha256", "dtype")
+SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
+RECORD_KEYS = (
+    "schema",
+    "kind",
+    "preset",
+    "comparison",
+    "table",
+    "baseline",
+    "task",
+    "length",
+    "actual_gen_length",
+    "sampling",
+    "protocol",
+    "seed",
+    "model",
+    "budget",
+    "budget_hash",
+    "settings",
+    "metrics",
+    "environment",
+    "created",
+    "samples_file",
+    "samples_sha256",
+)
+# Fields that identify an evaluation (and therefore its file name); everything else describes its outcome.
+KEY_FIELDS = ("comparison", "table", "preset", "baseline", "task", "length", "sampling", "protocol", "seed", "model")
+
+
+# --------------------------------------------------------------------------------------------- environment
+def _git_state(directory: Path) -> dict[str, Any]:
+    """Commit and dirty flag of the git work tree holding ``directory``; ``None`` values outside git."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    # Result files written into the repository's results/ folder must not make every later run "dirty".
+    status = git("status", "--porcelain", "--", ":(top)", ":(top,exclude)results")
+    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
+def _gpu_names() -> list[str]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_info() -> dict[str, Any]:
+    """Where and with what a result was produced, so that a leaderboard row can say which hardware and code made it.
+
+    The git state is that of the repository containing this package (``dirty`` when ``git status --porcelain``
+    lists anything outside ``results/``), because results from uncommitted code cannot be reproduced from the
+    commit alone.
+    """
+    return {
+        "python": platform.python_version(),
+        "hardware": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "gpus": _gpu_names(),
+        },
+        "packages": {name: _package_version(name) for name in ENV_PACKAGES},
+        "git": _git_state(Path(__file__).resolve().parent),
+        "argv": list(sys.argv),
+    }
+
+
+def hardware_label(environment: Mapping[str, Any]) -> str:
+    """Short hardware description for a table cell: ``"1× NVIDIA H200"`` or ``"CPU ×2"``."""
+    hardware = environment.get("hardware") or {}
+    gpus = hardware.get("gpus") or []
+    if gpus:
+        names = sorted(set(gpus))
+        return ", ".join(f"{gpus.count(name)}× {name}" for name in names)
+    return f"CPU ×{hardware.get('cpu_count', '?')}"
+
+
+def code_label(environment: Mapping[str, Any]) -> str:
+    """The code that produced a result, for a table cell: ``"00ef291"``, ``"00ef291 dirty"`` or ``"unknown"``.
+
+    ``dirty`` means uncommitted changes (outside ``results/``) were present: that code cannot be checked out.
+    """
+    git = environment.get("git") or {}
+    commit = git.get("commit")
+    if not commit:
+        return "unknown"
+    state = {True: " dirty", False: "", None: " dirty?"}[git.get("dirty")]
+    return f"{str(commit)[:7]}{state}"
+
+
+# ---------------------------------------------------------------------------------------------- hashing
+def budget_hash(budget: Mapping[str, Any]) -> str:
+    """:func:`~stabledrl_bench.config.stable_hash` of a training budget, the identity every RL row must share."""
+    try:
+        return stable_hash(budget)
+    except UserError as exc:
+        raise UserError(f"budget is not plain JSON data: {exc}") from exc
+
+
+# ------------------------------------------------------------------------------------------ atomic write
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
+
+    The temporary file lives in the same directory (``os.replace`` is only atomic within one file system) and is
+    removed again if anything fails before the rename.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(descriptor, FILE_MODE)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """:func:`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# ------------------------------------------------------------------------------------------- validation
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _nonempty_str(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _check(condition: bool, where: str, message: str) -> None:
+    if not condition:
+        raise UserError(f"{where}: {message}")
+
+
+def _validate_model(model: Any, where: str) -> None:
+    _check(isinstance(model, dict), where, "'model' must be an object")
+    keys = set(model) - set(MODEL_OPTIONAL_KEYS)
+    _check(keys == set(MODEL_KEYS), where, f"'model' must have the keys {', '.join(MODEL_KEYS)} (+ optional ones)")
+    digest = model.get("weights_sha256")
+    _check(digest is None or bool(re.fullmatch(r"[0-9a-f]{64}", digest)), where, "'model.weights_sha256' bad")
+    _check(model.get("dtype") is None or isinstance(model["dtype"], str), where, "'model.dtype' must be a string")
+    _check(isinstance(model["family"], str), where, "'model.family' must be a string")
+    _check(_nonempty_str(model["name"]), where, "'model.name' must be a non-empty string")
+    _check(model["checkpoint"] is None or _nonempty_str(model["checkpoint"]), where, "'model.checkpoint' bad")
+    _check(model["parameters"] is None or _is_int(model["parameters"]), where, "'model.parameters' must be int")
+
+
+def _validate_metrics(metrics: Any, where: str) -> None:
+    _check(isinstance(metrics, dict), where, "'metrics' must be an object")
+    accuracy = metrics.get("accuracy")
+    _check(_is_number(accuracy) and 0.0 <= accuracy <= 1.0, where, "'metrics.accuracy' must be a fraction in [0, 1]")
+    _check(_is_int(metrics.get("n")) and metrics["n"] > 0, where, "'metrics.n' must be a positive integer")
+    for name, value in metrics.items():
+        _check(value is None or _is_number(value), where, f"'metrics.{name}' must be a finite number or null")
+    d1 = metrics.get("d1_accuracy")
+    _check(d1 is None or 0.0 <= d1 <= 1.0, where, "'metrics.d1_accuracy' must be a fraction in [0, 1]")
+
+
+def validate_record(record: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`UserError` (prefixed with ``where``, usually the file) unless ``record`` is a valid v1 record."""
+    _check(isinstance(record, Mapping), where, "a result record must be a JSON object")
+    missing = [key for key in RECORD_KEYS if key not in record]
+    _check(not missing, where, f"missing field(s): {', '.join(missing)}")
+    unknown = sorted(key for key in record if key not in RECORD_KEYS and not key.startswith("_"))
+    _check(not unknown, where, f"unknown field(s): {', '.join(unknown)}")
+    _check(record["schema"] == SCHEMA, where, f"schema is {record['schema']!r}, expected {SCHEMA!r}")
+    _check(record["kind"] == "measured", where, "'kind' must be 'measured'")
+    for key in ("preset", "comparison", "baseline", "protocol"):
+        _check(_nonempty_str(record[key]), where, f"'{key}' must be a non-empty string")
+    table = record["table"]
+    _check(table in TABLE_TASKS, where, f"'table' must be one of {', '.join(TABLE_TASKS)}, got {table!r}")
+    _check(
+        record["task"] in TABLE_TASKS[table],
+        where,
+        f"'task' {record['task']!r} is not a column of {table} ({', '.join(TABLE_TASKS[table])})",
+    )
+    for key in ("length", "actual_gen_length"):
+        _check(_is_int(record[key]) and record[key] > 0, where, f"'{key}' must be a positive integer")
+    if table == "table1":
+        _check(record["length"] in TABLE1_LENGTHS, where, f"'length' must be one of {TABLE1_LENGTHS} in table1")
+        _check(record["sampling"] is None, where, "'sampling' must be null in table1")
+    else:
+        _check(record["sampling"] in SAMPLING_MODES, where, f"'sampling' must be one of {SAMPLING_MODES} in table2")
+    _check(_is_int(record["seed"]), where, "'seed' must be an integer")
+    _validate_model(record["model"], where)
+    budget, digest = record["budget"], record["budget_hash"]
+    if budget is None:
+        _check(digest is None, where, "'budget_hash' given without a 'budget'")
+        _check(
+            record["baseline"] in REFERENCE_BASELINES,
+            where,
+            f"RL baseline {record['baseline']!r} needs a 'budget' (only base/sft rows may omit it)",
+        )
+    else:
+        _check(isinstance(budget, dict), where, "'budget' must be an object or null")
+        _check(digest == budget_hash(budget), where, f"'budget_hash' {digest!r} does not match the budget")
+    for key in ("settings", "environment"):
+        _check(isinstance(record[key], dict), where, f"'{key}' must be an object")
+    _validate_metrics(record["metrics"], where)
+    try:
+        datetime.fromisoformat(record["created"])
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: 'created' must be an ISO 8601 time") from None
+    samples_file = record["samples_file"]
+    _check(
+        _nonempty_str(samples_file)
+        and Path(samples_file).name == samples_file
+        and samples_file.endswith(SAMPLES_SUFFIX),
+        where,
+        f"'samples_file' must be a plain file name ending in {SAMPLES_SUFFIX}",
+    )
+    _check(
+        isinstance(record["samples_sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", record["samples_sha256"]),
+        where,
+        "'samples_sha256' must be 64 hex digits",
+    )
+
+
+def _validate_samples(samples: Sequence[Any], metrics: Mapping[str, Any], where: str) -> None:
+    """Per-sample rows must be complete and agree with the summary: ``n`` rows, ``accuracy = mean(correct)``."""
+    for index, sample in enumerate(samples):
+        at = f"{where}: sample {index}"
+        _check(isinstance(sample, dict), at, "must be an object")
+        _check(sorted(sample) == sorted(SAMPLE_KEYS), at, f"must have exactly the keys {', '.join(SAMPLE_KEYS)}")
+        _check(isinstance(sample["doc_id"], (int, str)) and not isinstance(sample["doc_id"], bool), at, "bad doc_id")
+        _check(isinstance(sample["prompt"], str) and isinstance(sample["completion"], str), at, "texts must be str")
+        _check(isinstance(sample["correct"], bool), at, "'correct' must be true/false")
+        _check(sample["score"] is None or _is_number(sample["score"]), at, "'score' must be a number or null")
+        _check(sample["extracted"] is None or isinstance(sample["extracted"], str), at, "'extracted' must be str")
+        _check(isinstance(sample["details"], dict), at, "'details' must be an object")
+    _check(len(samples) == metrics["n"], where, f"{len(samples)} samples but metrics.n = {metrics['n']}")
+    mean_correct = sum(sample["correct"] for sample in samples) / len(samples)
+    _check(
+        math.isclose(mean_correct, metrics["accuracy"], rel_tol=0.0, abs_tol=1e-9),
+        where,
+        f"metrics.accuracy = {metrics['accuracy']} but the samples give {mean_correct}",
+    )
+
+
+# ------------------------------------------------------------------------------------------ file naming
+def slugify(value: Any, limit: int = 48) -> str:
+    """File-name-safe ``value`` (letters, digits, ``._+-``; no ``__``, which separates name parts), ``limit`` long."""
+    slug = re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9._+-]+", "-", str(value))).strip("-._")
+    return slug[:limit] or "x"
+
+
+def model_short_name(model: Mapping[str, Any]) -> str:
+    """Readable model label for file names: the checkpoint's last two path parts, else the model name's last part.
+
+    Two parts because fine-tuned checkpoints are usually ``<run>/<step>`` and the step alone says nothing.
+    """
+    checkpoint = model.get("checkpoint")
+    if checkpoint:
+        return "-".join(Path(str(checkpoint)).parts[-2:])
+    return str(model["name"]).rstrip("/").split("/")[-1]
+
+
+def result_path(results_dir: Path | str, key: Mapping[str, Any]) -> Path:
+    """Where the result JSON for the evaluation identified by ``key`` (the :data:`KEY_FIELDS`) lives.
+
+    The readable parts can collide after slugging (two checkpoints ``a/final`` in different folders), so a short
+    hash of all key fields keeps names unique while staying deterministic for :func:`result_exists`.
+    """
+    key = {"sampling": None, **key}  # Table 1 keys may leave it out, as write_result allows
+    missing = [field for field in KEY_FIELDS if field not in key]
+    if missing:
+        raise UserError(f"result key is missing field(s): {', '.join(missing)}")
+    model = key["model"]
+    identity = canonical_json(
+        {**{field: key[field] for field in KEY_FIELDS}, "model": [model.get("name"), model.get("checkpoint")]}
+    )
+    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:8]
+    length = f"L{key['length']}" + (f"_{key['sampling']}" if key["sampling"] else "")
+    parts = [key["table"], key["preset"], key["baseline"], key["task"], length, key["protocol"], f"s{key['seed']}"]
+    stem = "__".join(slugify(part) for part in parts) + f"__{slugify(model_short_name(model))}-{digest}"
+    return Path(results_dir) / slugify(key["comparison"], 80) / f"{stem}.json"
+
+
+def _samples_path(json_path: Path) -> Path:
+    return json_path.with_name(json_path.name[: -len(".json")] + SAMPLES_SUFFIX)
+
+
+# ------------------------------------------------------------------------------------------- write/read
+def _dump_jsonl(rows: Sequence[Mapping[str, Any]], where: str) -> str:
+    try:
+        return "".join(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{where}: samples are not plain JSON data: {exc}") from exc
+
+
+def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Sequence[Mapping[str, Any]]) -> Path:
+    """Validate and store one evaluation; returns the JSON path.
+
+    ``record`` may omit the bookkeeping fields, which are filled in: ``schema``, ``kind``, ``sampling`` (null),
+    ``budget_hash`` (from ``budget``), ``environment`` (:func:`environment_info`), ``created`` (now, UTC),
+    ``samples_file`` and ``samples_sha256``. Given values are checked, never overwritten. ``baseline`` must be a
+    registered baseline or ``base``/``sft``. Nothing is written unless the record and samples are valid.
+    """
+    full = {key: value for key, value in record.items() if not key.startswith("_")}
+    full.setdefault("schema", SCHEMA)
+    full.setdefault("kind", "measured")
+    full.setdefault("sampling", None)
+    if "budget_hash" not in full:
+        full["budget_hash"] = None if full.get("budget") is None else budget_hash(full["budget"])
+    if "environment" not in full:
+        full["environment"] = environment_info()
+    full.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    path = result_path(results_dir, full)
+    where = str(path)
+    text = _dump_jsonl(samples, where)
+    samples_path = _samples_path(path)
+    for key, value in (
+        ("samples_file", samples_path.name),
+        ("samples_sha256", hashlib.sha256(text.encode("utf-8")).hexdigest()),
+    ):
+        _check(full.setdefault(key, value) == value, where, f"'{key}' given as {full[key]!r}, expected {value!r}")
+    validate_record(full, where)
+    _validate_samples(list(samples), full["metrics"], where)
+    _check_registered(full["baseline"], where)
+    try:
+        record_text = json.dumps(full, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{where}: record is not plain JSON data: {exc}") from exc
+    # Overwriting: drop the old JSON first, so an interruption leaves "not done" instead of an old JSON whose
+    # samples were already replaced (the sha256 would catch it, but a rerun is the better outcome).
+    path.unlink(missing_ok=True)
+    atomic_write_text(samples_path, text)
+    atomic_write_text(path, record_text)
+    return path
+
+
+def _check_registered(baseline: str, where: str) -> None:
+    """Results are only meaningful for methods the harness can name again; imported lazily (torch)."""
+    if baseline in REFERENCE_BASELINES:
+        return
+    from stabledrl_bench.core.registry import available_baselines
+
+    names = available_baselines()
+    _check(baseline in names, where, f"baseline {baseline!r} is not registered (known: {', '.join(names) or 'none'})")
+
+
+def read_result(path: Path | str) -> dict[str, Any]:
+    """Load and validate one result JSON; the returned dict has ``_path`` set."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: unreadable result file: {exc}") from exc
+    validate_record(record, str(path))
+    record["_path"] = str(path)
+    return record
+
+
+def load_results(results_dir: Path | str) -> list[dict[str, Any]]:
+    """All result records under ``results_dir`` (recursively, sorted by path), except ``<results_dir>/stability``.
+
+    Every other ``*.json`` must be a valid record: a corrupt or foreign file is an error, not something to skip,
+    because skipping it would silently drop a row from the leaderboard.
+    """
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise UserError(f"results directory {root} does not exist")
+    stability = root / STABILITY_DIR
+    paths = sorted(path for path in root.rglob("*.json") if stability not in path.parents)
+    return [read_result(path) for path in paths]
+
+
+def _read_samples_text(record: Mapping[str, Any]) -> tuple[Path, str]:
+    if "_path" not in record:
+        raise UserError("load_samples needs a record returned by load_results/read_result (no '_path')")
+    path = Path(record["_path"]).with_name(record["samples_file"])
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: unreadable samples file: {exc}") from exc
+    if hashlib.sha256(data).hexdigest() != record["samples_sha256"]:
+        raise UserError(f"{path}: samples file does not match the sha256 recorded in {record['_path']}")
+    try:
+        return path, data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: samples file is not UTF-8: {exc}") from exc
+
+
+def load_samples(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-sample rows of a loaded record, checked against its sha256, ``n`` and ``accuracy``."""
+    path, text = _read_samples_text(record)
+    try:
+        samples = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: corrupt samples file: {exc}") from exc
+    _validate_samples(samples, record["metrics"], str(path))
+    return samples
+
+
+def result_exists(results_dir: Path | str, key: Mapping[str, Any]) -> bool:
+    """True when the evaluation identified by ``key`` (:data:`KEY_FIELDS`) is stored completely.
+
+    Lets an interrupted command skip finished evaluations. A JSON whose samples are missing counts as not done;
+    a JSON that exists but is corrupt raises (it cannot come from :func:`write_result`, so someone must look).
+    """
+    path = result_path(results_dir, key)
+    if not path.exists():
+        return False
+    record = read_result(path)
+    try:
+        _read_samples_text(record)
+    except UserError:
+        return False
+    return True

@@ -1,0 +1,89 @@
+"""The training budget every baseline of a comparison shares.
+
+A fair comparison gives each method the same rollouts and the same optimizer steps; only the loss and its
+likelihood estimator differ. The budget is everything that fixes that amount of work. Its hash is written into
+every log, checkpoint and result, and the leaderboard refuses to put runs with different hashes in one table.
+
+Per-process micro-batching is deliberately *not* part of the budget: it changes memory use, not the maths
+(every loss normalises per group or per token, so splitting a step into micro-batches changes nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stabledrl_bench.config import stable_hash
+from stabledrl_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from stabledrl_bench.core.sampling import DecodeSettings
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Work per comparison, with TRL-style names where one exists."""
+
+    max_steps: int = 2000  # optimizer steps
+    prompts_per_step: int = 32  # distinct prompts per optimizer step, all processes together
+    num_generations: int = 16  # completions per prompt (the advantage group G)
+    num_iterations: int = 2  # mu: optimizer steps taken on each rollout batch
+    max_completion_length: int = 256  # L: the fixed rollout canvas
+    diffusion_steps: int = 128  # rollout denoising steps over the canvas
+    block_length: int = 32  # rollout semi-autoregressive block (full attention)
+    temperature: float = 0.9  # rollout sampling temperature
+    max_prompt_length: int = 256  # prompts keep their last tokens beyond this
+
+    def __post_init__(self) -> None:
+        positive = (
+            "max_steps",
+            "prompts_per_step",
+            "num_generations",
+            "num_iterations",
+            "max_completion_length",
+            "diffusion_steps",
+            "block_length",
+            "max_prompt_length",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"budget.{name} must be positive, got {getattr(self, name)}")
+        if self.max_completion_length % self.block_length:
+            raise UserError(
+                f"budget.block_length={self.block_length} must divide "
+                f"max_completion_length={self.max_completion_length}"
+            )
+        if self.max_steps % self.num_iterations:
+            raise UserError(
+                f"budget.max_steps={self.max_steps} must be a multiple of num_iterations={self.num_iterations} "
+                "(each rollout batch is used for exactly num_iterations optimizer steps)"
+            )
+        if self.temperature < 0:
+            raise UserError(f"budget.temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def rollout_phases(self) -> int:
+        return self.max_steps // self.num_iterations
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    def decode_settings(self, *, use_cache: bool) -> DecodeSettings:
+        """How rollouts are decoded under this budget (the trainer's and every rollout made to compare with it)."""
+        from stabledrl_bench.core.sampling import DecodeSettings
+
+        return DecodeSettings(
+            gen_length=self.max_completion_length,
+            block_length=self.block_length,
+            steps=self.diffusion_steps,
+            temperature=self.temperature,
+            use_cache=use_cache,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        return stable_hash(self.to_dict())

@@ -1,0 +1,70 @@
+"""AdamW and learning-rate schedules shared by SFT and RL (the official recipes' choices by name)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from stabledrl_bench.errors import UserError
+
+SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW + schedule. Defaults: StableDRL's official configs (AdamW (0.9, 0.99), wd 0.1, linear decay)."""
+
+    learning_rate: float = 2e-6
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    adam_epsilon: float = 1e-8
+    weight_decay: float = 0.1
+    lr_scheduler_type: str = "linear"
+    warmup_steps: int = 0
+    max_grad_norm: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.lr_scheduler_type not in SCHEDULES:
+            raise UserError(f"lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got {self.lr_scheduler_type!r}")
+        # learning_rate 0 is allowed on purpose: it is the frozen-policy control run (same prompts, same random
+        # numbers, no learning) that `reproduce` compares the RL runs' training reward with.
+        if self.learning_rate < 0 or self.max_grad_norm <= 0:
+            raise UserError("learning_rate must be >= 0 and max_grad_norm positive")
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only: norms and biases are not decayed (standard practice)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise UserError("the model has no trainable parameters")
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]],
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_epsilon,
+        foreach=False,
+    )
+
+
+def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based) of ``total``."""
+    if cfg.lr_scheduler_type == "constant":
+        return 1.0
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_scheduler_type == "constant_with_warmup":
+        return 1.0
+    progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    if cfg.lr_scheduler_type == "linear":  # StableDRL: max(0, 1 - step / total_steps)
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: OptimConfig):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))

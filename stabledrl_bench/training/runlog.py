@@ -1,0 +1,150 @@
+"""Per-step diagnostics: an append-only JSONL log and PNG plots of the curves people actually look at."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from stabledrl_bench.plots import new_figure, save_png
+
+# Curves plotted for every run, when present in the log (the rest stays in the JSONL).
+DEFAULT_CURVES = (
+    "reward_mean",
+    "loss",
+    "grad_norm",
+    "ratio_max",
+    "drift",
+    "clip_frac",
+    "learning_rate",
+    "seconds",
+)
+
+
+class RunLog:
+    """Appends one JSON object per line; on resume, lines beyond the resumed step are dropped first."""
+
+    def __init__(self, path: str | Path, *, resume_step: int | None = None, enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = [r for r in read_log(self.path) if r.get("step", 0) <= resume_step]
+            write_lines_atomic(self.path, (json.dumps(r) for r in kept))
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record, default=_json_default) + "\n")
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as fh:
+        for line in lines:
+            fh.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Records of a JSONL log; a truncated last line (killed mid-write) is ignored."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def plot_curves(
+    records: Sequence[dict],
+    out_png: str | Path,
+    *,
+    keys: Sequence[str] = DEFAULT_CURVES,
+    title: str = "",
+    x_key: str = "step",
+) -> Path | None:
+    """One small subplot per metric against the optimizer step; returns the PNG path (None if no data)."""
+    present = [k for k in keys if any(finite(r.get(k)) for r in records)]
+    if not present:
+        return None
+    cols = min(4, len(present))
+    rows = math.ceil(len(present) / cols)
+    fig = new_figure(3.2 * cols, 2.4 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, key in zip(axes.flat, present, strict=False):
+        xs, ys = _points(records, x_key, key)
+        ax.plot(xs, ys, lw=1.2)
+        ax.set_title(key, fontsize=9)
+        ax.tick_params(labelsize=7)
+        if key in ("grad_norm", "ratio_max") and all(y > 0 for y in ys):
+            ax.set_yscale("log")
+    for ax in list(axes.flat)[len(present) :]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save_png(fig, out_png)
+
+
+def plot_runs(
+    runs: dict[str, Sequence[dict]],
+    out_png: str | Path,
+    *,
+    key: str = "reward_mean",
+    window: int = 10,
+    title: str = "",
+    x_key: str = "step",
+) -> Path | None:
+    """One metric of several runs on one axis (trailing moving average over ``window`` points); None if no data."""
+    curves = {}
+    for label, records in runs.items():
+        xs, ys = _points(records, x_key, key)
+        if xs:
+            curves[label] = (xs, running_mean(ys, window))
+    if not curves:
+        return None
+    fig = new_figure(6.0, 3.6)
+    ax = fig.subplots()
+    for label, (xs, ys) in curves.items():
+        ax.plot(xs, ys, lw=1.4, label=label)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(f"{key} ({window}-point moving average)")
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return save_png(fig, out_png)
+
+
+def _points(records: Sequence[dict], x_key: str, key: str) -> tuple[list, list]:
+    pts = [(r[x_key], r[key]) for r in records if x_key in r and finite(r.get(key))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def running_mean(values: Sequence[float | None], window: int) -> list[float | None]:
+    """Trailing mean over the last ``window`` finite values (None until there is one)."""
+    out, kept = [], []
+    for value in values:
+        if finite(value):
+            kept.append(value)
+        recent = kept[-window:]
+        out.append(sum(recent) / len(recent) if recent else None)
+    return out
+
+
+def finite(value) -> bool:
+    """A real number that is not NaN or infinite (bools and None are not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

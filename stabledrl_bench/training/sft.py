@@ -1,0 +1,201 @@
+"""Masked-diffusion SFT (LLaDA's supervised objective): the warm start before RL.
+
+d1 is SFT followed by RL; the tiny model needs SFT even more, since it starts from random weights. The loss is
+LLaDA's: mask each response token with probability p = (1 - eps) t + eps, t ~ U(0, 1) per sequence, and
+minimise the 1/p-weighted cross-entropy of the masked tokens, normalised by the response length. Responses are
+padded with EOS to the fixed canvas, so the model learns to end its answer and fill the rest with EOS, which
+is exactly what LLaDA-Instruct does at inference.
+
+For block-diffusion models the same objective runs on the staircase input [prompt | clean | noisy] with one t
+per block (BD3-LM / SDAR training), so each block is learned given the clean earlier blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
+from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
+from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.models.backends import load_model_spec
+from stabledrl_bench.errors import UserError, require_folder
+from stabledrl_bench.tasks import get_task
+from stabledrl_bench.training.checkpoint import export_model
+from stabledrl_bench.training.data import PromptStream, training_docs
+from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
+from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
+
+
+@dataclass
+class SFTConfig:
+    task: str = "countdown"
+    model: str = "tiny"
+    protocol: str = "tiny"
+    train_split: str = "generated"
+    generator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_numbers": [3]}
+    max_steps: int = 400
+    batch_size: int = 64
+    completion_length: int = 32  # the canvas; targets are padded with EOS to this length
+    # If set, each step's canvas is drawn uniformly from [min_completion_length, completion_length] instead. Why: a
+    # task whose answers all have one length, always padded to one canvas, teaches the model the EOS count too,
+    # and it then garbles the answer's end on any other canvas (LLaDA's SFT data varies in length, so it does not).
+    min_completion_length: int | None = None
+    max_prompt_length: int = 256
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(
+            learning_rate=2e-3, weight_decay=0.01, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
+        )
+    )
+    seed: int = 0
+    bf16: bool = False
+    output_dir: str = "runs/sft"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        require_positive(
+            max_steps=self.max_steps,
+            batch_size=self.batch_size,
+            completion_length=self.completion_length,
+            max_prompt_length=self.max_prompt_length,
+        )
+        low = self.min_completion_length
+        if low is not None and not 1 <= low <= self.completion_length:
+            raise UserError(
+                f"min_completion_length must be between 1 and completion_length={self.completion_length}, got {low}"
+            )
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides) -> SFTConfig:
+        data = read_mapping(path)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return from_dict(cls, data, where=str(path))
+
+
+def encode_targets(dlm: DiffusionLM, texts: list[str], length: int) -> tuple[torch.Tensor, int]:
+    """Target completions + EOS, EOS-padded to ``length``; also returns how many had to be truncated."""
+    rows, truncated = [], 0
+    for text in texts:
+        ids = dlm.tokenizer(text, add_special_tokens=False)["input_ids"] + [dlm.eos_id]
+        if len(ids) > length:
+            truncated += 1
+            ids = ids[:length]
+        rows.append(ids + [dlm.eos_id] * (length - len(ids)))
+    return torch.tensor(rows, dtype=torch.long, device=dlm.device), truncated
+
+
+def sft_loss(
+    dlm: DiffusionLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    target_ids: torch.Tensor,
+    generator: torch.Generator,
+    eps: float = 1e-3,
+) -> torch.Tensor:
+    """LLaDA SFT loss: sum over masked response tokens of CE / p, divided by (batch * response length)."""
+    batch, length = target_ids.shape
+    if dlm.attention == "block":
+        n_blocks = -(-length // dlm.block_size)
+        t = torch.rand(batch, n_blocks, generator=generator).repeat_interleave(dlm.block_size, dim=1)[:, :length]
+    else:
+        t = torch.rand(batch, 1, generator=generator).expand(batch, length)
+    p_mask = ((1 - eps) * t + eps).to(target_ids.device)
+    masked = torch.rand(batch, length, generator=generator).to(target_ids.device) < p_mask
+    noisy = torch.where(masked, torch.full_like(target_ids, dlm.mask_id), target_ids)
+    if dlm.attention == "block":
+        ids = torch.cat((prompt_ids, target_ids, noisy), dim=1)
+        logits = dlm.logits(
+            ids,
+            attention_mask=staircase_mask(prompt_mask, length, dlm.block_size),
+            position_ids=staircase_position_ids(prompt_mask, length),
+        )[:, -length:]
+    else:
+        ids = torch.cat((prompt_ids, noisy), dim=1)
+        key_valid = torch.cat((prompt_mask, torch.ones_like(masked)), dim=1)
+        logits = dlm.logits(ids, attention_mask=key_valid)[:, -length:]
+    ce = F.cross_entropy(logits.float().transpose(1, 2), target_ids, reduction="none")
+    return (ce * masked / p_mask).sum() / (batch * length)
+
+
+def run_sft(cfg: SFTConfig) -> Path:
+    """Train and save ``output_dir/final`` (a model folder loadable by ``load_diffusion_lm``)."""
+    from accelerate import Accelerator
+
+    require_folder(cfg.output_dir, "output_dir")
+    task = get_task(cfg.task)
+    acc = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision="bf16" if cfg.bf16 else "no",
+        step_scheduler_with_optimizer=False,  # one schedule step per optimizer step, whatever the process count
+    )
+    dlm = load_model_spec(cfg.model, seed=cfg.seed)
+    model = dlm.model.train()
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.optim)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
+    train_dlm = dlm.with_model(model)
+    docs = training_docs(task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options)
+    stream = PromptStream(docs, seed=cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed + 1)
+    out_dir = Path(cfg.output_dir)
+    main = acc.is_main_process
+    log = RunLog(out_dir / "log.jsonl", enabled=main)
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "run.json").write_text(json.dumps({"config": to_dict(cfg), "model": dlm.config_summary()}, indent=2))
+    bar = tqdm(range(cfg.max_steps), desc=f"sft:{cfg.task}", disable=not (main and cfg.progress), dynamic_ncols=True)
+    truncated_total = 0
+    for step in bar:
+        start = time.perf_counter()
+        chunk = stream.next(cfg.batch_size)[acc.process_index :: acc.num_processes]
+        specs = [task.prompt(doc, cfg.protocol) for doc in chunk]
+        prompt_ids, prompt_mask = dlm.encode_prompts(
+            [s.messages for s in specs],
+            chat_template=specs[0].chat_template,
+            prefill=specs[0].prefill,
+            max_prompt_length=cfg.max_prompt_length,
+        )
+        canvas = cfg.completion_length
+        if cfg.min_completion_length is not None:
+            canvas = int(torch.randint(cfg.min_completion_length, cfg.completion_length + 1, (1,), generator=generator))
+        targets, truncated = encode_targets(dlm, [task.target_completion(doc, cfg.protocol) for doc in chunk], canvas)
+        truncated_total += truncated
+        with acc.autocast():
+            loss = sft_loss(train_dlm, prompt_ids, prompt_mask, targets, generator)
+        if not torch.isfinite(loss):
+            raise UserError(f"SFT on {cfg.task}: non-finite loss at step {step + 1}; lower the learning rate")
+        acc.backward(loss)
+        grad_norm = float(acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        log.write(
+            {
+                "step": step + 1,
+                "loss": float(loss.detach()),
+                "grad_norm": grad_norm,
+                "learning_rate": scheduler.get_last_lr()[0],
+                "seconds": time.perf_counter() - start,
+            }
+        )
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+    if truncated_total:
+        canvases = (
+            f"{cfg.min_completion_length}..{cfg.completion_length}"
+            if cfg.min_completion_length is not None
+            else cfg.completion_length
+        )
+        print(f"warning: {truncated_total} SFT targets were longer than their canvas ({canvases} tokens)")
+    final = out_dir / "final"
+    export_model(acc, model, dlm, final)
+    if main:
+        plot_curves(read_log(out_dir / "log.jsonl"), out_dir / "curves.png", title=f"SFT on {cfg.task}")
+    acc.wait_for_everyone()
+    return final

@@ -1,0 +1,586 @@
+"""The RL trainer shared by every baseline: one loop, so methods differ only in their loss and estimator.
+
+Per rollout phase (every ``num_iterations`` optimizer steps):
+
+1. draw ``prompts_per_step`` prompts (this process takes its slice), generate ``num_generations`` completions
+   each with the diffusion sampler, score them with the task's reward profile;
+2. advantages per group (the baseline's rule), likelihood estimates of the rollout policy (and of the
+   reference policy when beta > 0) for every inner iteration;
+3. ``num_iterations`` optimizer steps on that rollout: for each micro-batch, estimate the current policy's
+   likelihood (same masks as the rollout estimate when the baseline is coupled, fresh masks otherwise), call
+   the baseline's pure loss, backpropagate; clip the gradient norm (logged *before* clipping), AdamW, LR step.
+
+Runs on ``accelerate`` (CPU, one GPU, DDP, FSDP, DeepSpeed through accelerate configs), checkpoints at rollout
+boundaries, resumes bit-identically, logs every step to ``log.jsonl`` and plots the curves to ``curves.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
+from stabledrl_bench.core.estimators import Estimate, Estimator, SequenceBatch, build_estimator
+from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
+from stabledrl_bench.core.models.probes import require_conventions
+from stabledrl_bench.core.registry import LossInputs, build_baseline
+from stabledrl_bench.core.sampling import generate
+from stabledrl_bench.errors import UserError, require_folder
+from stabledrl_bench.tasks import get_task
+from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.checkpoint import (
+    export_model,
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint_state,
+    save_checkpoint,
+)
+from stabledrl_bench.training.data import PromptStream, training_docs
+from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
+from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
+
+
+@dataclass
+class LoraSettings:
+    """LoRA as the d1/SPG/ESPO recipes use it (r 128, alpha 64, dropout 0.05 on attention and MLP)."""
+
+    r: int = 128
+    alpha: int = 64
+    dropout: float = 0.05
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"]
+    )
+
+
+@dataclass
+class NoiseInjection:
+    """Stress test: heavy-tailed noise added to the *estimated* rollout log-likelihoods.
+
+    Each completion (sequence-level estimators) or token (token-level estimators) gets an independent draw
+    ``scale * StudentT(df)`` with probability ``probability``; ``df = 1`` is a Cauchy distribution, whose
+    exponential (the importance ratio) has no finite moments -- the paper's "exploding weights" regime.
+    The noise enters the log-ratio with a minus sign; it never touches the gradient path.
+    """
+
+    df: float = 1.0
+    scale: float = 1.0
+    probability: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines an RL run. Field names follow TRL's GRPOConfig where one exists."""
+
+    baseline: str = "stabledrl"
+    task: str = "countdown"
+    model: str = "tiny"  # "tiny", "tiny-block", or a checkpoint folder / Hub id
+    protocol: str = "d1"  # prompt protocol of the task
+    reward_profile: str = "d1"
+    train_split: str = "train"  # or "generated" (procedural Countdown / Sudoku pool)
+    generator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_numbers": [3]}
+    budget: Budget = field(default_factory=Budget)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    baseline_options: dict[str, Any] = field(default_factory=dict)
+    per_device_prompts: int = 1  # prompts per micro-batch on one process (memory knob, not budget)
+    estimator_micro_batch: int | None = None  # rows per forward inside an estimator (memory knob)
+    seed: int = 0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    lora: LoraSettings | None = None
+    log_ratio_noise: NoiseInjection | None = None
+    output_dir: str = "runs/train"
+    save_every: int = 0  # optimizer steps between checkpoints (rounded to rollout boundaries); 0 = end only
+    max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
+    check_model: bool = True  # probe a loaded checkpoint's conventions first (models/probes.py)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        require_positive(
+            per_device_prompts=self.per_device_prompts,
+            estimator_micro_batch=self.estimator_micro_batch,
+            max_nonfinite_steps=self.max_nonfinite_steps,
+        )
+        if self.save_every < 0:
+            raise UserError(f"save_every must be >= 0 (0 = a checkpoint at the end only), got {self.save_every}")
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        data = read_mapping(path)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return from_dict(cls, data, where=str(path))
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch of a rollout with everything the inner iterations need."""
+
+    batch: SequenceBatch
+    advantages: torch.Tensor
+    group_ids: torch.Tensor
+    noises: list[Any]  # per inner iteration (coupled) or [] (fresh masks every time)
+    old: list[Estimate | None]  # per inner iteration; None at iteration 0 of a coupled baseline
+    ref: list[Estimate | None]
+
+
+class TrainingDiverged(UserError):
+    """Too many consecutive non-finite losses or gradients."""
+
+
+def baseline_estimator(baseline, dlm: DiffusionLM, block_length: int, micro_batch_size: int | None = None) -> Estimator:
+    """The likelihood estimator ``baseline`` trains ``dlm`` with, bound to it.
+
+    SPG's block masking follows the rollout block (StableDRL's ``block_size`` is both) unless the baseline names
+    its own ``block_length``; block-diffusion models get the staircase estimator (``Baseline.estimator_for``).
+    """
+    name, kwargs = baseline.estimator_for(dlm.attention)
+    if name == "spg_block":
+        kwargs.setdefault("block_length", block_length)
+    if micro_batch_size:
+        kwargs["micro_batch_size"] = micro_batch_size
+    return build_estimator(name, **kwargs).bind(dlm)
+
+
+def _no_gpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _rank_generators(seed: int, rank: int) -> dict[str, torch.Generator]:
+    """Private random streams of one process: sampling, estimator masks, stress noise."""
+    base = 1_000_003 * seed + 7919 * rank
+    return {name: torch.Generator().manual_seed(base + i) for i, name in enumerate(("rollout", "mask", "noise"))}
+
+
+class RLTrainer:
+    """Trains ``cfg.model`` on ``cfg.task`` with baseline ``cfg.baseline`` under ``cfg.budget``."""
+
+    def __init__(self, cfg: TrainConfig, accelerator=None) -> None:
+        from accelerate import Accelerator, PartialState
+
+        self.cfg = cfg
+        self.budget = cfg.budget
+        # Cheap checks first: a bad name or output folder fails before any model is loaded.
+        require_folder(cfg.output_dir, "output_dir")
+        self.task = get_task(cfg.task)
+        self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
+        world = accelerator.num_processes if accelerator is not None else PartialState(cpu=_no_gpu()).num_processes
+        per_process = cfg.budget.prompts_per_step / world
+        if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
+            raise UserError(
+                f"prompts_per_step={cfg.budget.prompts_per_step} must split evenly over {world} process(es) "
+                f"in micro-batches of per_device_prompts={cfg.per_device_prompts}"
+            )
+        self.grad_accum = int(per_process) // cfg.per_device_prompts
+        # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed); the scheduler is stepped
+        # exactly once per optimizer step, not once per process as accelerate does by default.
+        self.acc = accelerator or Accelerator(
+            cpu=_no_gpu(),
+            mixed_precision="bf16" if cfg.bf16 else "no",
+            gradient_accumulation_steps=self.grad_accum,
+            step_scheduler_with_optimizer=False,
+        )
+        self.output_dir = Path(cfg.output_dir)
+
+        dlm = load_model_spec(cfg.model, seed=cfg.seed)
+        self.estimator = baseline_estimator(self.baseline, dlm, cfg.budget.block_length, cfg.estimator_micro_batch)
+        model = dlm.model
+        if cfg.gradient_checkpointing:
+            # transformers 5 renamed the switch; older releases (>=4.51 is supported) only have the old name.
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
+        if cfg.lora is not None:
+            model = _apply_lora(model, cfg.lora)
+        self.ref_model = None
+        if self.baseline.needs_ref and cfg.lora is None:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        model.train()
+        optimizer = build_optimizer(model, cfg.optim)
+        scheduler = build_scheduler(optimizer, cfg.budget.max_steps, cfg.optim)
+        model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
+        self.train_dlm = dlm.with_model(model)  # may be DDP-wrapped: used for gradient passes
+        self.dlm = dlm.with_model(self.acc.unwrap_model(model))  # plain module: generation, estimates, saving
+        self.ref_dlm = dlm.with_model(self.ref_model) if self.ref_model is not None else None
+        if cfg.check_model and cfg.model not in TINY_SPECS:
+            # on the prepared model, so every process probes the same way (collectives stay in step)
+            require_conventions(self.train_dlm, cfg.model)
+
+        self.generators = _rank_generators(cfg.seed, self.acc.process_index)
+        self.prompts = PromptStream(
+            training_docs(self.task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options),
+            seed=cfg.seed,
+        )
+        self.step = 0
+        self.nfe_total = 0
+        self._nonfinite = 0
+        self.decode = cfg.budget.decode_settings(use_cache=dlm.supports_kv_cache)
+
+    # ------------------------------------------------------------------ run metadata
+    def run_info(self) -> dict[str, Any]:
+        return {
+            "config": to_dict(self.cfg),
+            "budget": self.budget.to_dict(),
+            "budget_hash": self.budget.hash(),
+            "baseline_config": to_dict(self.baseline.config),
+            "estimator": type(self.estimator).name,
+            "model": self.dlm.config_summary(),
+            "world_size": self.acc.num_processes,
+            "grad_accum": self.grad_accum,
+        }
+
+    # ------------------------------------------------------------------ rollout
+    @torch.no_grad()
+    def rollout(self) -> tuple[list[MicroBatch], dict[str, float]]:
+        """Generate, score and pre-estimate one rollout batch; returns micro-batches and rollout metrics."""
+        cfg, budget = self.cfg, self.budget
+        docs = self.prompts.next(budget.prompts_per_step)
+        rank, world = self.acc.process_index, self.acc.num_processes
+        local = docs[rank::world]
+        group_offset = rank * len(local)
+        self.dlm.model.eval()
+        micro_batches, rewards_all, correct_all, components = [], [], [], {}
+        nfe, informative = 0, 0
+        for start in range(0, len(local), cfg.per_device_prompts):
+            chunk = local[start : start + cfg.per_device_prompts]
+            specs = [self.task.prompt(doc, cfg.protocol) for doc in chunk]
+            repeated = [s.messages for s in specs for _ in range(budget.num_generations)]
+            prompt_ids, prompt_mask = self.dlm.encode_prompts(
+                repeated,
+                chat_template=specs[0].chat_template,
+                prefill=specs[0].prefill,
+                max_prompt_length=budget.max_prompt_length,
+            )
+            with self.acc.autocast():
+                out = generate(self.dlm, prompt_ids, prompt_mask, self.decode, generator=self.generators["rollout"])
+            nfe += out.nfe
+            texts = self.dlm.decode(out.completion_ids)
+            doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
+            rewards, correct = [], []
+            for text, doc in zip(texts, doc_rows, strict=True):
+                result = self.task.reward(text, doc, cfg.reward_profile)
+                rewards.append(result.total)
+                correct.append(float(self.task.grade(text, doc).correct))
+                for name, value in result.components.items():
+                    components.setdefault(name, []).append(value)
+            rewards_t = torch.tensor(rewards, dtype=torch.float32)
+            correct_t = torch.tensor(correct, dtype=torch.float32)
+            group_ids = torch.arange(len(chunk)).repeat_interleave(budget.num_generations) + group_offset + start
+            advantages, keep = self.baseline.advantages(rewards_t, group_ids, correct_t)
+            spread = rewards_t.view(len(chunk), budget.num_generations)
+            informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
+            rewards_all.append(rewards_t)
+            correct_all.append(correct_t)
+            batch = SequenceBatch(
+                prompt_ids=prompt_ids,
+                prompt_mask=prompt_mask,
+                completion_ids=out.completion_ids,
+                completion_mask=self.dlm.completion_mask(out.completion_ids),
+                unmask_step=out.unmask_step,
+            )
+            if not bool(keep.all()):
+                batch = _select_rows(batch, keep)
+                advantages, group_ids = advantages[keep], group_ids[keep]
+            if batch.completion_ids.shape[0] == 0:
+                micro_batches.append(None)
+                continue
+            micro_batches.append(self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids))
+        self.dlm.model.train()
+        rewards_cat = torch.cat(rewards_all)
+        metrics = {
+            "reward_mean": rewards_cat.mean().item(),
+            "reward_std": rewards_cat.std(unbiased=False).item(),
+            "accuracy": torch.cat(correct_all).mean().item(),
+            "rollout_nfe": nfe,
+            # groups whose completions got different rewards: the only ones any of the baselines learns from
+            "informative_groups": informative / max(1, len(local)),
+            "kept_fraction": sum(mb.batch.completion_ids.shape[0] for mb in micro_batches if mb) / rewards_cat.numel(),
+        }
+        metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in components.items()})
+        return micro_batches, self._gather_means(metrics)
+
+    def _pre_estimate(self, batch: SequenceBatch, advantages, group_ids) -> MicroBatch:
+        """Rollout-policy (and reference) likelihoods for every inner iteration, under no_grad."""
+        mu = self.budget.num_iterations
+        coupled = self.baseline.config.coupled
+        mask_gen = self.generators["mask"]
+        noises, old, ref = [], [], []
+        if coupled:
+            noises = [self.estimator.draw(batch, mask_gen) for _ in range(mu)]
+        for it in range(mu):
+            if self.baseline.needs_old:
+                if coupled and it == 0:
+                    old.append(None)  # identical to the current policy's estimate: reuse it, detached
+                elif coupled:
+                    old.append(self.estimator.evaluate(self.dlm, batch, noises[it]).detach())
+                elif it == 0:
+                    old.append(self.estimator.evaluate(self.dlm, batch, self.estimator.draw(batch, mask_gen)).detach())
+                else:
+                    old.append(old[0])  # independent masks: one rollout estimate, as the official code does
+            if self.ref_dlm is not None or (self.baseline.needs_ref and self.cfg.lora is not None):
+                ref_noise = noises[it] if coupled else self.estimator.draw(batch, mask_gen)
+                ref.append(self._reference_estimate(batch, ref_noise))
+        return MicroBatch(batch, advantages, group_ids, noises, old, ref)
+
+    def _reference_estimate(self, batch: SequenceBatch, noise) -> Estimate:
+        if self.ref_dlm is not None:
+            return self.estimator.evaluate(self.ref_dlm, batch, noise).detach()
+        with self.dlm.model.disable_adapter():  # LoRA: the reference is the adapter-free base model
+            return self.estimator.evaluate(self.dlm, batch, noise).detach()
+
+    # ------------------------------------------------------------------ optimisation
+    def optimizer_step(self, micro_batches: list[MicroBatch | None], iteration: int) -> dict[str, float]:
+        """One optimizer step over all micro-batches of the current rollout (gradient accumulation).
+
+        A step whose gradient norm is not finite (after the all-reduce, so every process agrees) is skipped:
+        no parameter changes, the schedule still advances, and ``skipped`` is logged.
+        """
+        if len(micro_batches) != self.acc.gradient_accumulation_steps:
+            raise RuntimeError(f"{len(micro_batches)} micro-batches for {self.acc.gradient_accumulation_steps} steps")
+        model = self.train_dlm.model
+        per_mb: list[dict[str, float]] = []
+        losses = []
+        grad_norm = math.nan
+        for mb in micro_batches:
+            with self.acc.accumulate(model):
+                with self.acc.autocast():
+                    if mb is None:  # every group of this micro-batch was filtered out: contribute zero gradient
+                        loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+                        metrics = {}
+                    else:
+                        loss, metrics = self._micro_loss(mb, iteration)
+                self.acc.backward(loss)  # accelerate divides by the number of accumulation steps
+                if self.acc.sync_gradients:
+                    params = [p for p in model.parameters() if p.requires_grad]
+                    grad_norm = float(self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
+                    if math.isfinite(grad_norm):
+                        self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            per_mb.append(metrics)
+        finite = math.isfinite(grad_norm)
+        self._nonfinite = 0 if finite else self._nonfinite + 1
+        self.scheduler.step()
+        metrics = _merge_metrics(per_mb)
+        metrics.update({"loss": sum(losses) / len(losses), "grad_norm": grad_norm, "skipped": not finite})
+        return metrics
+
+    def _micro_loss(self, mb: MicroBatch, iteration: int):
+        noise = mb.noises[iteration] if mb.noises else self.estimator.draw(mb.batch, self.generators["mask"])
+        new = self.estimator.evaluate(self.train_dlm, mb.batch, noise)
+        old = None
+        if self.baseline.needs_old:
+            old = mb.old[iteration] if mb.old[iteration] is not None else new.detach()
+            if self.cfg.log_ratio_noise is not None:
+                old = inject_log_ratio_noise(old, self.cfg.log_ratio_noise, self.generators["noise"])
+        inputs = LossInputs(
+            new=new,
+            old=old,
+            ref=mb.ref[iteration] if mb.ref else None,
+            advantages=mb.advantages,
+            completion_mask=mb.batch.completion_mask,
+            group_ids=mb.group_ids.to(mb.advantages.device),
+        )
+        return self.baseline.loss(inputs)
+
+    # ------------------------------------------------------------------ main loop
+    def train(self, *, resume: bool | None = False, stop_after: int | None = None) -> Path:
+        """Run to ``budget.max_steps`` (or stop after step ``stop_after``); returns the ``final`` model folder.
+
+        ``stop_after`` stops at a rollout boundary with a checkpoint, as if the job had been pre-empted, so a
+        later ``train(resume=True)`` continues exactly where this one left off. ``resume=None`` resumes when the
+        output folder holds a checkpoint and starts fresh otherwise (what re-running a command should do);
+        ``False`` refuses to overwrite checkpoints, ``True`` requires one.
+        """
+        cfg, budget = self.cfg, self.budget
+        if resume is None:
+            resume = latest_checkpoint(self.output_dir) is not None
+        if stop_after is not None and stop_after < 1:
+            raise UserError(f"stop_after must be positive, got {stop_after}")
+        if resume:
+            self._resume()
+        elif latest_checkpoint(self.output_dir) is not None:
+            raise UserError(f"{self.output_dir} already holds checkpoints; pass --resume or another --output-dir")
+        main = self.acc.is_main_process
+        log = RunLog(self.output_dir / "log.jsonl", resume_step=self.step if resume else None, enabled=main)
+        if main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "run.json").write_text(_dumps(self.run_info()))
+        bar = tqdm(
+            total=budget.max_steps,
+            initial=self.step,
+            desc=f"{cfg.baseline}:{cfg.task}",
+            disable=not (main and cfg.progress),
+            dynamic_ncols=True,
+        )
+        stop = budget.max_steps if stop_after is None else min(stop_after, budget.max_steps)
+        while self.step < stop:
+            start = time.perf_counter()
+            micro_batches, rollout_metrics = self.rollout()
+            self.nfe_total += rollout_metrics["rollout_nfe"]
+            for iteration in range(budget.num_iterations):
+                metrics = self.optimizer_step(micro_batches, iteration)
+                self.step += 1
+                record = {
+                    "step": self.step,
+                    "phase_iteration": iteration,
+                    **(rollout_metrics if iteration == 0 else {}),
+                    "reward_mean": rollout_metrics["reward_mean"],
+                    **metrics,
+                    "learning_rate": self.scheduler.get_last_lr()[0],
+                    "nfe_total": self.nfe_total,
+                    "seconds": time.perf_counter() - start,
+                }
+                log.write(record)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", gnorm=f"{metrics['grad_norm']:.2g}")
+                start = time.perf_counter()
+                if self._nonfinite >= cfg.max_nonfinite_steps:
+                    path = self._save()
+                    raise TrainingDiverged(
+                        f"{cfg.baseline} on {cfg.task}: {self._nonfinite} consecutive non-finite steps at step "
+                        f"{self.step}; parameters kept from before them in {path}"
+                    )
+            at_boundary = self.step % budget.num_iterations == 0
+            if at_boundary and cfg.save_every and self.step % cfg.save_every < budget.num_iterations:
+                self._save()
+        bar.close()
+        self._save()
+        final = self.output_dir / "final"
+        if main:
+            records = read_log(self.output_dir / "log.jsonl")
+            title = f"{cfg.baseline} on {cfg.task} (budget {budget.hash()})"
+            plot_curves(records, self.output_dir / "curves.png", title=title)
+            _warn_if_nothing_to_learn(records, cfg)
+        if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
+            export_model(self.acc, self.train_dlm.model, self.dlm, final)
+        self.acc.wait_for_everyone()
+        return final
+
+    # ------------------------------------------------------------------ checkpointing
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "nfe_total": self.nfe_total,
+            "prompts": self.prompts.state_dict(),
+            "budget_hash": self.budget.hash(),
+            "config": to_dict(self.cfg),
+        }
+
+    def _save(self) -> Path:
+        rank_state = {name: g.get_state() for name, g in self.generators.items()}
+        gathered = self.acc.gather_for_metrics([rank_state], use_gather_object=True)
+        return save_checkpoint(
+            self.acc, self.output_dir, self.step, self.train_dlm.model, self.dlm, self._state(), list(gathered)
+        )
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.output_dir)
+        if path is None:
+            raise UserError(f"--resume: no checkpoint in {self.output_dir}")
+        state, rank_states = read_checkpoint_state(path)
+        if state["budget_hash"] != self.budget.hash():
+            raise UserError(
+                f"--resume: checkpoint {path} was trained under budget {state['budget_hash']}, "
+                f"this config has {self.budget.hash()}"
+            )
+        if len(rank_states) != self.acc.num_processes:
+            raise UserError(f"--resume: checkpoint has {len(rank_states)} process(es), now {self.acc.num_processes}")
+        load_checkpoint(self.acc, path)
+        self.prompts.load_state_dict(state["prompts"])
+        for name, g in self.generators.items():
+            g.set_state(rank_states[self.acc.process_index][name])
+        self.step = state["step"]
+        self.nfe_total = state["nfe_total"]
+
+    def _gather_means(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.acc.num_processes == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in keys], device=self.acc.device)
+        means = self.acc.gather(values[None]).mean(0)
+        return {k: (int(v) if k == "rollout_nfe" else float(v)) for k, v in zip(keys, means.tolist(), strict=True)}
+
+
+# ---------------------------------------------------------------------- helpers
+def _select_rows(batch: SequenceBatch, keep: torch.Tensor) -> SequenceBatch:
+    keep = keep.to(batch.completion_ids.device)
+    return SequenceBatch(
+        prompt_ids=batch.prompt_ids[keep],
+        prompt_mask=batch.prompt_mask[keep],
+        completion_ids=batch.completion_ids[keep],
+        completion_mask=batch.completion_mask[keep],
+        unmask_step=None if batch.unmask_step is None else batch.unmask_step[keep],
+    )
+
+
+def _merge_metrics(per_mb: list[dict[str, float]]) -> dict[str, float]:
+    """Average micro-batch metrics; maxima stay maxima."""
+    merged: dict[str, float] = {}
+    keys = {k for m in per_mb for k in m}
+    for key in keys:
+        values = [m[key] for m in per_mb if key in m]
+        merged[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
+    return merged
+
+
+def _warn_if_nothing_to_learn(records: list[dict[str, Any]], cfg: TrainConfig) -> None:
+    """Warn when no rollout of the run had a group with different rewards.
+
+    Group-relative advantages are then zero everywhere, so every loss is a clean 0 and the run "succeeds" without
+    changing the model: easy to miss, and usually a reward problem (e.g. completions in the wrong format).
+    """
+    fractions = [r["informative_groups"] for r in records if "informative_groups" in r]
+    if fractions and max(fractions) == 0:
+        rewards = sorted({round(r["reward_mean"], 6) for r in records if "reward_mean" in r})
+        warnings.warn(
+            f"{cfg.baseline} on {cfg.task}: in all {len(fractions)} rollouts every group's completions got the same "
+            f"reward (mean rewards seen: {rewards[:5]}), so nothing was learned; check the reward and the "
+            f"completions' format (log: {Path(cfg.output_dir) / 'log.jsonl'})",
+            stacklevel=2,
+        )
+
+
+def inject_log_ratio_noise(old: Estimate, noise: NoiseInjection, generator: torch.Generator) -> Estimate:
+    """Add heavy-tailed noise to the rollout-policy estimate (see :class:`NoiseInjection`)."""
+
+    def perturb(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        # Student-t(df) = N(0,1) / sqrt(Chi2(df) / df), with Chi2(df) = 2 * Gamma(df / 2), all from `generator`.
+        normal = torch.randn(t.shape, generator=generator)
+        chi2 = 2.0 * torch._standard_gamma(torch.full(t.shape, noise.df / 2.0), generator=generator)
+        draw = normal / torch.sqrt(chi2 / noise.df)
+        hit = torch.rand(t.shape, generator=generator) < noise.probability
+        draw = torch.where(hit, draw, torch.zeros_like(draw)) * noise.scale
+        return t + draw.to(t.device, t.dtype)
+
+    return Estimate(
+        token_logp=perturb(old.token_logp),
+        token_mask=old.token_mask,
+        row_to_seq=old.row_to_seq,
+        elbo=perturb(old.elbo),
+        eubo=old.eubo,
+    )
+
+
+def _apply_lora(model, lora: LoraSettings):
+    from peft import LoraConfig, get_peft_model
+
+    names = {name.split(".")[-1] for name, _ in model.named_modules()}
+    targets = [t for t in lora.target_modules if t in names]
+    if not targets:
+        raise UserError(f"lora.target_modules {lora.target_modules} match no module of this model")
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets)
+    return get_peft_model(model, config)
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, indent=2, default=str)
