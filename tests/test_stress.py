@@ -141,8 +141,8 @@ def test_hull_updates_match_slow_loops(scale):
         slow_grpo = _slow_grpo_update(x)
         if torch.isfinite(u["grpo"]).all():
             assert torch.allclose(u["grpo"], slow_grpo, rtol=1e-4, atol=1e-6 * float(slow_grpo.norm()))
-        else:  # the loss computes in float32: only a ratio beyond its range (e^88.7) may overflow
-            assert float(x.token_log_ratio.max()) > 80
+        else:  # float64 inputs: only rho |A| beyond float64's range (about e^709.8) may overflow
+            assert float(x.token_log_ratio.max()) > 700
 
 
 def test_hull_bound_holds_for_stabledrl_and_not_for_grpo():

@@ -199,7 +199,7 @@ def _hull_block(record: Mapping[str, Any], link_base: str) -> str:
             f"{record['summary'][0]['trials'] * len(scales)} random trials (seed {record['seeds'][0]}), log-ratios = "
             "scale x Cauchy; B = mean over groups of the largest per-sample term ‖A_i ∇bound_i‖ (StableDRL family) or "
             "the largest per-sample / per-token term (ESPO, GRPO). ‖u‖/B <= 1 is the convex-hull bound "
-            f"(float32 tolerance {fmt(record.get('tolerance'))}).",
+            f"(rounding tolerance {fmt(record.get('tolerance'))}).",
             table(header, rows),
             check,
             _image(link_base, (record.get("plots") or {}).get("hull"), "convex hull"),
