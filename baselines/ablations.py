@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from stabledrl_bench.core.registry import BaselineConfig, register_baseline
+from stabledrl_bench.core.baseline import BaselineConfig, register_baseline
 
 from .stabledrl import StableDRL, StableDRLConfig
 

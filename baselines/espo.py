@@ -16,19 +16,14 @@ reduce_var (antithetic complement mask) on. The ELBO counts post-EOS padding too
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import compute_dtype, leave_one_out_advantage
-from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
-
-from .grpo import conditional_clip, need, ratio_metrics
-
-
-def k2_kl(log_ratio: torch.Tensor) -> torch.Tensor:
-    """Schulman's k2 estimator 0.5 (log pi_theta - log q)^2, here on sequence ELBOs, in ``compute_dtype``."""
-    return 0.5 * log_ratio.to(compute_dtype(log_ratio)) ** 2
+from stabledrl_bench.core.advantages import compute_dtype
+from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.estimators import ESPOElbo
+from stabledrl_bench.core.losses import conditional_clip, k2_kl, need, ratio_metrics, sequence_mean
 
 
 def espo_loss(
@@ -50,7 +45,7 @@ def espo_loss(
     elbo, advantages = elbo.to(dtype), advantages.to(dtype)
     log_ratio = (elbo - old_elbo.to(dtype)) / gen_length
     objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
-    loss = -objective.mean()
+    loss = sequence_mean(-objective)
     metrics: dict[str, float] = {}
     if beta > 0:
         if ref_elbo is None:
@@ -81,17 +76,12 @@ class ESPO(Baseline):
 
     description: ClassVar[str] = "ESPO: sequence-level PPO clip (eps 0.2) on exp(dELBO / L), k2 KL, leave-one-out"
     Config: ClassVar[type[BaselineConfig]] = ESPOConfig
-    estimator: ClassVar[str] = "espo_elbo"
+    advantage: ClassVar[str] = "leave_one_out"
     needs_old: ClassVar[bool] = True
     config: ESPOConfig
 
-    def estimator_kwargs(self) -> dict[str, Any]:
-        return {"num_mc": self.config.num_mc, "reduce_var": self.config.reduce_var}
-
-    def advantages(
-        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return leave_one_out_advantage(rewards, group_ids), torch.ones_like(group_ids, dtype=torch.bool)
+    def estimator(self) -> ESPOElbo:
+        return ESPOElbo(num_mc=self.config.num_mc, reduce_var=self.config.reduce_var)
 
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         return espo_loss(

@@ -4,12 +4,12 @@ REINFORCE on a *sandwiched* likelihood bound, with no ratio, no clip and no KL (
 
     bound_i = E_i                              if A_i > 0   (ELBO: a lower bound, safe to push up)
               omega U_i + (1 - omega) E_i      if A_i <= 0  (EUBO mixture: an upper bound, safe to push down)
-    L       = -sum_i A_i bound_i l_i / sum_i l_i           (l_i = valid completion length)
+    L       = -sum_i A_i bound_i l_i / sum_i l_i           (l_i = valid completion length: length_weighted)
     A_i     = r_i - mean_group(r)                          (no std division)
 
 E_i / U_i are the ``spg_block`` estimator's per-token-averaged ELBO / Renyi EUBO (order ``eubo_beta``).
 ``logp_estimation`` picks the A <= 0 branch as the SPG code names it: ``mix`` (above), ``elbo`` (E_i),
-``eubo`` (U_i) or ``zero`` (0). Defaults from ``spg_mix/*.sbatch``: omega 0.5, eubo_beta 1.5, num_t 2,
+``eubo`` (U_i) or ``zero`` (0). Defaults from ``spg_mix/*.sbatch``: omega 0.5, eubo_beta 1.5, num_mc 2 (num_t there),
 p_mask_prompt 0.15, block 32. A = 0 goes to the negative branch but contributes nothing.
 
 StableDRL reuses ``sandwich_bound`` and ``SPGConfig`` unchanged: it is SPG plus detached importance weights.
@@ -18,15 +18,15 @@ StableDRL reuses ``sandwich_bound`` and ``SPGConfig`` unchanged: it is SPG plus 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import compute_dtype, group_mean_advantage
-from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.advantages import compute_dtype
+from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.estimators import SPGBlock
+from stabledrl_bench.core.losses import length_weighted, need
 from stabledrl_bench.errors import UserError
-
-from .grpo import need
 
 LOGP_ESTIMATIONS = ("mix", "elbo", "eubo", "zero")
 
@@ -77,8 +77,7 @@ def spg_loss(
     dtype = compute_dtype(elbo, eubo, advantages)
     advantages = advantages.to(dtype)
     bound = sandwich_bound(elbo.to(dtype), eubo, advantages, omega=omega, logp_estimation=logp_estimation)
-    weight = lengths.to(dtype)
-    loss = -(advantages * bound * weight).sum() / weight.sum().clamp(min=1e-8)
+    loss = length_weighted(-(advantages * bound), lengths)
     return loss, {"loss": loss.item(), "adv_abs_mean": advantages.abs().mean().item()}
 
 
@@ -87,7 +86,7 @@ class SPGConfig(BaselineConfig):
     omega: float = 0.5  # mixture weight of the EUBO in the A <= 0 bound (spg_omega / mix_weight)
     eubo_beta: float = 1.5  # Renyi order of the EUBO (spg_beta)
     logp_estimation: str = "mix"  # A <= 0 branch: mix | elbo | eubo | zero
-    num_t: int = 2  # MC mask samples per sequence
+    num_mc: int = 2  # MC mask samples per sequence (the official code's num_t)
     p_mask_prompt: float = 0.15  # masking probability of prompt and earlier completion blocks
     block_length: int | None = None  # SPG masking block; None = the rollout block (StableDRL's block_size is both)
 
@@ -106,23 +105,15 @@ class SPG(Baseline):
 
     description: ClassVar[str] = "SPG: sandwiched ELBO/EUBO REINFORCE, length-weighted, no ratio/clip/KL"
     Config: ClassVar[type[BaselineConfig]] = SPGConfig
-    estimator: ClassVar[str] = "spg_block"
+    advantage: ClassVar[str] = "group_mean"
     needs_old: ClassVar[bool] = False
     config: SPGConfig
 
-    def estimator_kwargs(self) -> dict[str, Any]:
+    def estimator(self) -> SPGBlock:
         c = self.config
-        return {
-            "num_t": c.num_t,
-            "eubo_beta": c.eubo_beta,
-            "p_mask_prompt": c.p_mask_prompt,
-            **({"block_length": c.block_length} if c.block_length is not None else {}),
-        }
-
-    def advantages(
-        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return group_mean_advantage(rewards, group_ids), torch.ones_like(group_ids, dtype=torch.bool)
+        return SPGBlock(
+            num_mc=c.num_mc, eubo_beta=c.eubo_beta, p_mask_prompt=c.p_mask_prompt, block_length=c.block_length
+        )
 
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         return spg_loss(

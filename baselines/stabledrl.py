@@ -7,7 +7,7 @@ weights (algorithms.md §5.3-5.4; paper_tables.md §5.5)::
     w_i      = softmax_{j in g(i)}(clamp(lambda_j, clip_low, clip_high))_i
              = clip(rho_i) / sum_{j in g(i)} clip(rho_j)          (on the simplex of each group, no gradient)
     L_g      = -sum_{i in g} w_i A_i bound_i                      (bound_i: SPG's sandwich, with gradient)
-    L        = mean over groups of L_g
+    L        = mean over groups of L_g                            (mean_over_groups)
     A_i      = r_i - mean_group(r)                                (no std division)
 
 so grad L_g = -sum_i w_i A_i grad(bound_i) is a convex combination of the per-sample terms A_i grad(bound_i):
@@ -40,10 +40,10 @@ from typing import ClassVar
 import torch
 
 from stabledrl_bench.core.advantages import compute_dtype, group_index, group_reduce
-from stabledrl_bench.core.registry import BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.baseline import BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.losses import mean_over_groups, need, ratio_metrics, scaled_exp
 from stabledrl_bench.errors import UserError
 
-from .grpo import need, ratio_metrics, scaled_exp
 from .spg import SPG, SPGConfig, sandwich_bound
 
 MODES = ("official", "paper")
@@ -125,10 +125,9 @@ def stabledrl_loss(
     log_weights = log_importance_weights(
         log_ratio, group_ids, clip_low=clip_low, clip_high=clip_high, self_normalize=self_normalize
     )
-    _, num_groups = group_index(group_ids)
     coefficient = scaled_exp(log_weights, advantages)
     coefficient = torch.where(coefficient.isinf() & (bound == 0), 0.0, coefficient)
-    loss = -(coefficient * bound).sum() / num_groups
+    loss = mean_over_groups(-(coefficient * bound), group_ids)
     stats = ratio_metrics(log_ratio)
     metrics = {
         "loss": loss.item(),

@@ -24,11 +24,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import compute_dtype, group_zscore_advantage
-from stabledrl_bench.core.registry import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.advantages import compute_dtype
+from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
+from stabledrl_bench.core.estimators import TraceReplay
+from stabledrl_bench.core.losses import conditional_clip, k3_kl, need, per_row, ratio_metrics, row_mean
 from stabledrl_bench.errors import UserError
-
-from .grpo import conditional_clip, k3_kl, need, per_row, ratio_metrics
 
 NORMALIZATIONS = ("length", "targets")
 
@@ -58,18 +58,17 @@ def trado_loss(
     raw = torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0)
     log_ratio = raw.clamp(-log_ratio_clamp, log_ratio_clamp)
     objective, clipped = conditional_clip(log_ratio, advantages[:, None], epsilon)
-    policy_sum = torch.where(mask, objective, 0.0).sum(dim=1)
     if normalize == "length":
-        policy_norm = kl_norm = torch.full_like(policy_sum, float(length))
+        policy_norm = kl_norm = torch.full((rows,), float(length), dtype=dtype, device=mask.device)
     elif normalize == "targets":
-        policy_norm, kl_norm = mask.sum(dim=1).clamp(min=1).to(dtype), torch.ones_like(policy_sum)
+        policy_norm = mask.sum(dim=1).clamp(min=1).to(dtype)
+        kl_norm = torch.ones(rows, dtype=dtype, device=mask.device)
     else:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-    loss = -(policy_sum / policy_norm).sum() / rows
+    loss = -row_mean(objective, mask, policy_norm)
     metrics: dict[str, float] = {}
     if beta > 0:
-        kl_tok = torch.where(mask, k3_kl(-raw, exp_clamp=log_ratio_clamp), 0.0)
-        kl = (kl_tok.sum(dim=1) / kl_norm).sum() / rows
+        kl = row_mean(k3_kl(-raw, exp_clamp=log_ratio_clamp), mask, kl_norm)
         loss = loss + beta * kl
         metrics["kl"] = kl.item()
     metrics |= {
@@ -108,7 +107,7 @@ class TraDo(Baseline):
 
     description: ClassVar[str] = "TraceRL/TraDo: trajectory-replay token PPO clip (eps 0.2), k3 KL vs old, z-score"
     Config: ClassVar[type[BaselineConfig]] = TraDoConfig
-    estimator: ClassVar[str] = "trace_replay"
+    advantage: ClassVar[str] = "group_zscore"
     needs_old: ClassVar[bool] = True
     config: TraDoConfig
 
@@ -116,18 +115,11 @@ class TraDo(Baseline):
     def needs_ref(self) -> bool:
         return False  # the KL term is against the rollout policy, which ``old`` already provides
 
-    def estimator_kwargs(self) -> dict[str, Any]:
-        return {"shrink": self.config.shrink}
+    def estimator(self) -> TraceReplay:
+        return TraceReplay(shrink=self.config.shrink)
 
-    def advantages(
-        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if correct is None:
-            raise UserError(
-                "trado needs per-completion correctness (the task's `correct` flags); the rewards alone "
-                "do not say which completions are right"
-            )
-        return group_zscore_advantage(correct, group_ids, keep_range=self.config.keep_range)
+    def advantage_options(self) -> dict[str, Any]:
+        return {"keep_range": self.config.keep_range}
 
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         new = inputs.new

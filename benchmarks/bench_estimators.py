@@ -20,7 +20,7 @@ from stabledrl_bench.core.sampling import DecodeSettings, generate
 
 ESTIMATORS = {
     "d1_one_step": {},
-    "spg_block": {"num_t": 2, "block_length": 8},
+    "spg_block": {"num_mc": 2, "block_length": 8},
     "espo_elbo": {"num_mc": 2},
     "trace_replay": {"shrink": 2},
 }

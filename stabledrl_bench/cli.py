@@ -108,8 +108,8 @@ def _add_misc(sub) -> None:
     p.add_argument(
         "--redecode", type=positive_int, help="decode the first N prompts of each greedy result again and compare"
     )
-    p = sub.add_parser("list", help="list registered baselines, tasks or evaluation protocols")
-    p.add_argument("what", choices=("baselines", "tasks", "protocols"))
+    p = sub.add_parser("list", help="list the entries of a registry (built-ins and installed plugins)")
+    p.add_argument("what", choices=tuple(REGISTRIES))
     p = sub.add_parser("grade", help="grade a JSONL of predictions with the task's graders")
     p.add_argument("--task", required=True)
     p.add_argument("--input", required=True)
@@ -126,23 +126,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ``list <what>``: the module holding each registry and the registry's name there (imported on demand).
+REGISTRIES = {
+    "baselines": ("stabledrl_bench.core.baseline", "BASELINES"),
+    "estimators": ("stabledrl_bench.core.estimators", "ESTIMATORS"),
+    "advantages": ("stabledrl_bench.core.advantages", "ADVANTAGES"),
+    "tasks": ("stabledrl_bench.tasks", "TASKS"),
+    "reward-profiles": ("stabledrl_bench.tasks", "REWARD_PROFILES"),
+    "protocols": ("stabledrl_bench.evaluation.protocols", "PROTOCOLS"),
+    "model-families": ("stabledrl_bench.core.models.backends", "MODEL_FAMILIES"),
+}
+
+
+def _summary(entry: object) -> str:
+    """One line about a registry entry: its ``description``, else the first line of its docstring."""
+    text = getattr(entry, "description", "") or (getattr(entry, "__doc__", "") or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _cmd_list(args) -> int:
-    if args.what == "baselines":
-        from stabledrl_bench.core.registry import available_baselines
+    from importlib import import_module
 
-        for name, cls in available_baselines().items():
-            print(f"{name:26s} {cls.description}")
-    elif args.what == "tasks":
-        from stabledrl_bench.tasks import TASKS
-
-        for name, cls in TASKS.items():
-            doc = (cls.__doc__ or "").strip().splitlines()
-            print(f"{name:12s} {doc[0] if doc else ''}")
-    else:
-        from stabledrl_bench.evaluation.protocols import PROTOCOLS
-
-        for name, proto in PROTOCOLS.items():
-            print(f"{name:18s} {proto.description}")
+    module, attribute = REGISTRIES[args.what]
+    registry = getattr(import_module(module), attribute)
+    for name, entry in registry.items():
+        print(f"{name:26s} {_summary(entry)}")
     return 0
 
 
@@ -180,8 +188,8 @@ def _cmd_sft(args) -> int:
 
 
 def _cmd_eval(args) -> int:
+    from stabledrl_bench.core.baseline import BASELINES
     from stabledrl_bench.core.models.backends import load_model_spec
-    from stabledrl_bench.core.registry import get_baseline
     from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
     from stabledrl_bench.evaluation.protocols import get_protocol
     from stabledrl_bench.reporting.results import TABLE1_LENGTHS
@@ -197,7 +205,7 @@ def _cmd_eval(args) -> int:
             "tokens really decoded with --actual-length"
         )
     if args.baseline not in ("base", "sft"):
-        get_baseline(args.baseline)
+        BASELINES.get(args.baseline)
         if not args.run:
             raise UserError(
                 f"--baseline {args.baseline}: RL checkpoints need --run <training run folder> for the budget"

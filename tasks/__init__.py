@@ -8,29 +8,38 @@ and writes gold completions; Countdown and Sudoku also generate new puzzles. The
 
 from __future__ import annotations
 
-from ..errors import UserError
+from ..core.registry import Registry, subclass_check
 from .aime import Aime24Task, Aime25Task
-from .base import GradeResult, PromptSpec, RewardResult, Task
+from .base import REWARD_PROFILES, GradeResult, PromptSpec, RewardResult, Task
 from .countdown import CountdownTask
 from .gsm8k import GSM8KTask
 from .math500 import Math500Task
 from .sudoku import SudokuTask
 
-TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task)
-}
+# Packages add tasks through the ``stabledrl_bench.tasks`` entry-point group (a Task subclass, or a module that
+# registers one with ``TASKS.register``).
+TASKS: Registry[type[Task]] = Registry("task", "tasks", check=subclass_check(Task))
+for _cls in (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task):
+    TASKS.register(_cls.name, _cls)
 
 
 def list_tasks() -> list[str]:
-    """Names of the available tasks."""
+    """Names of the available tasks (built-ins first, then plugins)."""
     return list(TASKS)
 
 
 def get_task(name: str) -> Task:
     """A task instance with default options (:class:`UserError` for an unknown name)."""
-    if name not in TASKS:
-        raise UserError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
-    return TASKS[name]()
+    return TASKS.get(name)()
 
 
-__all__ = ["TASKS", "GradeResult", "PromptSpec", "RewardResult", "Task", "get_task", "list_tasks"]
+__all__ = [
+    "REWARD_PROFILES",
+    "TASKS",
+    "GradeResult",
+    "PromptSpec",
+    "RewardResult",
+    "Task",
+    "get_task",
+    "list_tasks",
+]

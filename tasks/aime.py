@@ -42,10 +42,14 @@ class _AimeTask(MathFamilyTask):
 
 
 class Aime24Task(_AimeTask):
+    """AIME 2024: 30 competition problems with integer answers 0-999 (evaluation only)."""
+
     name = "aime24"
     file = "aime/aime2024_test.jsonl"
 
 
 class Aime25Task(_AimeTask):
+    """AIME 2025: 30 competition problems with integer answers 0-999 (evaluation only)."""
+
     name = "aime25"
     file = "aime/aime2025_test.jsonl"

@@ -14,27 +14,30 @@ Conventions shared by every task (read these before calling a task from a traine
   :meth:`Task.target_completion`, are the text generated *after* the prompt and its prefill (what a sampler
   decodes). Under ``d1`` the prefill ``<reasoning>`` is therefore not part of the completion. Graders do not
   depend on it; d1's tag-counting rewards were designed for ``d1_train`` prompts, which have no prefill.
-* **Reward profiles** are ``d1`` (``diffu-grpo/reward_func.py``) and ``stabledrl`` (``networks/llada_svpo.py``
-  plus ``dataloaders/*``), reproduced component by component (``algorithms.md`` §3.4, §5.7); the total is the
-  sum of the components, each reported separately.
+* **Reward profiles** are functions ``profile(task, completion, doc) -> RewardResult`` registered by name in
+  :data:`REWARD_PROFILES`: ``d1`` (``diffu-grpo/reward_func.py``) and ``stabledrl`` (``networks/llada_svpo.py``
+  plus ``dataloaders/*``) call each task's ``d1_reward`` / ``stabledrl_reward``, reproduced component by
+  component (``algorithms.md`` §3.4, §5.7); the total is the sum of the components, each reported separately.
+  A new profile is one registered function (or an entry point in ``stabledrl_bench.reward_profiles``), not an
+  edit of every task.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ..core.registry import Registry
 from ..errors import UserError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROTOCOLS: tuple[str, ...] = ("d1", "d1_train", "stabledrl", "tiny")
-REWARD_PROFILES: tuple[str, ...] = ("d1", "stabledrl")
 D1_PREFILL = "<reasoning>"
 
 
@@ -128,6 +131,30 @@ def read_data_file(relative: str, string_columns: tuple[str, ...] = ()) -> list[
             hf_utils.enable_progress_bars()
 
 
+RewardProfile = Callable[["Task", str, Mapping[str, Any]], RewardResult]
+
+
+def _callable(name: str, profile: RewardProfile) -> RewardProfile:
+    if not callable(profile):
+        raise TypeError(f"reward profile {name!r} must be callable, got {profile!r}")
+    return profile
+
+
+REWARD_PROFILES: Registry[RewardProfile] = Registry("reward profile", "reward_profiles", check=_callable)
+
+
+@REWARD_PROFILES.register("d1")
+def d1_profile(task: Task, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+    """d1's rewards (``diffu-grpo/reward_func.py``): format and correctness components, per task."""
+    return task.d1_reward(completion, doc)
+
+
+@REWARD_PROFILES.register("stabledrl")
+def stabledrl_profile(task: Task, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+    """The official StableDRL code's rewards: the task's base score plus ``anti_short_boxed``."""
+    return task.stabledrl_reward(completion, doc)
+
+
 _DOCS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
 _DOCS_LOCK = threading.Lock()
 
@@ -139,7 +166,6 @@ class Task(ABC):
     splits: ClassVar[tuple[str, ...]]
     eval_split: ClassVar[str] = "test"  # what the d1 protocol evaluates
     protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
-    reward_profiles: ClassVar[tuple[str, ...]] = REWARD_PROFILES
 
     # ------------------------------------------------------------------------------------------ data
     def load(self, split: str, limit: int | None = None) -> list[dict[str, Any]]:
@@ -189,16 +215,19 @@ class Task(ABC):
 
     # ------------------------------------------------------------------------------ rewards, grading
     def reward(self, completion: str, doc: Mapping[str, Any], profile: str = "d1") -> RewardResult:
-        """The RL reward of ``completion`` under ``profile`` (``d1`` or ``stabledrl``), by component."""
-        if profile not in self.reward_profiles:
-            raise UserError(f"unknown reward profile {profile!r}; known: {', '.join(self.reward_profiles)}")
+        """The RL reward of ``completion`` under the registered reward ``profile``, by component."""
+        rule = REWARD_PROFILES.get(profile)
         if not isinstance(completion, str):
             raise UserError(f"completion must be a string, got {type(completion).__name__}")
-        return self._reward(completion, doc, profile)
+        return rule(self, completion, doc)
 
     @abstractmethod
-    def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
-        """Reward under a (validated) ``profile``."""
+    def d1_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+        """d1's reward components for this task (``diffu-grpo/reward_func.py``)."""
+
+    @abstractmethod
+    def stabledrl_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+        """The official StableDRL code's reward components for this task (base + ``anti_short_boxed``)."""
 
     @abstractmethod
     def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:

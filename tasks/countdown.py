@@ -101,6 +101,8 @@ def puzzle_key(numbers: Sequence[int], target: int) -> tuple[tuple[int, ...], in
 
 
 class CountdownTask(Task):
+    """Countdown: combine the given numbers with + - * / to reach the target (d1's 3-number test set)."""
+
     name = "countdown"
     splits = ("train", "train_cd3", "test")
 
@@ -171,10 +173,12 @@ class CountdownTask(Task):
         return tagged_completion(reasoning, answer, protocol)
 
     # ------------------------------------------------------------------------------ rewards, grading
-    def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
+    def d1_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
         numbers, target = self.gold(doc)
-        if profile == "d1":
-            return RewardResult.of(correctness=countdown_score(completion, numbers, target, "exact"))
+        return RewardResult.of(correctness=countdown_score(completion, numbers, target, "exact"))
+
+    def stabledrl_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+        numbers, target = self.gold(doc)
         return RewardResult.of(
             correctness=countdown_score(completion, numbers, target, "subset"),
             anti_short_boxed=anti_short_boxed(completion),

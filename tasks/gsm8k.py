@@ -30,6 +30,8 @@ def d1_gold_string(answer: str | int) -> str:
 
 
 class GSM8KTask(MathTask):
+    """GSM8K: grade-school word problems with a numeric answer."""
+
     name = "gsm8k"
     splits = ("train", "test")
     d1_kind = "gsm8k"

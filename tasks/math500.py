@@ -63,6 +63,8 @@ class MathFamilyTask(MathTask):
 
 
 class Math500Task(MathFamilyTask):
+    """MATH500: competition mathematics with free-form LaTeX answers (the 500-problem test subset)."""
+
     name = "math500"
     splits = ("train", "train_l3to5", "test")
 

@@ -68,10 +68,6 @@ class MathTask(Task):
     def d1_train_answer(self, doc: Mapping[str, Any]) -> str:
         """What a perfect answer tag holds under d1's training prompt."""
 
-    @abstractmethod
-    def d1_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
-        """d1's reward components for this task."""
-
     def stabledrl_gold(self, doc: Mapping[str, Any]) -> str:
         """The gold text StableDRL passes to ``math_verify.parse`` (for MATH: a solution holding the box)."""
         return "\\boxed{" + self.gold(doc) + "}"
@@ -95,9 +91,7 @@ class MathTask(Task):
         answer = gold if protocol == "tiny" else "\\boxed{" + gold + "}"
         return tagged_completion(self.reasoning(doc), answer, protocol)
 
-    def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
-        if profile == "d1":
-            return self.d1_reward(completion, doc)
+    def stabledrl_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
         return RewardResult.of(
             correctness=stabledrl_math_correctness(completion, self.stabledrl_gold(doc)),
             anti_short_boxed=anti_short_boxed(completion),

@@ -43,6 +43,8 @@ _TEST_FILE, _SUBSET_FILE = "sudoku/4x4_test_sudoku.csv", "sudoku/d1_test_subset_
 
 
 class SudokuTask(Task):
+    """Sudoku 4x4: fill the blanks so every row, column and 2x2 box holds 1-4."""
+
     name = "sudoku"
     splits = ("train", "test", "test_d1")
     eval_split = "test_d1"
@@ -84,11 +86,13 @@ class SudokuTask(Task):
         _, solution = self.gold(doc)
         return tagged_completion(SUDOKU_REASONING, solution, protocol)
 
-    def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
+    def d1_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+        puzzle, solution = self.gold(doc)
+        return RewardResult.of(cell_accuracy=sudoku_cells(completion, puzzle, solution))
+
+    def stabledrl_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
         puzzle, solution = self.gold(doc)
         cells = sudoku_cells(completion, puzzle, solution)
-        if profile == "d1":
-            return RewardResult.of(cell_accuracy=cells)
         return RewardResult.of(cell_accuracy=cells, anti_short_boxed=anti_short_boxed(completion))
 
     def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:

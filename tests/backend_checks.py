@@ -28,7 +28,7 @@ from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 PROMPTS = ["3+4=", "12 + 30 =", "a", "solve: 7*6 and 5*5 =", "10-1", "list: 1, 2, 3, 4, 5", "x y", "the sum is"]
 FULL_ESTIMATORS = {
     "d1_one_step": {},
-    "spg_block": {"num_t": 2, "block_length": 4},
+    "spg_block": {"num_mc": 2, "block_length": 4},
     "espo_elbo": {"num_mc": 2},
     "trace_replay": {},
 }

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from stabledrl_bench.config import deep_merge, read_mapping
-from stabledrl_bench.core.registry import build_baseline
+from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.tasks import get_task
+from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.trainer import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -22,7 +22,7 @@ def test_recipe_loads_and_builds(path):
     cfg = TrainConfig.from_file(path)
     baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
     task = get_task(cfg.task)
-    assert cfg.protocol in task.protocols and cfg.reward_profile in task.reward_profiles
+    assert cfg.protocol in task.protocols and cfg.reward_profile in REWARD_PROFILES
     assert cfg.train_split in (*task.splits, "generated")
     assert cfg.budget.max_steps % cfg.budget.num_iterations == 0
     assert baseline.name == path.parent.name

@@ -26,10 +26,10 @@ from backend_checks import (
 )
 
 from stabledrl_bench.cli import main
+from stabledrl_bench.core.baseline import BASELINES as REGISTERED
 from stabledrl_bench.core.masks import block_causal_mask, real_positions
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.core.models.backends import DreamBackend, LLaDABackend, SDARBackend, TinyBackend
-from stabledrl_bench.core.registry import available_baselines
 from stabledrl_bench.errors import UserError
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -136,7 +136,7 @@ def native_steps(checkpoints, tmp_path_factory) -> dict[tuple[str, str], dict]:
 def test_an_rl_step_of_every_baseline_equals_the_native_backend(
     checkpoints, native_steps, convention: str, tmp_path
 ) -> None:
-    assert set(BASELINES) <= set(available_baselines())
+    assert set(BASELINES) <= set(REGISTERED.entries())
     for baseline in BASELINES:
         got = rl_step(checkpoints[convention], baseline, tmp_path / baseline)
         want = native_steps[(attention_of(convention), baseline)]

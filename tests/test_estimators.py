@@ -281,7 +281,7 @@ def test_d1_matches_slow_loop(any_model):
 
 def test_spg_matches_slow_loop(any_model):
     batch = make_batch(any_model)
-    est = build_estimator("spg_block", num_t=2, p_mask_prompt=0.3, block_length=BLOCK, eubo_beta=1.5)
+    est = build_estimator("spg_block", num_mc=2, p_mask_prompt=0.3, block_length=BLOCK, eubo_beta=1.5)
     noise = est.draw(batch, gen(2))
     out = est.evaluate(any_model, batch, noise)
     elbo, eubo, tokens = slow_spg(any_model, batch, noise, 1.5)
@@ -395,7 +395,7 @@ def test_spg_draw_structure_and_count_bounds():
     prompt_mask = torch.ones(len(valid), 5, dtype=torch.bool)
     prompt_mask[:, :2] = False
     batch = SequenceBatch(torch.zeros(len(valid), 5, dtype=torch.long), prompt_mask, torch.zeros_like(cm).long(), cm)
-    est = build_estimator("spg_block", num_t=2, p_mask_prompt=p, block_length=bl, min_t=0.25, max_t=0.75)
+    est = build_estimator("spg_block", num_mc=2, p_mask_prompt=p, block_length=bl, min_t=0.25, max_t=0.75)
     noise = est.draw(batch, gen(8))
     blk = torch.arange(length) // bl
     seen = set()
@@ -425,7 +425,7 @@ def test_spg_full_range_counts():
     """Default t range: counts U{1..m_len}; a 3-token final block gives exactly 1..3."""
     cm = (torch.arange(8) < 7).repeat(200, 1)  # blocks of 4: second block has 3 valid tokens
     batch = SequenceBatch(torch.zeros(200, 1, dtype=torch.long), torch.ones(200, 1, dtype=torch.bool), cm.long(), cm)
-    noise = build_estimator("spg_block", num_t=2, block_length=4).draw(batch, gen(9))
+    noise = build_estimator("spg_block", num_mc=2, block_length=4).draw(batch, gen(9))
     second = noise.count[noise.block == 1]
     first = noise.count[noise.block == 0]
     assert set(second.tolist()) == {1, 2, 3}
@@ -548,9 +548,9 @@ def test_float32_model_gives_float32_logps():
     ("name", "kwargs", "match"),
     [
         ("nope", {}, "unknown estimator"),
-        ("d1_one_step", {"num_t": 2}, "no option"),
+        ("d1_one_step", {"num_mc": 2}, "no option"),
         ("d1_one_step", {"p_mask_prompt": 1.5}, "p_mask_prompt"),
-        ("spg_block", {"num_t": 0}, "num_t"),
+        ("spg_block", {"num_mc": 0}, "num_mc"),
         ("spg_block", {"min_t": 0.8, "max_t": 0.2}, "min_t"),
         ("spg_block", {"eubo_beta": 0}, "eubo_beta"),
         ("espo_elbo", {"reduce_var": "yes"}, "reduce_var"),
@@ -569,8 +569,8 @@ def test_bad_options_raise_user_error(name, kwargs, match):
 
 def test_bad_shapes_for_batch_raise_user_error(full_model):
     batch = make_batch(full_model)
-    with pytest.raises(UserError, match="num_t"):
-        build_estimator("spg_block", num_t=3, block_length=BLOCK).draw(batch, gen(0))
+    with pytest.raises(UserError, match="num_mc"):
+        build_estimator("spg_block", num_mc=3, block_length=BLOCK).draw(batch, gen(0))
     with pytest.raises(UserError, match="bind"):
         build_estimator("staircase_elbo").draw(batch, gen(0))
     with pytest.raises(UserError, match="block_size"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stabledrl_bench.tasks import Task, get_task
+from stabledrl_bench.tasks import REWARD_PROFILES, Task, get_task
 from stabledrl_bench.tasks.graders.mathverify import math_verify, warm_up
 from stabledrl_bench.tasks.gsm8k import GSM8KTask
 
@@ -69,7 +69,7 @@ def test_adversarial_completions(task_name: str, tmp_path: Path) -> None:
     for name, completion in adversarial(marker).items():
         start = time.monotonic()
         result = task.grade(completion, doc)
-        for profile in task.reward_profiles if task_name in ("countdown", "sudoku") else ("d1",):
+        for profile in REWARD_PROFILES if task_name in ("countdown", "sudoku") else ("d1",):
             task.reward(completion, doc, profile)
         elapsed = time.monotonic() - start
         assert not result.correct and result.score < 1.0, name

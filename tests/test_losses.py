@@ -9,14 +9,25 @@ import math
 import pytest
 import torch
 
-from stabledrl_bench.baselines.espo import espo_loss, k2_kl
-from stabledrl_bench.baselines.grpo import conditional_clip, grpo_loss, k3_kl, scaled_exp
+from stabledrl_bench.baselines.espo import espo_loss
+from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.spg import sandwich_bound, spg_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, log_importance_weights, stabledrl_loss
 from stabledrl_bench.baselines.trado import trado_loss
 from stabledrl_bench.core.advantages import compute_dtype
+from stabledrl_bench.core.baseline import LossInputs, build_baseline
 from stabledrl_bench.core.estimators import Estimate
-from stabledrl_bench.core.registry import LossInputs, build_baseline
+from stabledrl_bench.core.losses import (
+    conditional_clip,
+    k2_kl,
+    k3_kl,
+    length_weighted,
+    mean_over_groups,
+    row_mean,
+    scaled_exp,
+    sequence_mean,
+    token_mean,
+)
 from stabledrl_bench.errors import UserError
 
 
@@ -563,3 +574,20 @@ def test_exploding_term_beyond_the_range_is_inf_not_nan(name: str, adv: float, s
     loss, grads = _loss_and_grads(name, inputs, beta=0.0, **UNCLAMPED.get(name, {}))
     assert loss.item() == sign * math.inf
     assert all(not torch.isnan(g).any() for g in grads) and any(torch.isinf(g).any() for g in grads)
+
+
+def test_named_aggregations_against_hand_computed_values() -> None:
+    """Each aggregation on a 2 x 3 example whose value is worked out by hand."""
+    values = torch.tensor([[1.0, 2.0, 100.0], [3.0, 5.0, 7.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    assert token_mean(values, mask).item() == pytest.approx((1 + 2 + 3 + 5 + 7) / 5)
+    norm = torch.tensor([3.0, 3.0])  # TraDo: the padded length
+    assert row_mean(values, mask, norm).item() == pytest.approx(((1 + 2) / 3 + (3 + 5 + 7) / 3) / 2)
+    targets = mask.sum(1).float()  # dLLM-RL's LLaDA script: the row's own targets
+    assert row_mean(values, mask, targets).item() == pytest.approx(((1 + 2) / 2 + (3 + 5 + 7) / 3) / 2)
+    per_seq, lengths = torch.tensor([2.0, -1.0, 4.0]), torch.tensor([1, 3, 4])
+    assert sequence_mean(per_seq).item() == pytest.approx(5 / 3)
+    assert length_weighted(per_seq, lengths).item() == pytest.approx((2 * 1 - 1 * 3 + 4 * 4) / 8)
+    assert mean_over_groups(per_seq, torch.tensor([7, 7, 9])).item() == pytest.approx(5 / 2)
+    inf_off_mask = torch.tensor([[1.0, float("inf")]])
+    assert token_mean(inf_off_mask, torch.tensor([[True, False]])).item() == 1.0  # dropped, not multiplied by 0

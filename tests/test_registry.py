@@ -1,4 +1,7 @@
-"""Baseline registry: built-in names, errors, official defaults and plugins through real entry points."""
+"""The registries: built-in names, errors, official defaults, and one external plugin per registry, installed
+through real entry points (a ``*.dist-info`` folder on ``sys.path``, as ``pip install`` would leave it)."""
+
+from __future__ import annotations
 
 import importlib
 import math
@@ -7,49 +10,128 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
-from stabledrl_bench.core import registry
-from stabledrl_bench.core.estimators import build_estimator
-from stabledrl_bench.core.registry import available_baselines, build_baseline, get_baseline
+from stabledrl_bench.cli import main
+from stabledrl_bench.core.advantages import ADVANTAGES
+from stabledrl_bench.core.baseline import BASELINES, build_baseline, training_estimator
+from stabledrl_bench.core.estimators import (
+    ESTIMATORS,
+    D1OneStep,
+    ESPOElbo,
+    SPGBlock,
+    StaircaseElbo,
+    TraceReplay,
+    build_estimator,
+)
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.core.models.backends import MODEL_FAMILIES
+from stabledrl_bench.core.registry import Registry
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.protocols import PROTOCOLS
+from stabledrl_bench.tasks import REWARD_PROFILES, TASKS, get_task
 
 BUILTIN = ["grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only"]
+ALL = {
+    "baselines": BASELINES,
+    "estimators": ESTIMATORS,
+    "advantages": ADVANTAGES,
+    "tasks": TASKS,
+    "reward-profiles": REWARD_PROFILES,
+    "protocols": PROTOCOLS,
+    "model-families": MODEL_FAMILIES,
+}
 
 
+# ------------------------------------------------------------------------------------------ the registry type
+def test_duplicate_unknown_and_listing() -> None:
+    reg: Registry[int] = Registry("widget", "test_widgets")
+    reg.register("a", 1)
+    reg.register("a", 1)  # the same object again (a module imported twice) is fine
+    with pytest.raises(ValueError, match="widget 'a' is already registered"):
+        reg.register("a", 2)
+    with pytest.raises(UserError, match=r"^unknown widget 'b'; known: a$"):
+        reg.get("b")
+    assert list(reg) == ["a"] and "a" in reg and reg.items() == [("a", 1)]
+
+
+@pytest.mark.parametrize("what", sorted(ALL))
+def test_every_registry_names_its_entries_and_lists_them(what: str, capsys: pytest.CaptureFixture) -> None:
+    registry = ALL[what]
+    assert len(registry) >= 2
+    with pytest.raises(UserError, match=rf"^unknown {registry.kind} 'nope'; known: "):
+        registry.get("nope")
+    assert main(["list", what]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(registry)
+
+
+# ------------------------------------------------------------------------------------------------ baselines
 def test_builtin_baselines_are_registered() -> None:
-    assert set(BUILTIN) <= set(available_baselines())
+    assert set(BUILTIN) <= set(BASELINES)
     for name in BUILTIN:
-        assert get_baseline(name).name == name
-
-
-def test_unknown_name_lists_the_known_ones() -> None:
-    with pytest.raises(UserError, match=r"unknown baseline 'ppo'.*grpo.*stabledrl"):
-        get_baseline("ppo")
+        assert BASELINES.get(name).name == name
 
 
 def test_unknown_option_is_a_user_error() -> None:
     with pytest.raises(UserError, match=r"unknown option.*clip_ratio"):
         build_baseline("stabledrl", clip_ratio=3.0)
+    with pytest.raises(UserError, match=r"^baseline 'spg': option 'num_t' is now 'num_mc'$"):
+        build_baseline("spg", num_t=2)
 
 
 @pytest.mark.parametrize(
-    ("name", "estimator", "needs_old", "needs_ref", "coupled", "defaults"),
+    ("name", "estimator", "advantage", "needs_old", "needs_ref", "coupled", "defaults"),
     [
-        ("grpo", "d1_one_step", True, True, True, {"epsilon": 0.5, "beta": 0.04, "p_mask_prompt": 0.15}),
-        ("spg", "spg_block", False, False, True, {"omega": 0.5, "eubo_beta": 1.5, "num_t": 2, "block_length": None}),
-        ("espo", "espo_elbo", True, True, True, {"epsilon": 0.2, "beta": 1e-3, "num_mc": 2, "reduce_var": True}),
-        ("trado", "trace_replay", True, False, True, {"epsilon": 0.2, "beta": 0.01, "normalize": "length"}),
-        ("stabledrl", "spg_block", True, False, False, {"mode": "official", "clip_threshold": 5.0, "omega": 0.5}),
+        ("grpo", D1OneStep(p_mask_prompt=0.15), "group_mean", True, True, True, {"epsilon": 0.5, "beta": 0.04}),
+        ("spg", SPGBlock(num_mc=2, eubo_beta=1.5), "group_mean", False, False, True, {"omega": 0.5}),
+        ("espo", ESPOElbo(num_mc=2, reduce_var=True), "leave_one_out", True, True, True, {"beta": 1e-3}),
+        ("trado", TraceReplay(shrink=1), "group_zscore", True, False, True, {"beta": 0.01, "normalize": "length"}),
+        ("stabledrl", SPGBlock(num_mc=2), "group_mean", True, False, False, {"clip_threshold": 5.0}),
     ],
 )
-def test_official_defaults_and_estimator_wiring(
-    name: str, estimator: str, needs_old: bool, needs_ref: bool, coupled: bool, defaults: dict
+def test_official_defaults_estimator_spec_and_advantage_rule(
+    name: str, estimator, advantage: str, needs_old: bool, needs_ref: bool, coupled: bool, defaults: dict
 ) -> None:
     baseline = build_baseline(name)
-    assert (baseline.estimator, baseline.needs_old, baseline.needs_ref) == (estimator, needs_old, needs_ref)
+    assert baseline.estimator() == estimator
+    assert (baseline.advantage, baseline.needs_old, baseline.needs_ref) == (advantage, needs_old, needs_ref)
     assert baseline.config.coupled == coupled
     assert {k: getattr(baseline.config, k) for k in defaults} == defaults
-    build_estimator(baseline.estimator, **baseline.estimator_kwargs())  # every option is one the estimator takes
+    assert baseline.advantage in ADVANTAGES
+
+
+@pytest.mark.parametrize(("name", "scale"), [("spg", "mean"), ("stabledrl", "mean"), ("espo", "sum")])
+def test_block_models_get_the_staircase_counterpart(name: str, scale: str) -> None:
+    """The spec, not a table keyed by estimator name, says what a block-diffusion model needs."""
+    full, block = build_tiny(attention="full"), build_tiny(attention="block", block_size=4)
+    spec = build_baseline(name).estimator()
+    assert type(training_estimator(build_baseline(name), full, block_length=8)) is type(spec)
+    staircase = training_estimator(build_baseline(name), block)
+    assert isinstance(staircase, StaircaseElbo)
+    assert (staircase.scale, staircase.block_length, staircase.num_mc) == (scale, 4, spec.num_mc)
+    for token_level in ("grpo", "trado"):  # these handle block attention themselves
+        baseline = build_baseline(token_level)
+        assert training_estimator(baseline, block) == baseline.estimator()
+
+
+def test_spg_masks_in_the_rollout_block_unless_given_its_own() -> None:
+    full = build_tiny(attention="full")
+    assert training_estimator(build_baseline("spg"), full, block_length=8).block_length == 8
+    assert training_estimator(build_baseline("spg", block_length=4), full, block_length=8).block_length == 4
+    assert training_estimator(build_baseline("spg"), full, micro_batch_size=2, block_length=8).micro_batch_size == 2
+    with pytest.raises(UserError, match="spg_block needs block_length"):
+        training_estimator(build_baseline("spg"), full)
+
+
+def test_estimator_settings_are_typed_and_recorded() -> None:
+    spec = build_estimator("spg_block", num_mc=3, block_length=8)
+    assert spec == SPGBlock(num_mc=3, block_length=8) and hash(spec) == hash(SPGBlock(num_mc=3, block_length=8))
+    assert spec.settings()["name"] == "spg_block" and spec.settings()["num_mc"] == 3
+    with pytest.raises(UserError, match=r"has no option.*num_t"):
+        build_estimator("spg_block", num_t=2)
+    with pytest.raises(UserError, match="num_mc must be a positive integer"):
+        SPGBlock(num_mc=0)
 
 
 def test_clip_threshold_ablation_is_a_stabledrl_option() -> None:
@@ -61,22 +143,15 @@ def test_clip_threshold_ablation_is_a_stabledrl_option() -> None:
     assert build_baseline("stabledrl_selfnorm_only").config.clip_high == math.inf
 
 
-PLUGIN_SOURCE = """
-from stabledrl_bench.core.registry import Baseline, register_baseline
-
-
-@register_baseline("{name}")
-class PluginBaseline(Baseline):
-    estimator = "d1_one_step"
-"""
-
-
+# ------------------------------------------------------------------------------------------------- plugins
 @pytest.fixture
 def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A directory on sys.path that will hold installed-distribution metadata; the registry state is restored."""
+    """A directory on sys.path for installed-distribution metadata; every registry's state is restored."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_loaded_plugins", False)
+    for registry in ALL.values():
+        registry.entries()  # built-ins loaded before the snapshot
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+        monkeypatch.setattr(registry, "_loaded", False)
     before = set(sys.modules)
     yield tmp_path
     for module in set(sys.modules) - before:
@@ -84,24 +159,138 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
             del sys.modules[module]
 
 
-def _install(root: Path, dist: str, module: str, source: str) -> None:
-    """Write ``module.py`` and a ``<dist>.dist-info`` whose entry point exposes it in the baselines group."""
+def _install(root: Path, group: str, entry: str, target: str, module: str, source: str) -> None:
+    """Write ``module.py`` and a dist-info whose entry point ``entry = target`` sits in ``group``."""
     (root / f"{module}.py").write_text(source)
-    info = root / f"{dist}-0.1.dist-info"
+    info = root / f"{module}-0.1.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{registry.ENTRY_POINT_GROUP}]\n{dist} = {module}\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry} = {target}\n")
     importlib.invalidate_caches()
 
 
-def test_plugin_baseline_through_entry_points(plugin_dir: Path) -> None:
-    _install(plugin_dir, "sdrl_test_plugin_ok", "sdrl_test_plugin_ok", PLUGIN_SOURCE.format(name="my_method"))
-    names = list(available_baselines())
-    assert "my_method" in names and set(BUILTIN) <= set(names)
-    assert build_baseline("my_method").estimator == "d1_one_step"
+BASELINE_PLUGIN = """
+from stabledrl_bench.core.baseline import Baseline, register_baseline
+from stabledrl_bench.core.estimators import D1OneStep
+
+
+@register_baseline("my_method")
+class PluginBaseline(Baseline):
+    advantage = "my_rule"
+
+    def estimator(self):
+        return D1OneStep(p_mask_prompt=0.0)
+"""
+
+# One plugin per registry: (registry, module source, entry-point target: a module or "module:object").
+PLUGINS = {
+    "baselines": (BASELINE_PLUGIN, ""),
+    "estimators": (
+        """
+from dataclasses import dataclass
+from stabledrl_bench.core.estimators import D1OneStep
+
+@dataclass(frozen=True, kw_only=True)
+class NoPromptMask(D1OneStep):
+    p_mask_prompt: float = 0.0
+""",
+        ":NoPromptMask",
+    ),
+    "advantages": (
+        """
+import torch
+
+def my_rule(rewards, group_ids, correct=None):
+    return rewards - rewards.mean(), torch.ones_like(group_ids, dtype=torch.bool)
+""",
+        ":my_rule",
+    ),
+    "tasks": (
+        """
+from stabledrl_bench.tasks.sudoku import SudokuTask
+
+class HardSudoku(SudokuTask):
+    '''Sudoku with a different name.'''
+""",
+        ":HardSudoku",
+    ),
+    "reward-profiles": (
+        """
+from stabledrl_bench.tasks import RewardResult
+
+def binary(task, completion, doc):
+    return RewardResult.of(correct=float(task.grade(completion, doc).correct))
+""",
+        ":binary",
+    ),
+    "protocols": (
+        """
+import dataclasses
+from stabledrl_bench.evaluation.protocols import get_protocol
+
+GREEDY4 = dataclasses.replace(get_protocol("tiny"), name="tiny-4", tokens_per_step=4)
+""",
+        ":GREEDY4",
+    ),
+    "model-families": (
+        """
+from stabledrl_bench.core.models.backends import MODEL_FAMILIES, TinyBackend
+
+@MODEL_FAMILIES.register("tiny-fork")
+class TinyFork(TinyBackend):
+    model_types = ("tiny_fork",)
+""",
+        "",
+    ),
+}
+ENTRY_NAMES = {
+    "baselines": "my_method",
+    "estimators": "no_prompt_mask",
+    "advantages": "my_rule",
+    "tasks": "hard_sudoku",
+    "reward-profiles": "binary",
+    "protocols": "tiny-4",
+    "model-families": "tiny-fork",
+}
+
+
+@pytest.mark.parametrize("what", sorted(PLUGINS))
+def test_external_plugin_through_entry_points(what: str, plugin_dir: Path) -> None:
+    registry, (source, target) = ALL[what], PLUGINS[what]
+    module = f"sdrl_test_plugin_{what.replace('-', '_')}"
+    name = ENTRY_NAMES[what]
+    _install(plugin_dir, registry.group, name, module + target, module, source)
+    names = list(registry)
+    assert name in names and names.index(name) == len(names) - 1  # built-ins first, then plugins
+    entry = registry.get(name)
+    if what == "estimators":
+        assert entry.name == name and build_estimator(name).p_mask_prompt == 0.0
+    elif what == "tasks":
+        assert get_task(name).name == name
+    elif what == "model-families":
+        from stabledrl_bench.core.models.backends import family_of
+
+        assert entry.family == name and family_of("tiny_fork") == name
+
+
+def test_plugins_compose(plugin_dir: Path) -> None:
+    """A plugin baseline may name a plugin advantage rule; a plugin reward profile scores a built-in task."""
+    for what in ("baselines", "advantages", "reward-profiles"):
+        source, target = PLUGINS[what]
+        module = f"sdrl_test_plugin_{what.replace('-', '_')}"
+        _install(plugin_dir, ALL[what].group, ENTRY_NAMES[what], module + target, module, source)
+    baseline = build_baseline("my_method")
+    advantages, keep = baseline.advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+    assert advantages.tolist() == [0.5, -0.5] and keep.all()
+    task = get_task("sudoku")
+    doc = task.eval_docs(limit=1)[0]
+    solved = task.target_completion(doc, "tiny")
+    assert task.reward(solved, doc, "binary").components == {"correct": 1.0}
 
 
 def test_plugin_that_fails_to_import_is_named(plugin_dir: Path) -> None:
-    _install(plugin_dir, "sdrl_test_plugin_bad", "sdrl_test_plugin_bad", "raise RuntimeError('boom')\n")
-    with pytest.raises(UserError, match=r"sdrl_test_plugin_bad.*failed to load: boom"):
-        available_baselines()
+    _install(
+        plugin_dir, BASELINES.group, "bad", "sdrl_test_plugin_bad", "sdrl_test_plugin_bad", "raise OSError('boom')\n"
+    )
+    with pytest.raises(UserError, match=r"baseline plugin 'bad'.*failed to load: boom"):
+        BASELINES.entries()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from stabledrl_bench.core.registry import Baseline, register_baseline
+from stabledrl_bench.core.baseline import Baseline, register_baseline
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting import results
 from stabledrl_bench.reporting.results import (

@@ -95,7 +95,7 @@ def test_load_returns_independent_copies_and_checks_arguments() -> None:
 
 def test_registry() -> None:
     assert list_tasks() == ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25"] == list(TASKS)
-    with pytest.raises(UserError, match="known tasks: gsm8k, math500"):
+    with pytest.raises(UserError, match=r"unknown task 'mbpp'; known: gsm8k, math500"):
         get_task("mbpp")
 
 

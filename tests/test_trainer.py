@@ -14,10 +14,10 @@ import torch
 import yaml
 
 from stabledrl_bench.config import from_dict
+from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.core.registry import available_baselines
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.training import sft as sft_module
 from stabledrl_bench.training.budget import Budget
@@ -81,7 +81,7 @@ BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "
 
 
 def test_builtin_list_is_complete():
-    assert set(BUILTIN) <= set(available_baselines())
+    assert set(BUILTIN) <= set(BASELINES.entries())
 
 
 @pytest.mark.parametrize("baseline", BUILTIN)

@@ -4,13 +4,19 @@ A *group* is the set of completions sampled for one prompt. Groups are identifie
 integers, in any order, not necessarily contiguous. None of the methods divides by the reward std except
 TraceRL (algorithms.md §10.2), and the names say which is which:
 
-=============================  =========================================  ==========================
-function                       A_i                                        used by
-=============================  =========================================  ==========================
-``group_mean_advantage``       r_i - mean_{j in g} r_j                    d1/GRPO, SPG, StableDRL
-``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO
-``group_zscore_advantage``     (c_i - mean_g c) / std_g c (population)    TraceRL / TraDo
-=============================  =========================================  ==========================
+=================  =============================  =========================================  ==================
+rule (registered)  function                       A_i                                        used by
+=================  =============================  =========================================  ==================
+``group_mean``     ``group_mean_advantage``       r_i - mean_{j in g} r_j                    d1/GRPO, SPG,
+                                                                                             StableDRL
+``leave_one_out``  ``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO
+``group_zscore``   ``group_zscore_advantage``     (c_i - mean_g c) / std_g c (population)    TraceRL / TraDo
+=================  =============================  =========================================  ==================
+
+A baseline names its rule (``Baseline.advantage``); the rules share one signature,
+``rule(rewards, group_ids, correct, **options) -> (advantages [B], keep [B] bool)``, and live in the
+``ADVANTAGES`` registry, which packages extend through the ``stabledrl_bench.advantages`` entry-point group, as
+verl's ``core_algos.py`` registers its advantage estimators by name.
 
 A singleton group has advantage 0 under every rule: there is nothing to compare against (for leave-one-out
 the mean over the empty set is undefined; 0 is the value that makes the sample contribute no gradient).
@@ -21,7 +27,12 @@ the mean over the empty set is undefined; 0 is the value that makes the sample c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from stabledrl_bench.core.registry import Registry
+from stabledrl_bench.errors import UserError
 
 
 def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -107,3 +118,51 @@ def group_zscore_advantage(
     adv = torch.where(std > 0, (c - p) / std.clamp(min=torch.finfo(c.dtype).tiny), torch.zeros_like(c))
     keep = (p >= low) & (p <= high)
     return adv.to(compute_dtype(correct)), keep
+
+
+# ====================================================================================== registered rules
+AdvantageRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _callable(name: str, rule: AdvantageRule) -> AdvantageRule:
+    if not callable(rule):
+        raise TypeError(f"advantage rule {name!r} must be callable, got {rule!r}")
+    return rule
+
+
+ADVANTAGES: Registry[AdvantageRule] = Registry("advantage rule", "advantages", check=_callable)
+
+
+def _keeping_every_group(advantage: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> AdvantageRule:
+    """The rule of a reward-based ``advantage`` function that keeps every group (all but TraceRL's)."""
+
+    def rule(
+        rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        del correct
+        return advantage(rewards, group_ids), torch.ones_like(group_ids, dtype=torch.bool)
+
+    rule.__doc__ = advantage.__doc__
+    return rule
+
+
+ADVANTAGES.register("group_mean", _keeping_every_group(group_mean_advantage))
+ADVANTAGES.register("leave_one_out", _keeping_every_group(leave_one_out_advantage))
+
+
+@ADVANTAGES.register("group_zscore")
+def group_zscore(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    correct: torch.Tensor | None = None,
+    *,
+    keep_range: tuple[float, float] = (0.2, 0.8),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """z-score of 0/1 correctness in the group, groups outside keep_range dropped (TraceRL; ignores rewards)."""
+    del rewards
+    if correct is None:
+        raise UserError(
+            "the group_zscore advantage needs per-completion correctness (the task's `correct` flags); the "
+            "rewards alone do not say which completions are right"
+        )
+    return group_zscore_advantage(correct, group_ids, keep_range=keep_range)

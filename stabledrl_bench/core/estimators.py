@@ -32,14 +32,15 @@ name                proxy                                                       
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
+from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.errors import UserError
 
 if TYPE_CHECKING:
@@ -130,6 +131,10 @@ def _is_int(value: object, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+def _is_positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
 def _is_prob(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
 
@@ -207,24 +212,41 @@ def spg_bounds(
 
 
 # ====================================================================================== interface
+@dataclass(frozen=True, kw_only=True)
 class Estimator(ABC):
     """A likelihood estimator: ``draw`` all randomness, then ``evaluate`` it under a model in one batched pass.
 
+    An estimator *is* its typed settings: a frozen dataclass whose fields are the estimator's options, validated
+    on construction, so a baseline declares ``SPGBlock(num_mc=2, eubo_beta=1.5)`` instead of a name plus a dict,
+    ``dataclasses.replace`` derives a variant, and :meth:`settings` is the record of what ran.
     ``micro_batch_size`` splits the rows of the forward pass into chunks (memory only; same result).
     """
 
-    name: ClassVar[str]
+    name: ClassVar[str] = ""
+    micro_batch_size: int | None = None
 
-    def __init__(self, *, micro_batch_size: int | None = None) -> None:
+    def __post_init__(self) -> None:
         _require(
-            micro_batch_size is None or _is_int(micro_batch_size, 1),
-            f"micro_batch_size must be a positive integer or None, got {micro_batch_size!r}",
+            self.micro_batch_size is None or _is_int(self.micro_batch_size, 1),
+            f"micro_batch_size must be a positive integer or None, got {self.micro_batch_size!r}",
         )
-        self.micro_batch_size = micro_batch_size
 
-    def bind(self, model: DiffusionLM) -> Estimator:
-        """Resolve defaults that depend on the model (only the staircase's block size today); returns self."""
-        del model
+    def settings(self) -> dict[str, Any]:
+        """``{"name": ..., <field>: <value>, ...}``: what a record needs to say which estimate was used."""
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+    def for_attention(self, attention: str) -> Estimator:
+        """The estimator to use on a model whose attention is ``"full"`` or ``"block"`` (itself by default).
+
+        Sequence-level ELBOs over a full-attention canvas would leak later blocks into earlier ones on a
+        block-diffusion model; those estimators return their staircase counterpart for ``"block"``.
+        """
+        del attention
+        return self
+
+    def bind(self, model: DiffusionLM, *, block_length: int | None = None) -> Estimator:
+        """Fill settings left to the model or the rollout (``block_length`` = the rollout's block); itself here."""
+        del model, block_length
         return self
 
     @abstractmethod
@@ -257,7 +279,12 @@ class Estimator(ABC):
         return torch.cat(out, dim=0)
 
 
+ESTIMATORS: Registry[type[Estimator]] = Registry("estimator", "estimators", check=subclass_check(Estimator))
+
+
 # ====================================================================================== d1
+@ESTIMATORS.register("d1_one_step")
+@dataclass(frozen=True, kw_only=True)
 class D1OneStep(Estimator):
     """d1 / diffu-GRPO one-step mean-field estimator (§3.1).
 
@@ -266,12 +293,11 @@ class D1OneStep(Estimator):
     no 1/t weighting. ``token_mask`` = completion mask (tokens up to and including the first EOS).
     """
 
-    name = "d1_one_step"
+    p_mask_prompt: float = 0.15
 
-    def __init__(self, *, p_mask_prompt: float = 0.15, micro_batch_size: int | None = None) -> None:
-        super().__init__(micro_batch_size=micro_batch_size)
-        _require(_is_prob(p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {p_mask_prompt!r}")
-        self.p_mask_prompt = float(p_mask_prompt)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_prob(self.p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {self.p_mask_prompt!r}")
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> D1Noise:
         u = _uniform(generator, tuple(batch.prompt_ids.shape), batch.prompt_ids.device)
@@ -289,6 +315,8 @@ class D1OneStep(Estimator):
 
 
 # ====================================================================================== SPG
+@ESTIMATORS.register("spg_block")
+@dataclass(frozen=True, kw_only=True)
 class SPGBlock(Estimator):
     """SPG ``block_random`` forward process (§4.1) with the ELBO / EUBO proxies of §4.2.
 
@@ -310,37 +338,42 @@ class SPGBlock(Estimator):
     masks the whole block), the count is the lower bound, so at least one token is always masked.
     """
 
-    name = "spg_block"
+    num_mc: int = 2  # m, the official code's num_t
+    p_mask_prompt: float = 0.15
+    block_length: int | None = None  # b; None = the rollout's block length (resolved by bind)
+    min_t: float = 0.0
+    max_t: float = 1.0
+    eubo_beta: float = 1.5
 
-    def __init__(
-        self,
-        *,
-        num_t: int = 2,
-        p_mask_prompt: float = 0.15,
-        block_length: int = 32,
-        min_t: float = 0.0,
-        max_t: float = 1.0,
-        eubo_beta: float = 1.5,
-        micro_batch_size: int | None = None,
-    ) -> None:
-        super().__init__(micro_batch_size=micro_batch_size)
-        _require(_is_int(num_t, 1), f"num_t must be a positive integer, got {num_t!r}")
-        _require(_is_prob(p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {p_mask_prompt!r}")
-        _require(_is_int(block_length, 1), f"block_length must be a positive integer, got {block_length!r}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.num_mc, 1), f"num_mc must be a positive integer, got {self.num_mc!r}")
+        _require(_is_prob(self.p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {self.p_mask_prompt!r}")
         _require(
-            _is_prob(min_t) and _is_prob(max_t) and min_t <= max_t,
-            f"need 0 <= min_t <= max_t <= 1, got min_t={min_t!r}, max_t={max_t!r}",
+            self.block_length is None or _is_int(self.block_length, 1),
+            f"block_length must be a positive integer or None, got {self.block_length!r}",
         )
         _require(
-            isinstance(eubo_beta, int | float) and not isinstance(eubo_beta, bool) and eubo_beta > 0,
-            f"eubo_beta must be > 0, got {eubo_beta!r}",
+            _is_prob(self.min_t) and _is_prob(self.max_t) and self.min_t <= self.max_t,
+            f"need 0 <= min_t <= max_t <= 1, got min_t={self.min_t!r}, max_t={self.max_t!r}",
         )
-        self.num_t = num_t
-        self.p_mask_prompt = float(p_mask_prompt)
-        self.block_length = block_length
-        self.min_t = float(min_t)
-        self.max_t = float(max_t)
-        self.eubo_beta = float(eubo_beta)
+        _require(_is_positive(self.eubo_beta), f"eubo_beta must be > 0, got {self.eubo_beta!r}")
+
+    def for_attention(self, attention: str) -> Estimator:
+        """Block attention: the staircase ELBO with the same MC samples, per-token mean scale (SPG/StableDRL)."""
+        if attention != "block":
+            return self
+        return StaircaseElbo(
+            num_mc=self.num_mc, scale="mean", eubo_beta=self.eubo_beta, micro_batch_size=self.micro_batch_size
+        )
+
+    def bind(self, model: DiffusionLM, *, block_length: int | None = None) -> SPGBlock:
+        """SPG masks in the rollout's blocks unless it was given its own ``block_length``."""
+        del model
+        if self.block_length is not None:
+            return self
+        _require(block_length is not None, "spg_block needs block_length (none given and no rollout block)")
+        return dataclasses.replace(self, block_length=block_length)
 
     def count_bounds(self, valid_in_block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Inclusive bounds of the mask count for a chosen block with ``valid_in_block`` (= m_len) valid tokens."""
@@ -349,12 +382,13 @@ class SPGBlock(Estimator):
         return low, torch.maximum(high, low)
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> SPGNoise:
+        _require(self.block_length is not None, "spg_block: pass block_length or call bind() before draw")
         comp_mask = batch.completion_mask.bool()
         dev = comp_mask.device
         n_seq, length = comp_mask.shape
-        m, bl = self.num_t, self.block_length
+        m, bl = self.num_mc, self.block_length
         n_blocks = -(-length // bl)
-        _require(m <= n_blocks, f"spg_block needs num_t <= number of blocks ({n_blocks}), got num_t={m}")
+        _require(m <= n_blocks, f"spg_block needs num_mc <= number of blocks ({n_blocks}), got num_mc={m}")
         valid_len = comp_mask.sum(-1)  # l_i (>= 1: the first token is always kept)
         valid_blocks = (valid_len - 1) // bl + 1  # n_i
         perm = _uniform(generator, (n_seq, n_blocks), dev).argsort(dim=-1)  # a random permutation per sequence
@@ -393,6 +427,8 @@ class SPGBlock(Estimator):
 
 
 # ====================================================================================== ESPO
+@ESTIMATORS.register("espo_elbo")
+@dataclass(frozen=True, kw_only=True)
 class ESPOElbo(Estimator):
     """ESPO's sequence ELBO (§6.1): stratified mask counts and an antithetic complement pass.
 
@@ -407,14 +443,19 @@ class ESPOElbo(Estimator):
     forward pass over B * num_mc * (2 if reduce_var else 1) rows.
     """
 
-    name = "espo_elbo"
+    num_mc: int = 2
+    reduce_var: bool = True
 
-    def __init__(self, *, num_mc: int = 2, reduce_var: bool = True, micro_batch_size: int | None = None) -> None:
-        super().__init__(micro_batch_size=micro_batch_size)
-        _require(_is_int(num_mc, 1), f"num_mc must be a positive integer, got {num_mc!r}")
-        _require(isinstance(reduce_var, bool), f"reduce_var must be true or false, got {reduce_var!r}")
-        self.num_mc = num_mc
-        self.reduce_var = reduce_var
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.num_mc, 1), f"num_mc must be a positive integer, got {self.num_mc!r}")
+        _require(isinstance(self.reduce_var, bool), f"reduce_var must be true or false, got {self.reduce_var!r}")
+
+    def for_attention(self, attention: str) -> Estimator:
+        """Block attention: the staircase ELBO with the same MC samples on ESPO's 1/t-weighted sum scale."""
+        if attention != "block":
+            return self
+        return StaircaseElbo(num_mc=self.num_mc, scale="sum", micro_batch_size=self.micro_batch_size)
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> ESPONoise:
         n_seq, length = batch.completion_ids.shape
@@ -504,6 +545,8 @@ def trace_replay_plan(
     return TracePlan(row_to_seq=row_to_seq, masked=masked, targets=targets)
 
 
+@ESTIMATORS.register("trace_replay")
+@dataclass(frozen=True, kw_only=True)
 class TraceReplay(Estimator):
     """TraceRL trajectory replay (§7.1): exact per-step log-probs of the tokens the sampler committed.
 
@@ -516,14 +559,13 @@ class TraceReplay(Estimator):
     counting pad tokens, and only eligible positions define the step groups.
     """
 
-    name = "trace_replay"
+    shrink: int = 1
+    post_num: int = 0
 
-    def __init__(self, *, shrink: int = 1, post_num: int = 0, micro_batch_size: int | None = None) -> None:
-        super().__init__(micro_batch_size=micro_batch_size)
-        _require(_is_int(shrink, 1), f"shrink must be a positive integer, got {shrink!r}")
-        _require(_is_int(post_num, 0), f"post_num must be a non-negative integer, got {post_num!r}")
-        self.shrink = shrink
-        self.post_num = post_num
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.shrink, 1), f"shrink must be a positive integer, got {self.shrink!r}")
+        _require(_is_int(self.post_num, 0), f"post_num must be a non-negative integer, got {self.post_num!r}")
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> TraceNoise:
         del batch, generator
@@ -563,6 +605,8 @@ class TraceReplay(Estimator):
 
 
 # ====================================================================================== staircase
+@ESTIMATORS.register("staircase_elbo")
+@dataclass(frozen=True, kw_only=True)
 class StaircaseElbo(Estimator):
     """Block-diffusion ELBO with staircase attention (§5.8), every block in one pass of length P + 2L.
 
@@ -581,38 +625,28 @@ class StaircaseElbo(Estimator):
     ``block_length=None`` takes ``model.block_size``: call :meth:`bind` before :meth:`draw`.
     """
 
-    name = "staircase_elbo"
+    num_mc: int = 1
+    block_length: int | None = None  # None = the model's block_size (resolved by bind)
+    scale: str = "mean"
+    eubo_beta: float = 1.5
 
-    def __init__(
-        self,
-        *,
-        num_mc: int = 1,
-        block_length: int | None = None,
-        scale: str = "mean",
-        eubo_beta: float = 1.5,
-        micro_batch_size: int | None = None,
-    ) -> None:
-        super().__init__(micro_batch_size=micro_batch_size)
-        _require(_is_int(num_mc, 1), f"num_mc must be a positive integer, got {num_mc!r}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.num_mc, 1), f"num_mc must be a positive integer, got {self.num_mc!r}")
         _require(
-            block_length is None or _is_int(block_length, 1),
-            f"block_length must be a positive integer or None, got {block_length!r}",
+            self.block_length is None or _is_int(self.block_length, 1),
+            f"block_length must be a positive integer or None, got {self.block_length!r}",
         )
-        _require(scale in ("mean", "sum"), f"scale must be 'mean' or 'sum', got {scale!r}")
-        _require(
-            isinstance(eubo_beta, int | float) and not isinstance(eubo_beta, bool) and eubo_beta > 0,
-            f"eubo_beta must be > 0, got {eubo_beta!r}",
-        )
-        self.num_mc = num_mc
-        self.block_length = block_length
-        self.scale = scale
-        self.eubo_beta = float(eubo_beta)
+        _require(self.scale in ("mean", "sum"), f"scale must be 'mean' or 'sum', got {self.scale!r}")
+        _require(_is_positive(self.eubo_beta), f"eubo_beta must be > 0, got {self.eubo_beta!r}")
 
-    def bind(self, model: DiffusionLM) -> StaircaseElbo:
-        if self.block_length is None:
-            _require(bool(model.block_size), "staircase_elbo needs block_length (the model has no block_size)")
-            self.block_length = int(model.block_size)
-        return self
+    def bind(self, model: DiffusionLM, *, block_length: int | None = None) -> StaircaseElbo:
+        """The staircase's blocks are the model's own (``model.block_size``), whatever the rollout block."""
+        del block_length
+        if self.block_length is not None:
+            return self
+        _require(bool(model.block_size), "staircase_elbo needs block_length (the model has no block_size)")
+        return dataclasses.replace(self, block_length=int(model.block_size))
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> StaircaseNoise:
         _require(
@@ -665,20 +699,13 @@ class StaircaseElbo(Estimator):
 
 
 # ====================================================================================== registry
-ESTIMATORS: dict[str, type[Estimator]] = {
-    cls.name: cls for cls in (D1OneStep, SPGBlock, ESPOElbo, TraceReplay, StaircaseElbo)
-}
-
-
-def build_estimator(name: str, **kwargs: object) -> Estimator:
-    """The estimator registered as ``name``, configured by keyword arguments (UserError on unknown ones)."""
-    if name not in ESTIMATORS:
-        raise UserError(f"unknown estimator {name!r}; choose one of {', '.join(sorted(ESTIMATORS))}")
-    cls = ESTIMATORS[name]
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    unknown = sorted(set(kwargs) - accepted)
+def build_estimator(name: str, **settings: Any) -> Estimator:
+    """The estimator registered as ``name`` with the given settings (one error line for an unknown one)."""
+    cls = ESTIMATORS.get(name)
+    accepted = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(settings) - accepted)
     if unknown:
         raise UserError(
             f"estimator {name!r} has no option(s) {', '.join(unknown)}; it accepts {', '.join(sorted(accepted))}"
         )
-    return cls(**kwargs)
+    return cls(**settings)

@@ -1,162 +1,136 @@
-"""The baseline registry: every RL method is one small class registered by name.
+"""One registry type for every plug-in point: baselines, estimators, advantage rules, tasks, reward profiles,
+evaluation protocols and model families.
 
-A baseline declares four things and nothing else, so that two methods differ only where their papers differ:
+Each kind has one :class:`Registry` instance, defined next to the thing it registers (``BASELINES`` in
+:mod:`stabledrl_bench.core.baseline`, ``ESTIMATORS`` in :mod:`stabledrl_bench.core.estimators`, ...). All of them
+behave the same way, so a researcher who has added one kind of plug-in knows how to add every other:
 
-* ``Config``     - a dataclass of its loss / estimator hyperparameters, defaults from its official code;
-* ``estimator``  - the name of the likelihood estimator it needs (:mod:`stabledrl_bench.core.estimators`);
-* ``advantages`` - how rewards of a group become advantages (and which groups are kept);
-* ``loss``       - a pure function of tensors returning ``(loss, metrics)``.
+* ``@REGISTRY.register("name")`` (or ``REGISTRY.register("name", obj)``) adds an entry; registering another object
+  under a taken name is an error naming the module that holds it;
+* ``REGISTRY.get("name")`` returns it, or raises one clear line: ``unknown baseline 'ppo'; known: grpo, spg, ...``;
+* packages add entries without editing this repository through the kind's entry-point group, e.g.::
 
-Everything else (rollouts, optimizer, budget, logging) is shared by the trainer. External packages add a
-baseline without editing this repository through the ``stabledrl_bench.baselines`` entry-point group::
+      [project.entry-points."stabledrl_bench.baselines"]
+      my_method = "my_package.my_module"           # importing the module runs its @register
+      [project.entry-points."stabledrl_bench.reward_profiles"]
+      digits = "my_package.rewards:digit_share"    # an object: registered under the entry point's name
 
-    [project.entry-points."stabledrl_bench.baselines"]
-    my_method = "my_package.my_module"   # importing the module runs its @register_baseline
-
+Built-in entries and plugins are loaded lazily, on the first lookup, so importing a registry costs nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+import types
+from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module, metadata
-from typing import Any, ClassVar
+from typing import Generic, TypeVar, overload
 
-import torch
-
-from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.errors import UserError
 
-ENTRY_POINT_GROUP = "stabledrl_bench.baselines"
+T = TypeVar("T")
 
-# Sequence-level ELBO estimators and the scale of their staircase counterpart for block-diffusion models:
-# SPG/StableDRL use a per-masked-token average, ESPO a 1/t-weighted sum.
-_STAIRCASE_SCALE = {"spg_block": "mean", "espo_elbo": "sum"}
+ENTRY_POINT_PREFIX = "stabledrl_bench."
 
 
-@dataclass
-class LossInputs:
-    """Everything a loss may read. Tensors of the current policy carry gradients; old/ref are detached."""
+class Registry(Generic[T]):
+    """Names -> objects of one kind, with duplicate detection, lazy built-ins and entry-point plugins.
 
-    new: Estimate  # current policy pi_theta (with grad)
-    old: Estimate | None  # rollout policy pi_theta_old (no grad); None when the baseline needs no ratio
-    ref: Estimate | None  # frozen reference policy (no grad); None when beta == 0
-    advantages: torch.Tensor  # [B]
-    completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
-    group_ids: torch.Tensor  # [B] long, the prompt each completion belongs to
+    ``kind`` names the entries in messages (``"baseline"``); ``group`` is the entry-point group (``"baselines"``
+    becomes ``stabledrl_bench.baselines``); ``builtins`` are modules whose import registers the built-in entries;
+    ``check(name, obj)`` validates (and may complete) an object as it is registered.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        *,
+        builtins: Sequence[str] = (),
+        check: Callable[[str, T], T] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.group = ENTRY_POINT_PREFIX + group
+        self._builtins = tuple(builtins)
+        self._check = check
+        self._entries: dict[str, T] = {}
+        self._loaded = False
+
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+
+    @overload
+    def register(self, name: str, obj: T) -> T: ...
+
+    def register(self, name: str, obj: T | None = None) -> T | Callable[[T], T]:
+        """Add ``obj`` under ``name``; without ``obj``, a decorator that does so."""
+
+        def add(item: T) -> T:
+            if self._check is not None:
+                item = self._check(name, item)
+            existing = self._entries.get(name)
+            if existing is not None and existing is not item:
+                where = getattr(existing, "__module__", type(existing).__module__)
+                raise ValueError(f"{self.kind} {name!r} is already registered (by {where})")
+            self._entries[name] = item
+            return item
+
+        return add if obj is None else add(obj)
+
+    def _load(self) -> None:
+        """Import the built-in entries and, once, every plugin of the entry-point group."""
+        if self._loaded:
+            return
+        self._loaded = True  # first: a plugin module may look entries up while it is imported
+        for module in self._builtins:
+            import_module(module)
+        for entry in metadata.entry_points(group=self.group):
+            try:
+                loaded = entry.load()
+            except Exception as exc:  # a broken plugin must name itself, not break the built-ins silently
+                raise UserError(f"{self.kind} plugin {entry.name!r} ({entry.value}) failed to load: {exc}") from exc
+            if not isinstance(loaded, types.ModuleType) and self._entries.get(entry.name) is not loaded:
+                self.register(entry.name, loaded)
+
+    def get(self, name: str) -> T:
+        """The entry called ``name``; an unknown name is one line listing the known ones."""
+        self._load()
+        if name not in self._entries:
+            raise UserError(f"unknown {self.kind} {name!r}; known: {', '.join(self._entries) or 'none'}")
+        return self._entries[name]
+
+    def entries(self) -> dict[str, T]:
+        """Every entry by name, built-ins first, then plugins, in registration order."""
+        self._load()
+        return dict(self._entries)
+
+    def items(self) -> list[tuple[str, T]]:
+        return list(self.entries().items())
+
+    def values(self) -> list[T]:
+        return list(self.entries().values())
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries())
+
+    def __len__(self) -> int:
+        return len(self.entries())
 
 
-@dataclass
-class BaselineConfig:
-    """Hyperparameters shared by name across baselines (TRL's GRPOConfig names where one exists)."""
+def subclass_check(base: type, attribute: str = "name") -> Callable[[str, type], type]:
+    """A ``check`` for registries of classes: the entry must subclass ``base``; its key is set as ``attribute``.
 
-    beta: float = 0.0  # KL coefficient; 0 means no reference model is loaded
-    coupled: bool = True  # old/new likelihoods from the same masks (False: independent masks)
+    Setting ``cls.<attribute>`` here keeps one source for a class's name (the ``register`` call), so a record, an
+    error message and the registry can never disagree about what an entry is called.
+    """
 
-
-class Baseline:
-    """Base class of every RL method; subclasses set the class attributes and implement the two methods."""
-
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    Config: ClassVar[type[BaselineConfig]] = BaselineConfig
-    estimator: ClassVar[str] = ""
-    needs_old: ClassVar[bool] = True  # computes a ratio against the rollout policy
-
-    def __init__(self, config: BaselineConfig | None = None, **overrides: Any) -> None:
-        config = config or self.Config()
-        if overrides:
-            known = {f.name for f in dataclasses.fields(config)}
-            unknown = sorted(set(overrides) - known)
-            if unknown:
-                raise UserError(f"unknown option(s) for baseline {self.name!r}: {', '.join(unknown)}")
-            config = dataclasses.replace(config, **overrides)
-        self.config = config
-
-    @property
-    def needs_ref(self) -> bool:
-        return self.config.beta > 0
-
-    def estimator_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the estimator (e.g. MC samples, prompt-mask probability)."""
-        return {}
-
-    def estimator_for(self, attention: str) -> tuple[str, dict[str, Any]]:
-        """Estimator name and kwargs for a model whose attention is ``full`` or ``block``.
-
-        Block-diffusion models need leakage-free per-block likelihoods, so sequence-level ELBO estimators switch
-        to the staircase-attention ELBO (StableDRL's extension to block diffusion) with the same number of MC
-        samples; token-level estimators (d1 one-step, TraceRL replay) handle block attention themselves.
-        """
-        kwargs = self.estimator_kwargs()
-        if attention == "block" and self.estimator in _STAIRCASE_SCALE:
-            staircase = {
-                "num_mc": kwargs.get("num_t", kwargs.get("num_mc", 1)),
-                "scale": _STAIRCASE_SCALE[self.estimator],
-            }
-            if "eubo_beta" in kwargs:
-                staircase["eubo_beta"] = kwargs["eubo_beta"]
-            return "staircase_elbo", staircase
-        return self.estimator, kwargs
-
-    def advantages(
-        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(advantages [B], keep [B] bool)``; ``keep`` drops whole groups (TraceRL's accuracy filter)."""
-        raise NotImplementedError
-
-    def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        raise NotImplementedError
-
-
-_REGISTRY: dict[str, type[Baseline]] = {}
-_loaded_builtins = False
-_loaded_plugins = False
-
-
-def register_baseline(name: str) -> Callable[[type[Baseline]], type[Baseline]]:
-    """Class decorator: make a :class:`Baseline` subclass available under ``name``."""
-
-    def decorate(cls: type[Baseline]) -> type[Baseline]:
-        if not (isinstance(cls, type) and issubclass(cls, Baseline)):
-            raise TypeError(f"@register_baseline({name!r}) needs a Baseline subclass, got {cls!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"baseline {name!r} is already registered by {_REGISTRY[name].__module__}")
-        cls.name = name
-        _REGISTRY[name] = cls
+    def check(name: str, cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(f"{name!r} must be a {base.__name__} subclass, got {cls!r}")
+        setattr(cls, attribute, name)
         return cls
 
-    return decorate
-
-
-def _load() -> None:
-    """Import the built-in baselines and, once, every module named in the entry-point group."""
-    global _loaded_builtins, _loaded_plugins
-    if not _loaded_builtins:
-        import_module("stabledrl_bench.baselines")
-        _loaded_builtins = True
-    if not _loaded_plugins:
-        _loaded_plugins = True
-        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                entry.load()
-            except Exception as exc:  # a broken plugin must not break the built-in baselines
-                raise UserError(f"baseline plugin {entry.name!r} ({entry.value}) failed to load: {exc}") from exc
-
-
-def available_baselines() -> dict[str, type[Baseline]]:
-    """Registered baselines by name (built-ins first, then plugins), in registration order."""
-    _load()
-    return dict(_REGISTRY)
-
-
-def get_baseline(name: str) -> type[Baseline]:
-    baselines = available_baselines()
-    if name not in baselines:
-        raise UserError(f"unknown baseline {name!r}; registered: {', '.join(baselines)}")
-    return baselines[name]
-
-
-def build_baseline(name: str, **overrides: Any) -> Baseline:
-    return get_baseline(name)(**overrides)
+    return check

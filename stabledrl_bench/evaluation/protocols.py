@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.registry import Registry
 from stabledrl_bench.core.sampling import DecodeSettings
 from stabledrl_bench.errors import UserError
 
@@ -73,65 +74,69 @@ class EvalProtocol:
         return asdict(self)
 
 
-PROTOCOLS: dict[str, EvalProtocol] = {
-    p.name: p
-    for p in (
-        EvalProtocol("d1", "d1/SPG evaluator: greedy, block 32, 2 tokens/step, chat + <reasoning>", "d1", "full"),
-        EvalProtocol(
-            "stabledrl-code",
-            "StableDRL math_metrics.py: greedy, block 8, 1 token/step, no chat template",
-            "stabledrl",
-            "full",
-            block_length=8,
-            tokens_per_step=1,
-            chat_template=False,
-            prefill="",
-        ),
-        EvalProtocol(
-            "stabledrl-evalpy",
-            "StableDRL's deleted eval/eval.py: d1 prompts, block 32, 1 token/step",
-            "d1",
-            "full",
-            tokens_per_step=1,
-        ),
-        EvalProtocol(
-            "tracerl-static", "TraceRL static: block diffusion, greedy, 1 token/step", "d1", "block", tokens_per_step=1
-        ),
-        EvalProtocol(
-            "tracerl-dynamic",
-            "TraceRL dynamic: block diffusion, temperature 1.0, confidence threshold 0.9",
-            "d1",
-            "block",
-            tokens_per_step=1,
-            temperature=1.0,
-            strategy="dynamic",
-            repeats=3,
-        ),
-        EvalProtocol(
-            "tiny",
-            "tiny model: d1 decoder (greedy, 2 tokens/step) with short prompts, block 8",
-            "tiny",
-            "full",
-            block_length=8,
-            prefill="",
-        ),
-        EvalProtocol(
-            "tiny-static", "tiny block model: greedy, 1 token/step", "tiny", "block", tokens_per_step=1, prefill=""
-        ),
-        EvalProtocol(
-            "tiny-dynamic",
-            "tiny block model: greedy with confidence threshold 0.9",
-            "tiny",
-            "block",
-            tokens_per_step=1,
-            strategy="dynamic",
-            prefill="",
-        ),
-    )
-}
+def _protocol(name: str, protocol: EvalProtocol) -> EvalProtocol:
+    if not isinstance(protocol, EvalProtocol) or protocol.name != name:
+        raise TypeError(f"protocol {name!r} must be an EvalProtocol named {name!r}, got {protocol!r}")
+    return protocol
+
+
+# Packages add protocols through the ``stabledrl_bench.protocols`` entry-point group (an EvalProtocol object).
+PROTOCOLS: Registry[EvalProtocol] = Registry("evaluation protocol", "protocols", check=_protocol)
+for _protocol_entry in (
+    EvalProtocol("d1", "d1/SPG evaluator: greedy, block 32, 2 tokens/step, chat + <reasoning>", "d1", "full"),
+    EvalProtocol(
+        "stabledrl-code",
+        "StableDRL math_metrics.py: greedy, block 8, 1 token/step, no chat template",
+        "stabledrl",
+        "full",
+        block_length=8,
+        tokens_per_step=1,
+        chat_template=False,
+        prefill="",
+    ),
+    EvalProtocol(
+        "stabledrl-evalpy",
+        "StableDRL's deleted eval/eval.py: d1 prompts, block 32, 1 token/step",
+        "d1",
+        "full",
+        tokens_per_step=1,
+    ),
+    EvalProtocol(
+        "tracerl-static", "TraceRL static: block diffusion, greedy, 1 token/step", "d1", "block", tokens_per_step=1
+    ),
+    EvalProtocol(
+        "tracerl-dynamic",
+        "TraceRL dynamic: block diffusion, temperature 1.0, confidence threshold 0.9",
+        "d1",
+        "block",
+        tokens_per_step=1,
+        temperature=1.0,
+        strategy="dynamic",
+        repeats=3,
+    ),
+    EvalProtocol(
+        "tiny",
+        "tiny model: d1 decoder (greedy, 2 tokens/step) with short prompts, block 8",
+        "tiny",
+        "full",
+        block_length=8,
+        prefill="",
+    ),
+    EvalProtocol(
+        "tiny-static", "tiny block model: greedy, 1 token/step", "tiny", "block", tokens_per_step=1, prefill=""
+    ),
+    EvalProtocol(
+        "tiny-dynamic",
+        "tiny block model: greedy with confidence threshold 0.9",
+        "tiny",
+        "block",
+        tokens_per_step=1,
+        strategy="dynamic",
+        prefill="",
+    ),
+):
+    PROTOCOLS.register(_protocol_entry.name, _protocol_entry)
 
 
 def get_protocol(name: str) -> EvalProtocol:
-    if name not in PROTOCOLS:
-        raise UserError(f"unknown evaluation protocol {name!r}; known: {', '.join(PROTOCOLS)}")
-    return PROTOCOLS[name]
+    return PROTOCOLS.get(name)

@@ -28,9 +28,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
-from stabledrl_bench.core.registry import available_baselines
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.reporting.leaderboard import (
@@ -239,7 +239,7 @@ def reproduce(args) -> None:
     table = args.table
     preset = choose_preset(table, args.preset, args.model)
     model_spec = args.model or preset.model
-    baselines = _select(args.baselines, TABLE_BASELINES, "baseline", available_baselines())
+    baselines = _select(args.baselines, TABLE_BASELINES, "baseline", BASELINES.entries())
     tasks = _select(args.tasks, tuple(preset.tasks), "task", preset.tasks)
     _banner(table, preset, model_spec)
     comparison = f"{table}-{preset.name}"

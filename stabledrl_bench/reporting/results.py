@@ -441,9 +441,9 @@ def _check_registered(baseline: str, where: str) -> None:
     """Results are only meaningful for methods the harness can name again; imported lazily (torch)."""
     if baseline in REFERENCE_BASELINES:
         return
-    from stabledrl_bench.core.registry import available_baselines
+    from stabledrl_bench.core.baseline import BASELINES
 
-    names = available_baselines()
+    names = BASELINES.entries()
     _check(baseline in names, where, f"baseline {baseline!r} is not registered (known: {', '.join(names) or 'none'})")
 
 

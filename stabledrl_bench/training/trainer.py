@@ -29,14 +29,13 @@ import torch
 from tqdm.auto import tqdm
 
 from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
-from stabledrl_bench.core.estimators import Estimate, Estimator, SequenceBatch, build_estimator
-from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.baseline import LossInputs, build_baseline, training_estimator
+from stabledrl_bench.core.estimators import Estimate, SequenceBatch
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
-from stabledrl_bench.core.registry import LossInputs, build_baseline
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import UserError, require_folder
-from stabledrl_bench.tasks import get_task
+from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.checkpoint import (
     export_model,
@@ -136,20 +135,6 @@ class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
 
-def baseline_estimator(baseline, dlm: DiffusionLM, block_length: int, micro_batch_size: int | None = None) -> Estimator:
-    """The likelihood estimator ``baseline`` trains ``dlm`` with, bound to it.
-
-    SPG's block masking follows the rollout block (StableDRL's ``block_size`` is both) unless the baseline names
-    its own ``block_length``; block-diffusion models get the staircase estimator (``Baseline.estimator_for``).
-    """
-    name, kwargs = baseline.estimator_for(dlm.attention)
-    if name == "spg_block":
-        kwargs.setdefault("block_length", block_length)
-    if micro_batch_size:
-        kwargs["micro_batch_size"] = micro_batch_size
-    return build_estimator(name, **kwargs).bind(dlm)
-
-
 def _no_gpu() -> bool:
     return not torch.cuda.is_available()
 
@@ -171,6 +156,7 @@ class RLTrainer:
         # Cheap checks first: a bad name or output folder fails before any model is loaded.
         require_folder(cfg.output_dir, "output_dir")
         self.task = get_task(cfg.task)
+        REWARD_PROFILES.get(cfg.reward_profile)  # an unknown profile fails here, not at the first reward
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         world = accelerator.num_processes if accelerator is not None else PartialState(cpu=_no_gpu()).num_processes
         per_process = cfg.budget.prompts_per_step / world
@@ -191,7 +177,9 @@ class RLTrainer:
         self.output_dir = Path(cfg.output_dir)
 
         dlm = load_model_spec(cfg.model, seed=cfg.seed)
-        self.estimator = baseline_estimator(self.baseline, dlm, cfg.budget.block_length, cfg.estimator_micro_batch)
+        self.estimator = training_estimator(
+            self.baseline, dlm, block_length=cfg.budget.block_length, micro_batch_size=cfg.estimator_micro_batch
+        )
         model = dlm.model
         if cfg.gradient_checkpointing:
             # transformers 5 renamed the switch; older releases (>=4.51 is supported) only have the old name.

@@ -15,6 +15,10 @@ Each backend speaks one family's calling convention, as read from its published 
   the model's inference branches (same weights, same attention, gradients flow); SDAR's own KV cache
   (``past_key_values`` + ``store_kv``) for exact cached block decoding.
 
+Backends are registered by family name in ``MODEL_FAMILIES``; each declares the ``config.model_type`` values it
+serves, its default mask token id, the ``transformers`` auto class that loads it and its attention. A new family
+is one registered subclass (or an entry point in the ``stabledrl_bench.model_families`` group).
+
 The loader applies :func:`~stabledrl_bench.core.models.kernel_stubs.kernel_stubs` while importing remote code (CPU
 machines lack flash-attn/triton) and turns load failures into one clear line.
 """
@@ -24,17 +28,18 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 from stabledrl_bench.core.models.tiny import TinyDLM, TinyDLMConfig
 from stabledrl_bench.core.models.tokenizer import EOT, build_char_tokenizer
+from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.errors import UserError
 
 LLADA_MASK_ID = 126336
@@ -58,15 +63,34 @@ def as_pattern(mask: torch.Tensor, q_len: int) -> torch.Tensor:
     return mask.bool()[:, None, None, :].expand(-1, 1, q_len, -1)
 
 
-class TinyBackend(DiffusionLM):
-    family = "tiny"
+class Backend(DiffusionLM):
+    """A registered model family: what the loader needs to know besides the calling convention (``_forward``)."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()  # the ``config.model_type`` values this family serves
+    default_mask_id: ClassVar[int | None] = None  # when the config names no ``mask_token_id``
+    auto_class: ClassVar[str] = "AutoModel"  # the transformers auto class that loads its checkpoints
+    default_attention: ClassVar[str] = "full"  # "block": a block-diffusion family (reads the config's block size)
+
+
+MODEL_FAMILIES: Registry[type[Backend]] = Registry(
+    "model family", "model_families", check=subclass_check(Backend, attribute="family")
+)
+
+
+@MODEL_FAMILIES.register("tiny")
+class TinyBackend(Backend):
+    """The built-in tiny model: key padding or a boolean pattern, position ids, exact KV cache."""
+
+    model_types = (TinyDLMConfig.model_type,)
     supports_kv_cache = True
 
 
-class LLaDABackend(DiffusionLM):
+@MODEL_FAMILIES.register("llada")
+class LLaDABackend(Backend):
     """LLaDA's remote code: the mask goes in as a 4-D additive ``attention_bias`` (LLaDA casts it itself)."""
 
-    family = "llada"
+    model_types = ("llada", "llada_moe")
+    default_mask_id = LLADA_MASK_ID
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
         del position_ids, cache, store  # LLaDA numbers positions 0..T-1 itself and has no cache
@@ -76,10 +100,12 @@ class LLaDABackend(DiffusionLM):
         return self.model(input_ids=input_ids, **kwargs).logits, None
 
 
-class DreamBackend(DiffusionLM):
+@MODEL_FAMILIES.register("dream")
+class DreamBackend(Backend):
     """Dream's remote code adds ``attention_mask`` to the scores: send a 0/-inf bias in the model's dtype."""
 
-    family = "dream"
+    model_types = ("dream",)
+    default_mask_id = DREAM_MASK_ID
     shift_logits = True
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
@@ -90,10 +116,14 @@ class DreamBackend(DiffusionLM):
         return self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids).logits, None
 
 
-class SDARBackend(DiffusionLM):
+@MODEL_FAMILIES.register("sdar")
+class SDARBackend(Backend):
     """SDAR/TraDo: boolean block-causal mask, position ids, SDAR's KV cache, logits also in train mode."""
 
-    family = "sdar"
+    model_types = ("sdar",)
+    default_mask_id = SDAR_MASK_ID
+    auto_class = "AutoModelForCausalLM"
+    default_attention = "block"
     supports_kv_cache = True
 
     def __init__(self, model, tokenizer, **kwargs) -> None:
@@ -124,14 +154,12 @@ class SDARBackend(DiffusionLM):
         return cache
 
 
-BACKENDS: dict[str, type[DiffusionLM]] = {b.family: b for b in (TinyBackend, LLaDABackend, DreamBackend, SDARBackend)}
-_MODEL_TYPE_TO_FAMILY = {
-    TinyDLMConfig.model_type: "tiny",
-    "llada": "llada",
-    "llada_moe": "llada",
-    "dream": "dream",
-    "sdar": "sdar",
-}
+def family_of(model_type: str) -> str | None:
+    """The registered family serving checkpoints whose ``config.model_type`` is ``model_type`` (None if none)."""
+    for name, backend in MODEL_FAMILIES.items():
+        if model_type in backend.model_types:
+            return name
+    return None
 
 
 def build_tiny(
@@ -166,7 +194,7 @@ def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> DiffusionLM:
     """The backend of a tiny model: its own, or the family whose convention it emulates."""
     cfg = model.config
     family = CONVENTION_FAMILY[cfg.convention]
-    dlm = BACKENDS[family](
+    dlm = MODEL_FAMILIES.get(family)(
         model,
         tokenizer,
         mask_id=cfg.mask_token_id,
@@ -233,11 +261,12 @@ def load_diffusion_lm(
         config = AutoConfig.from_pretrained(source, trust_remote_code=True)
     model_type = str(getattr(config, "model_type", "")).lower()
     tiny = model_type == TinyDLMConfig.model_type
-    family = family or (CONVENTION_FAMILY[config.convention] if tiny else _MODEL_TYPE_TO_FAMILY.get(model_type))
-    if family not in BACKENDS:
-        known = ", ".join(sorted(BACKENDS))
+    family = family or (CONVENTION_FAMILY[config.convention] if tiny else family_of(model_type))
+    if family not in MODEL_FAMILIES:
+        known = ", ".join(MODEL_FAMILIES)
         raise UserError(f"unknown model family for {source!r} (model_type={config.model_type!r}); use one of {known}")
-    auto = AutoModelForCausalLM if family == "sdar" and not tiny else AutoModel
+    backend = MODEL_FAMILIES.get(family)
+    auto = AutoModel if tiny else getattr(transformers, backend.auto_class)
     with _loading(source, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
     with _loading(source, "model"):
@@ -247,21 +276,21 @@ def load_diffusion_lm(
     model.eval()
     if tiny and family == CONVENTION_FAMILY[config.convention]:
         return _wrap_tiny(model, tokenizer, name=source)
-    default_mask = {"tiny": None, "llada": LLADA_MASK_ID, "dream": DREAM_MASK_ID, "sdar": SDAR_MASK_ID}[family]
-    mask_id = getattr(config, "mask_token_id", None) or default_mask
+    mask_id = getattr(config, "mask_token_id", None) or backend.default_mask_id
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
     block = getattr(config, "block_size", None) or getattr(config, "block_length", None) or 4
-    dlm = BACKENDS[family](
+    block_attention = backend.default_attention == "block"
+    dlm = backend(
         model,
         tokenizer,
         mask_id=mask_id,
         eos_id=eos_id,
         pad_id=pad_id,
         stop_ids=stop_ids,
-        attention="block" if family == "sdar" else "full",
-        block_size=block if family == "sdar" else None,
+        attention=backend.default_attention,
+        block_size=block if block_attention else None,
         name=source,
     )
     return _detect_pad_free(dlm)
@@ -333,7 +362,7 @@ def save_diffusion_lm(dlm: DiffusionLM, path: str | os.PathLike) -> None:
 
 
 __all__ = [
-    "BACKENDS",
+    "MODEL_FAMILIES",
     "DiffusionLM",
     "build_tiny",
     "load_diffusion_lm",

@@ -43,9 +43,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, Estimator, SequenceBatch
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.core.registry import Baseline, LossInputs, build_baseline
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
@@ -59,7 +59,7 @@ from stabledrl_bench.experiments.stress.common import (
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.data import PromptStream, training_docs
-from stabledrl_bench.training.trainer import NoiseInjection, baseline_estimator, inject_log_ratio_noise
+from stabledrl_bench.training.trainer import NoiseInjection, inject_log_ratio_noise
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {"beta": 0.0}),
@@ -120,8 +120,8 @@ def collect_rollouts(
 
 def variant_estimator(baseline: Baseline, dlm: DiffusionLM, block_length: int) -> tuple[Estimator, tuple]:
     """The estimator the trainer would build for ``baseline`` and a key that groups variants sharing it."""
-    estimator = baseline_estimator(baseline, dlm, block_length)
-    key = (type(estimator).name, repr(sorted(vars(estimator).items())), baseline.config.coupled)
+    estimator = training_estimator(baseline, dlm, block_length=block_length)
+    key = (estimator, baseline.config.coupled)  # estimators are frozen settings: equal settings, equal key
     return estimator, key
 
 

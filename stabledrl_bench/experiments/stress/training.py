@@ -29,7 +29,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from stabledrl_bench.config import to_dict
-from stabledrl_bench.core.registry import build_baseline
+from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     CONDITIONS,

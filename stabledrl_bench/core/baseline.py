@@ -1,0 +1,130 @@
+"""What an RL method is to the trainer: one small class, registered by name in ``BASELINES``.
+
+A baseline declares four things and nothing else, so that two methods differ only where their papers differ:
+
+* ``Config``    - a dataclass of its loss hyperparameters (TRL's names where one exists), defaults from its
+  official code;
+* ``estimator`` - the likelihood estimator it needs, as a typed spec (an
+  :class:`~stabledrl_bench.core.estimators.Estimator` with its settings, e.g. ``SPGBlock(num_mc=2)``);
+* ``advantage`` - the name of its advantage rule in :data:`~stabledrl_bench.core.advantages.ADVANTAGES`
+  (plus ``advantage_options`` when the rule takes any);
+* ``loss``      - a pure function of tensors returning ``(loss, metrics)``.
+
+Everything else (rollouts, optimizer, budget, logging) is shared by the trainer. External packages add a
+baseline without editing this repository through the ``stabledrl_bench.baselines`` entry-point group::
+
+    [project.entry-points."stabledrl_bench.baselines"]
+    my_method = "my_package.my_module"   # importing the module runs its @register_baseline
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from stabledrl_bench.core.advantages import ADVANTAGES
+from stabledrl_bench.core.estimators import Estimate, Estimator
+from stabledrl_bench.core.registry import Registry, subclass_check
+from stabledrl_bench.errors import UserError
+
+
+@dataclass
+class LossInputs:
+    """Everything a loss may read. Tensors of the current policy carry gradients; old/ref are detached."""
+
+    new: Estimate  # current policy pi_theta (with grad)
+    old: Estimate | None  # rollout policy pi_theta_old (no grad); None when the baseline needs no ratio
+    ref: Estimate | None  # frozen reference policy (no grad); None when beta == 0
+    advantages: torch.Tensor  # [B]
+    completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
+    group_ids: torch.Tensor  # [B] long, the prompt each completion belongs to
+
+
+@dataclass
+class BaselineConfig:
+    """Hyperparameters shared by name across baselines (TRL's GRPOConfig names where one exists)."""
+
+    beta: float = 0.0  # KL coefficient; 0 means no reference model is loaded
+    coupled: bool = True  # old/new likelihoods from the same masks (False: independent masks)
+
+
+# Options renamed so that one concept has one name: an old config gets a pointer, not "unknown option".
+RENAMED_OPTIONS = {"num_t": "num_mc"}
+
+
+class Baseline:
+    """Base class of every RL method; subclasses set the class attributes and implement ``estimator``/``loss``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[BaselineConfig]] = BaselineConfig
+    advantage: ClassVar[str] = "group_mean"  # a rule of ADVANTAGES
+    needs_old: ClassVar[bool] = True  # computes a ratio against the rollout policy
+
+    def __init__(self, config: BaselineConfig | None = None, **overrides: Any) -> None:
+        config = config or self.Config()
+        if overrides:
+            known = {f.name for f in dataclasses.fields(config)}
+            unknown = sorted(set(overrides) - known)
+            renamed = [f"{old!r} is now {RENAMED_OPTIONS[old]!r}" for old in unknown if old in RENAMED_OPTIONS]
+            if renamed:
+                raise UserError(f"baseline {self.name!r}: option {'; '.join(renamed)}")
+            if unknown:
+                raise UserError(f"unknown option(s) for baseline {self.name!r}: {', '.join(unknown)}")
+            config = dataclasses.replace(config, **overrides)
+        self.config = config
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.config.beta > 0
+
+    def estimator(self) -> Estimator:
+        """The likelihood estimator, with this baseline's settings (the trainer adapts it to the model)."""
+        raise NotImplementedError
+
+    def advantage_options(self) -> dict[str, Any]:
+        """Keyword options of the advantage rule (none for most rules)."""
+        return {}
+
+    def advantages(
+        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(advantages [B], keep [B] bool)`` by the ``advantage`` rule; ``keep`` drops whole groups."""
+        rule = ADVANTAGES.get(self.advantage)
+        return rule(rewards, group_ids, correct, **self.advantage_options())
+
+    def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+
+BASELINES: Registry[type[Baseline]] = Registry(
+    "baseline", "baselines", builtins=["stabledrl_bench.baselines"], check=subclass_check(Baseline)
+)
+register_baseline = BASELINES.register  # the decorator a method file uses: @register_baseline("name")
+
+
+def build_baseline(name: str, **overrides: Any) -> Baseline:
+    """The baseline registered as ``name``, with config ``overrides`` (one error line for an unknown option)."""
+    return BASELINES.get(name)(**overrides)
+
+
+def training_estimator(
+    baseline: Baseline,
+    model: Any,
+    *,
+    block_length: int | None = None,
+    micro_batch_size: int | None = None,
+) -> Estimator:
+    """The estimator ``baseline`` trains ``model`` with: its spec, adapted to the model's attention and bound.
+
+    Block-diffusion models get the staircase counterpart of a sequence-level ELBO (``Estimator.for_attention``);
+    settings left open (SPG's masking block = the rollout's ``block_length``; the staircase block = the model's)
+    are filled by ``bind``. ``micro_batch_size`` only chunks the forward pass.
+    """
+    estimator = baseline.estimator().for_attention(model.attention)
+    if micro_batch_size:
+        estimator = dataclasses.replace(estimator, micro_batch_size=micro_batch_size)
+    return estimator.bind(model, block_length=block_length)
