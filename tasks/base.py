@@ -15,7 +15,7 @@ Conventions shared by every task (read these before calling a task from a traine
   decodes). Under ``d1`` the prefill ``<reasoning>`` is therefore not part of the completion. Graders do not
   depend on it; d1's tag-counting rewards were designed for ``d1_train`` prompts, which have no prefill.
 * **Reward profiles** are ``d1`` (``diffu-grpo/reward_func.py``) and ``stabledrl`` (``networks/llada_svpo.py``
-  plus ``dataloaders/*``), reproduced component by component (``algorithms.md`` §3.4, §5.7); the total is the
+  plus ``dataloaders/*``), reproduced component by component (docs/methods.md#reward-profiles); the total is the
   sum of the components, each reported separately.
 """
 
