@@ -1,4 +1,5 @@
-"""StableDRL ablations (paper_tables.md §5.6): each removes one of its two ingredients, nothing else changes.
+"""StableDRL ablations (docs/methods.md#stabledrl-ablations): each removes one of its two ingredients, nothing else
+changes; the paper's claims about each are in docs/published-numbers.md#56-one-ingredient-alone.
 
 * ``stabledrl_clip_only``: unconditional clip, fixed 1/G normalisation, w_i = clip(rho_i) / G. The update is
   no longer a convex combination: its scale follows the group-level ratio level (between (1 - eps) and

@@ -1,7 +1,7 @@
 """ESPO, ELBO-based Sequence-level Policy Optimization (``ML-GSAI/ESPO``, ``espo/espo_trainer.py: compute_loss``).
 
 Sequence-level PPO on the summed ELBO, normalised per token by the *maximum* generation length
-(algorithms.md §6)::
+(docs/methods.md#espo)::
 
     rho_i = exp((E_theta_i - E_old_i) / L)                         (L = completion_mask.shape[1], coupled masks)
     L     = -(1/b) sum_i min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps) A_i)
@@ -9,8 +9,8 @@ Sequence-level PPO on the summed ELBO, normalised per token by the *maximum* gen
     A_i   = r_i - mean_{j != i} r_j                                 (leave-one-out, no std)
 
 Defaults from ``recipes/``: eps = 0.2, beta = 1e-3 (gsm8k/math; 3e-3 countdown, 1e-2 sudoku), num_mc = 2,
-reduce_var (antithetic complement mask) on. The ELBO counts post-EOS padding too (§10.4): that is the
-``espo_elbo`` estimator's business, not the loss's.
+reduce_var (antithetic complement mask) on. The ELBO counts post-EOS padding too (docs/estimators.md#espo_elbo):
+that is the ``espo_elbo`` estimator's business, not the loss's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """d1 / diffu-GRPO (``dllm-reasoning/d1``, ``diffu-grpo/diffu_grpo_trainer.py: compute_loss``).
 
-Token-level PPO with *conditional* clipping on the one-step mean-field likelihood (algorithms.md §3)::
+Token-level PPO with *conditional* clipping on the one-step mean-field likelihood (docs/methods.md#grpo)::
 
     rho_ik = exp(log pi_theta(y_i^k) - log pi_old(y_i^k))                      (coupled masks)
     l_ik   = -min(rho_ik A_i, clip(rho_ik, 1 - eps, 1 + eps) A_i) + beta KL3_ik

@@ -1,6 +1,6 @@
 """SPG, Sandwiched Policy Gradient (``facebookresearch/SPG``, ``spg/spg_trainer.py: compute_loss``).
 
-REINFORCE on a *sandwiched* likelihood bound, with no ratio, no clip and no KL (algorithms.md §4)::
+REINFORCE on a *sandwiched* likelihood bound, with no ratio, no clip and no KL (docs/methods.md#spg)::
 
     bound_i = E_i                              if A_i > 0   (ELBO: a lower bound, safe to push up)
               omega U_i + (1 - omega) E_i      if A_i <= 0  (EUBO mixture: an upper bound, safe to push down)

@@ -1,7 +1,7 @@
 """StableDRL (``JianyuanZhong/StableDRL``, ``networks/llada_svpo.py: compute_loss_spg``, the ``use_snis`` path).
 
 SPG's sandwiched REINFORCE with *unconditionally clipped, self-normalised, detached* sequence importance
-weights (algorithms.md §5.3-5.4; paper_tables.md §5.5)::
+weights (docs/methods.md#stabledrl; the convex-hull claim: docs/published-numbers.md#55-the-convex-hull-bound)::
 
     lambda_i = sg(E_theta_i - E_old_i)                            (per-token-averaged ELBO difference = log rho_i)
     w_i      = softmax_{j in g(i)}(clamp(lambda_j, clip_low, clip_high))_i
@@ -27,7 +27,9 @@ the estimates are replaced by 0 (the code does so for the bound and E_theta; we 
 broken old estimate cannot turn every weight of its group into NaN; and a non-finite EUBO does not zero the
 bound of an A > 0 sample, which uses the ELBO only); the official code holds exactly one group
 per rank per micro-step, so its rank-local softmax is our per-group softmax. With coupled masks at the first
-inner step (E_theta == E_old) every w_i = 1/G and the loss is SPG with per-group mean aggregation (§10.10).
+inner step (E_theta == E_old) every w_i = 1/G and the loss is SPG with per-group mean aggregation; with the
+official independent draw the weights differ from 1/G even there (docs/methods.md#pitfalls-in-the-reference-code,
+item 10).
 Ablations (``baselines/ablations.py``) reuse ``log_importance_weights`` with one of its two ingredients removed.
 """
 

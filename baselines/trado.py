@@ -2,7 +2,7 @@
 
 Token-level PPO on the *exact* per-step log-probs of the decoded tokens, replayed along the sampled
 trajectory: each (sequence, decoding step) is one row whose targets P_r are the tokens committed at that step
-(algorithms.md §7)::
+(docs/methods.md#tracerl)::
 
     delta_k = clamp(log p_theta(y^k | z_r) - log p_old(y^k | z_r), -10, 10)     on targets k in P_r
     L       = -(1/R) sum_r (1/N_r) sum_{k in P_r} min(e^delta_k A, clip(e^delta_k, 1 - eps, 1 + eps) A)

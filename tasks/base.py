@@ -17,7 +17,7 @@ Conventions shared by every task (read these before calling a task from a traine
 * **Reward profiles** are functions ``profile(task, completion, doc) -> RewardResult`` registered by name in
   :data:`REWARD_PROFILES`: ``d1`` (``diffu-grpo/reward_func.py``) and ``stabledrl`` (``networks/llada_svpo.py``
   plus ``dataloaders/*``) call each task's ``d1_reward`` / ``stabledrl_reward``, reproduced component by
-  component (``algorithms.md`` §3.4, §5.7); the total is the sum of the components, each reported separately.
+  component (docs/methods.md#reward-profiles); the total is the sum of the components, each reported separately.
   A new profile is one registered function (or an entry point in ``stabledrl_bench.reward_profiles``), not an
   edit of every task.
 """

@@ -1,6 +1,6 @@
 """Reward components of the ``d1`` and ``stabledrl`` profiles, exactly as in the official code.
 
-d1 (``dllm-reasoning/d1: diffu-grpo/reward_func.py``, ``math500_utils.py``; ``algorithms.md`` §3.4), all
+d1 (``dllm-reasoning/d1: diffu-grpo/reward_func.py``, ``math500_utils.py``; docs/methods.md#reward-profiles), all
 components summed with weight 1:
 
 * GSM8K: ``xmlcount`` + ``soft_format`` + ``strict_format`` + ``int`` + ``correctness`` (2.0 for exact string
@@ -16,7 +16,7 @@ components summed with weight 1:
 * Sudoku: fraction of the puzzle's empty cells filled as in the solution (digits of the last ``<answer>``,
   right-padded with ``0`` / truncated to 16).
 
-StableDRL (``JianyuanZhong/StableDRL``; ``algorithms.md`` §5.7): base + ``anti_short_boxed`` (0 for a
+StableDRL (``JianyuanZhong/StableDRL: networks/llada_svpo.py``, ``dataloaders/*``): base + ``anti_short_boxed`` (0 for a
 response that is short, < 200 non-whitespace characters, *and* a bare ``\\boxed{..}`` or mostly box, else 1).
 GSM8K/MATH base: +1 if ``math_verify.verify(parse(gold), parse(response))`` else -1 (errors and time-outs
 -1). Countdown base: as d1 but the numbers only need to form a sub-multiset. Sudoku base: d1's cell fraction.

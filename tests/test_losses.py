@@ -333,7 +333,7 @@ def test_stabledrl_gradient_is_a_convex_combination(name: str, options: dict) ->
 
 
 def test_stabledrl_coupled_step_zero_is_spg_with_group_mean() -> None:
-    """§10.10: E_theta == E_old -> uniform weights 1/G -> mean over groups of -(1/G) sum_i A_i bound_i."""
+    """Coupled (docs/methods.md#stabledrl): E_theta == E_old -> w_i = 1/G -> mean over groups of -(1/G) sum A bound."""
     elbo = SD_ELBO.clone().requires_grad_()
     loss, m = stabledrl_loss(elbo, SD_EUBO, SD_ELBO, SD_ADV, SD_GROUPS)
     assert m["weight_max"] == pytest.approx(0.5) and m["clip_frac"] == 0.0

@@ -1,4 +1,4 @@
-"""Reward profiles against hand-computed values, component by component (algorithms.md §3.4, §5.7)."""
+"""Reward profiles against hand-computed values, component by component (docs/methods.md#reward-profiles)."""
 
 from __future__ import annotations
 

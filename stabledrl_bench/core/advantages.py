@@ -2,7 +2,7 @@
 
 A *group* is the set of completions sampled for one prompt. Groups are identified by ``group_ids`` [B]: any
 integers, in any order, not necessarily contiguous. None of the methods divides by the reward std except
-TraceRL (algorithms.md §10.2), and the names say which is which:
+TraceRL (docs/methods.md#side-by-side), and the names say which is which:
 
 =================  =============================  =========================================  ==================
 rule (registered)  function                       A_i                                        used by

@@ -187,7 +187,7 @@ def _block_ids(length: int, block_size: int | None, device: torch.device) -> tor
 def spg_bounds(
     logp: torch.Tensor, member: torch.Tensor, completion_mask: torch.Tensor, beta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPG's ELBO and EUBO proxies (§4.2) from per-token log-probs of m MC samples.
+    """SPG's ELBO and EUBO proxies (docs/estimators.md#spg_block) from per-token log-probs of m MC samples.
 
     ``logp`` [B, m, L] (log p(y^k | z_ij)), ``member`` [B, m, L] = M_ij (masked valid completion positions),
     ``completion_mask`` [B, L].
@@ -286,7 +286,7 @@ ESTIMATORS: Registry[type[Estimator]] = Registry("estimator", "estimators", chec
 @ESTIMATORS.register("d1_one_step")
 @dataclass(frozen=True, kw_only=True)
 class D1OneStep(Estimator):
-    """d1 / diffu-GRPO one-step mean-field estimator (§3.1).
+    """d1 / diffu-GRPO one-step mean-field estimator (docs/estimators.md#d1_one_step).
 
     z = [x~, M^L], where each real prompt token is replaced by M with probability ``p_mask_prompt`` and every
     completion position (all L, post-EOS included) is M; log pi^(y^k) = log softmax(f(z))_k[y^k]. One sample,
@@ -318,7 +318,7 @@ class D1OneStep(Estimator):
 @ESTIMATORS.register("spg_block")
 @dataclass(frozen=True, kw_only=True)
 class SPGBlock(Estimator):
-    """SPG ``block_random`` forward process (§4.1) with the ELBO / EUBO proxies of §4.2.
+    """SPG ``block_random`` forward process with its ELBO / EUBO proxies (docs/estimators.md#spg_block).
 
     Per sequence i (valid length l_i, n_i = ceil(l_i / b) blocks holding valid tokens) and MC sample j:
 
@@ -430,7 +430,7 @@ class SPGBlock(Estimator):
 @ESTIMATORS.register("espo_elbo")
 @dataclass(frozen=True, kw_only=True)
 class ESPOElbo(Estimator):
-    """ESPO's sequence ELBO (§6.1): stratified mask counts and an antithetic complement pass.
+    """ESPO's sequence ELBO (docs/estimators.md#espo_elbo): stratified mask counts and an antithetic complement pass.
 
     For MC sample j: kappa ~ U{0..L}; sequence i of the batch gets n_i = round(kappa + i (L+1)/B) mod (L+1),
     t_i = n_i / (L+1), and a uniform n_i-subset M_i of **all L** completion positions (EOS padding included, as
@@ -506,7 +506,7 @@ def trace_replay_plan(
     post_num: int,
     block_size: int | None,
 ) -> TracePlan:
-    """TraceRL's replay rows (§7.1) from the step at which the sampler committed every completion token.
+    """TraceRL's replay rows (docs/estimators.md#trace_replay) from the step that committed each completion token.
 
     Eligible targets are the positions up to the first EOS plus ``post_num`` more. Inside each block (the whole
     completion when ``block_size`` is None), the unique steps of eligible positions are sorted and grouped
@@ -548,7 +548,7 @@ def trace_replay_plan(
 @ESTIMATORS.register("trace_replay")
 @dataclass(frozen=True, kw_only=True)
 class TraceReplay(Estimator):
-    """TraceRL trajectory replay (§7.1): exact per-step log-probs of the tokens the sampler committed.
+    """TraceRL trajectory replay (docs/estimators.md#trace_replay): exact per-step log-probs of the committed tokens.
 
     Needs ``batch.unmask_step``. Full-attention models: one plain ``[prompt | state]`` row per (sequence, step
     group), grouping over the whole completion (dLLM-RL's LLaDA path). Block models: one staircase row
@@ -608,7 +608,7 @@ class TraceReplay(Estimator):
 @ESTIMATORS.register("staircase_elbo")
 @dataclass(frozen=True, kw_only=True)
 class StaircaseElbo(Estimator):
-    """Block-diffusion ELBO with staircase attention (§5.8), every block in one pass of length P + 2L.
+    """Block-diffusion ELBO, staircase attention (docs/estimators.md#staircase_elbo): all blocks in one pass of P + 2L.
 
     Input ``[prompt | clean y | noisy z]`` under :func:`~stabledrl_bench.core.masks.staircase_mask`: noisy block b
     sees the prompt, the clean blocks before b and itself, so its logits give log p(y^k | x, y_<b, z_b). For

@@ -2,14 +2,15 @@
 
 Both samplers start from an all-MASK completion and, step by step, commit some masked positions to a sampled
 token; a committed token is never remasked. They record, for every completion token, the global index of the
-step that committed it (``unmask_step``): the trajectory TraceRL trains on (``algorithms.md`` §7.1).
+step that committed it (``unmask_step``): the trajectory TraceRL trains on (docs/estimators.md#trace_replay).
 
-* :func:`llada_generate` (full attention; LLaDA ``generate.py``, ``algorithms.md`` §2): every step is a full
+* :func:`llada_generate` (full attention; ``ML-GSAI/LLaDA: generate.py``, docs/protocols.md#d1): every step is a full
   forward over ``[prompt | completion]``; within the current block, the top-k masked positions by confidence
   ``c_k = softmax(l)_k[x0_k]`` are committed, ``x0 = argmax(l / tau + Gumbel)``.
-* :func:`block_diffusion_generate` (block-causal attention; SDAR ``generate.py``, ``lmeval_decoding.md``
-  §3.7): blocks are decoded left to right, each one against an exact KV cache of the prompt and the finished
-  blocks (or, without cache, by recomputing them under :func:`~stabledrl_bench.core.masks.block_causal_mask`).
+* :func:`block_diffusion_generate` (block-causal attention; SDAR's ``Gen-Verse/dLLM-RL: generate.py``,
+  docs/protocols.md#tracerl-static-and-tracerl-dynamic): blocks are decoded left to right, each one against an
+  exact KV cache of the prompt and the finished blocks (or, without cache, by recomputing them under
+  :func:`~stabledrl_bench.core.masks.block_causal_mask`).
 
 Step indices are global and per row: step ``i`` (0-based) of block ``j`` is ``j * steps_per_block + i``. They
 are monotone over blocks, every block owns the range ``[j*n, (j+1)*n)``, and a row's trajectory does not depend

@@ -1,7 +1,7 @@
 """Named evaluation protocols: prompt style + decoding settings, recorded in every result.
 
 Published dLLM numbers come from different evaluators; comparing them means decoding exactly as they did.
-Each protocol names one such evaluator (see the reference notes, ``lmeval_decoding.md`` §2.4-2.5, §3.7):
+Each protocol names one such evaluator (docs/protocols.md gives each one's settings and upstream source):
 
 * ``d1`` (default): d1/SPG's evaluator, basis of most published LLaDA RL numbers: greedy, block 32,
   steps = length / 2 (two tokens per step), chat template + task system prompt + ``<reasoning>`` prefill.

@@ -2,7 +2,7 @@
 ``eval/parser_helper.py``; the same helpers back its MATH reward in ``diffu-grpo/math500_utils.py``).
 
 Published LLaDA/d1/SPG/StableDRL accuracies were computed with these parsers, quirks included, so a model must be
-scored by them to be comparable (``lmeval_decoding.md`` §2.4). Reproduced behaviour, deliberately:
+scored by them to be comparable (docs/protocols.md#d1). Reproduced behaviour, deliberately:
 
 * GSM8K: the *first* ``\\boxed{...}`` (non-greedy, single line) whose content is not dots and parses as a
   float, else the first number in it; otherwise the *last* number inside the *first* ``<answer>...</answer>``.

@@ -1,6 +1,6 @@
 """lm-eval glue for the harness's tasks (``lm_eval --include_path tasks/`` or ``TaskManager(include_path=...)``).
 
-The YAMLs next to this file implement the d1 evaluation protocol (``lmeval_decoding.md`` §2.4): zero-shot,
+The YAMLs next to this file implement the d1 evaluation protocol (docs/protocols.md#d1): zero-shot,
 GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025. Data come from
 the package's shipped files (resolved relative to the package, never the working directory), so nothing is
 downloaded. ``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies

@@ -1,4 +1,4 @@
-"""Stability experiments: the paper's mechanism (paper_tables.md §1.4-1.5, §5; algorithms.md §5) on a tiny model.
+"""Stability experiments: the paper's mechanism (docs/published-numbers.md §1.4-1.5, §5) on a tiny model.
 
 The claim under test: with *estimated* importance ratios, GRPO's conditional clip lets noise-driven outliers through
 (for A < 0 the PPO min keeps rho A, unbounded in rho) as gradient spikes; spikes cause drift, drift widens the ratio

@@ -1,7 +1,7 @@
 """Spike probability vs policy drift: the paper's self-reinforcing loop, measured without a training loop.
 
-The loop (paper_tables.md §5.2-5.4): a gradient spike moves the policy away from the rollout policy; the larger
-the drift, the wider the spread of the estimated ratios at the next step; with a conditional clip a wide spread
+The loop (docs/published-numbers.md §5.2-5.4): a gradient spike moves the policy away from the rollout policy; the
+larger the drift, the wider the spread of the estimated ratios at the next step; with a conditional clip a wide spread
 lets more outliers through (rho A for A < 0 is never clipped), so spikes become more likely. This module measures
 the middle link directly, for each update rule, on the real stress model and the real estimators and losses:
 

@@ -1,4 +1,4 @@
-"""The convex-hull property (paper_tables.md §5.5), checked on the real loss functions with random inputs.
+"""The convex-hull property (docs/published-numbers.md §5.5), checked on the real loss functions with random inputs.
 
 StableDRL's update is, per group g with detached weights w_i = clip(rho_i) / sum_{j in g} clip(rho_j),
 

@@ -1,8 +1,9 @@
 """The leaderboard's Stability section, generated from ``results/stability/*.json`` (never from hand-written numbers).
 
 Every verdict in "What we observed" is computed from the records and compared with the paper's qualitative claims
-as the reference notes state them (paper_tables.md §1.4-1.5 and §5; grade S, i.e. from a secondary note, since the
-stress-test figures' numbers are not available). A claim whose experiment has not been run is said to be untested.
+as docs/published-numbers.md states them (§1.4-1.5 and §5, the section numbers the claims below cite; grade S, i.e.
+from a secondary note, since the stress-test figures' numbers are not available). A claim whose experiment has not
+been run is said to be untested.
 Plot links are relative to the leaderboard file, which sits at the repository root next to ``results/``.
 """
 
@@ -458,7 +459,8 @@ def stability_section(results_dir: Path | str) -> str | None:
         *_hull_claims(records.get("hull")),
     ]
     parts.append(
-        "### What we observed\n\nEach paper claim (paper_tables.md; the stress-test claims are grade S, qualitative "
-        "only) against this run's numbers; verdicts are computed from the records above.\n\n" + "\n".join(observed)
+        "### What we observed\n\nEach paper claim (§ numbers refer to [docs/published-numbers.md]"
+        "(docs/published-numbers.md); the stress-test claims are grade S, qualitative only) against this run's "
+        "numbers; verdicts are computed from the records above.\n\n" + "\n".join(observed)
     )
     return "\n\n".join(p for p in parts if p) + "\n"
