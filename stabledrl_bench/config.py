@@ -48,7 +48,11 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
             raise UserError(f"{where}: expected a mapping, got {type(value).__name__}")
-        return dict(value)
+        key_type, value_type = typing.get_args(annotation) or (Any, Any)
+        return {
+            _check_type(k, key_type, f"{where} key"): _check_type(v, value_type, f"{where}.{k}")
+            for k, v in value.items()
+        }
     if origin in (list, tuple) or annotation in (list, tuple):
         if not isinstance(value, list | tuple):
             raise UserError(f"{where}: expected a list, got {type(value).__name__}")
@@ -81,6 +85,10 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(fields)}")
+    required = [n for n, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING and f.init]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
     hints = typing.get_type_hints(cls)
     kwargs = {name: _check_type(value, hints[name], f"{where}.{name}") for name, value in data.items()}
     try:
@@ -112,6 +120,18 @@ def stable_hash(value: Any) -> str:
     except (TypeError, ValueError) as exc:
         raise UserError(f"cannot hash {type(value).__name__}: not plain JSON data ({exc})") from exc
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def configs_dir() -> Path:
+    """The shipped ``configs/`` folder (recipes, presets, accelerate files), package ``stabledrl_bench.configs``."""
+    from importlib.resources import files
+
+    return Path(str(files("stabledrl_bench.configs")))
+
+
+def read_recipe(name: str) -> dict[str, Any]:
+    """A GPU recipe by its path under ``configs/recipes/`` (e.g. ``stabledrl/_base.yaml``), ``base:`` merged."""
+    return read_mapping(configs_dir() / "recipes" / name)
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from stabledrl_bench.config import deep_merge, read_mapping
+from stabledrl_bench.config import deep_merge, read_mapping, read_recipe
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments import reproduce
+from stabledrl_bench.experiments.reproduce import presets
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
+from stabledrl_bench.training.budget import PAPER_RECIPE, Budget, paper_budget
+from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -52,3 +57,55 @@ def test_accelerate_configs_parse(name):
     data = yaml.safe_load((CONFIGS / "accelerate" / f"{name}.yaml").read_text())
     assert data["distributed_type"] in ("MULTI_GPU", "FSDP", "DEEPSPEED")
     assert data["mixed_precision"] == "bf16" and data["num_processes"] >= 1
+
+
+# ------------------------------------------------------------------------------------ one source of truth
+def test_defaults_are_the_stabledrl_recipe():
+    """The paper's settings are written once, in the StableDRL recipe; code defaults must not drift from it."""
+    recipe = read_recipe(PAPER_RECIPE)
+    assert TrainConfig().budget == paper_budget() == Budget(**recipe["budget"])
+    assert OptimConfig() == OptimConfig(**recipe["optim"])
+
+
+@pytest.mark.parametrize("table", ["table1", "table2"])
+def test_presets_load_and_paper_presets_reuse_the_recipe(table):
+    loaded = presets(table)
+    assert set(loaded) == {"paper", "tiny", "smoke"}
+    paper, tiny, smoke = loaded["paper"], loaded["tiny"], loaded["smoke"]
+    recipe = read_recipe(PAPER_RECIPE)
+    assert (paper.prompt_protocol, paper.reward_profile) == (recipe["protocol"], recipe["reward_profile"])
+    assert paper.bf16 and paper.gradient_checkpointing and paper.save_every == recipe["save_every"]
+    expected = paper_budget()
+    if table == "table2":  # SDAR: block 4, steps = canvas (the only differences from Table 1's budget)
+        expected = dataclasses.replace(expected, block_length=4, diffusion_steps=256)
+    assert paper.budget == expected
+    if table == "table1":
+        for task, entry in paper.tasks.items():
+            task_recipe = read_recipe(f"stabledrl/{task}.yaml")
+            assert entry.learning_rate == task_recipe["optim"]["learning_rate"]
+            assert entry.train_split == task_recipe.get("train_split", "train")
+    else:
+        assert list(paper.tasks) == ["math500"] and paper.lengths == {2000: 2000}  # replaced, not merged
+    assert smoke.budget == dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations)
+    assert (smoke.sft.max_steps, smoke.eval_limit) == (10, 8) and smoke.sft.optim == tiny.sft.optim
+    assert tiny.model == ("tiny" if table == "table1" else "tiny-block") == tiny.sft.model
+
+
+def _write_presets(folder, text):
+    (folder / "table1.yaml").write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: {base: b}\nb: {base: a}\n", "cycle"),
+        ("a: {base: nope}\n", "no preset 'nope'"),
+        ("a: {descripton: x}\n", "unknown key"),
+        ("a: {recipe: stabledrl/_base.yaml, description: x, model: tiny, tasks: {sudoku: 3}}\n", "expected a mapping"),
+    ],
+)
+def test_bad_presets_are_one_line_errors(tmp_path, monkeypatch, text, message):
+    monkeypatch.setattr(reproduce, "presets_dir", lambda: _write_presets(tmp_path, text))
+    with pytest.raises(UserError, match=message):
+        presets("table1")

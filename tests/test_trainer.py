@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.training import sft as sft_module
-from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, encode_targets, run_sft, sft_loss
@@ -214,7 +215,11 @@ def test_config_errors_are_one_line(tmp_path):
     with pytest.raises(UserError, match="not valid YAML"):
         TrainConfig.from_file(path)
     with pytest.raises(UserError, match="must be a multiple of num_iterations"):
-        from_dict(Budget, {"max_steps": 3, "num_iterations": 2})
+        from_dict(Budget, {**paper_budget().to_dict(), "max_steps": 3, "num_iterations": 2})
+    with pytest.raises(UserError, match=r"^config: missing key\(s\) prompts_per_step, num_generations,"):
+        from_dict(Budget, {"max_steps": 4})  # a budget alone has no defaults: every value is written down
+    path.write_text(yaml.safe_dump({"budget": {"max_steps": 4}}))  # a config's budget overrides the recipe's
+    assert TrainConfig.from_file(path).budget == dataclasses.replace(paper_budget(), max_steps=4)
     with pytest.raises(UserError, match="unknown baseline"):
         RLTrainer(_config(tmp_path, tmp_path / "out", baseline="nope"))
 

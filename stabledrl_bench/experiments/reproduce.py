@@ -11,6 +11,10 @@ Presets (``--preset``):
   baseline, on the tasks a tiny model can learn; lengths are scaled down and labelled as such.
 * ``smoke`` - minutes: a few steps of everything, used by CI to prove the pipeline end to end.
 
+The presets are declared in ``configs/presets/table1.yaml`` and ``table2.yaml``. The paper presets reuse the
+StableDRL GPU recipe (``configs/recipes/stabledrl/``) for the budget, optimizer, prompts, rewards and per-task
+train split and learning rate, so the paper's settings are written in one place.
+
 ``auto`` (the default) picks ``paper`` when a GPU and ``--model`` are present, else ``tiny``. Everything is
 resumable: finished trainings and evaluations are skipped, interrupted trainings resume from their checkpoint.
 """
@@ -28,6 +32,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from stabledrl_bench.config import configs_dir, deep_merge, from_dict, read_mapping, read_recipe
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
@@ -87,128 +92,75 @@ class Preset:
     seeds: tuple[int, ...] = (0,)
 
 
-def _tiny_budget(steps: int, length: int) -> Budget:
-    """The tiny presets' RL budget. Rollouts dominate its cost; 6 prompts x 8 completions keeps the whole default
-    ``reproduce table1`` (SFT, six runs with the control, 18 evaluations) within 20 minutes on 2 cores."""
-    return Budget(
-        max_steps=steps,
-        prompts_per_step=6,
-        num_generations=8,
-        num_iterations=2,
-        max_completion_length=length,
-        diffusion_steps=length // 2,
-        block_length=8,
-        temperature=0.9,
-        max_prompt_length=64,
-    )
-
-
-def _paper_budget() -> Budget:
-    return Budget(
-        max_steps=2000,
-        prompts_per_step=32,
-        num_generations=16,
-        num_iterations=2,
-        max_completion_length=256,
-        diffusion_steps=128,
-        block_length=32,
-        temperature=0.9,
-        max_prompt_length=256,
-    )
-
-
-_PAPER_TASKS_T1 = {
-    "gsm8k": TaskRecipe("train", 2e-6),
-    "math500": TaskRecipe("train", 2e-6),
-    "countdown": TaskRecipe("train_cd3", 1e-6),
-    "sudoku": TaskRecipe("train", 1e-6),
+# What a preset takes from a GPU recipe (recipe key -> preset key). The rest of a recipe (its baseline, seed,
+# baseline options) belongs to a single-method run, not to a comparison of methods.
+_FROM_RECIPE = {
+    "protocol": "prompt_protocol",
+    "reward_profile": "reward_profile",
+    "budget": "budget",
+    "optim": "optim",
+    "per_device_prompts": "per_device_prompts",
+    "bf16": "bf16",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "save_every": "save_every",
 }
-# One fixed SFT canvas (64) on purpose: on the 48-token RL canvas this start often garbles "</answer>", which d1's
-# reward requires, and learning that tag is the gain RL makes measurably here. A canvas-robust start
-# (min_completion_length=40) leaves RL nothing this budget can measure; the README's tiny-preset section has both.
-_TINY_SFT = SFTConfig(
-    protocol="tiny",
-    train_split="generated",
-    max_steps=800,
-    batch_size=64,
-    completion_length=64,  # EOS-padded to the longest evaluation canvas, as LLaDA's SFT pads to its sequence length
-    optim=OptimConfig(  # 1e-3 with cosine decay reached 66% cell accuracy; a constant 3e-4 reaches 91%
-        learning_rate=3e-4,
-        weight_decay=0.0,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=20,
-        max_grad_norm=1.0,
-    ),
-)
-TINY_RL_STEPS = 60  # per baseline
-TINY_RL_LR = 2e-5
-_TINY_OPTIM = OptimConfig(learning_rate=TINY_RL_LR, weight_decay=0.0, lr_scheduler_type="constant", max_grad_norm=1.0)
+# Keys a derived preset replaces instead of merging into its base: they list what is compared, not settings.
+_REPLACED = ("tasks", "lengths", "protocols")
 
 
-def _smoke(tiny: Preset) -> Preset:
-    """The tiny preset shrunk to a pipeline check: 2 RL steps, 10 SFT steps, 8 evaluation docs."""
-    return dataclasses.replace(
-        tiny,
-        name="smoke",
-        description=f"pipeline check in minutes: a few steps of everything ({tiny.model} model)",
-        budget=dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations),
-        sft=dataclasses.replace(tiny.sft, max_steps=10, batch_size=16),
-        eval_limit=8,
-    )
+def presets_dir() -> Path:
+    return configs_dir() / "presets"
 
 
 def presets(table: str) -> dict[str, Preset]:
-    """The presets of ``table``; see the module docstring."""
-    paper = Preset(
-        "paper",
-        "LLaDA-8B-Instruct, official StableDRL settings (full-parameter, 2000 steps, mu = 2)",
-        None,
-        _PAPER_TASKS_T1,
-        _paper_budget(),
-        ("d1",),
-        "stabledrl",
-        "stabledrl",
-        {128: 128, 256: 256, 512: 512},
-        optim=OptimConfig(learning_rate=2e-6),
-        bf16=True,
-        gradient_checkpointing=True,
-        eval_batch_size=8,
-        save_every=100,
-    )
-    tiny = Preset(
-        "tiny",
-        "built-in tiny model on CPU: SFT warm start, then RL at 48 tokens; lengths 128/256/512 scaled to 40/48/64",
-        "tiny",
-        {"sudoku": TaskRecipe("generated", TINY_RL_LR)},
-        _tiny_budget(TINY_RL_STEPS, 48),  # RL at the "256" canvas, as the paper trains at 256
-        ("tiny",),
-        "tiny",
-        "d1",
-        {128: 40, 256: 48, 512: 64},
-        optim=_TINY_OPTIM,
-        sft=_TINY_SFT,
-        per_device_prompts=6,
-    )
-    if table == "table2":
-        paper = dataclasses.replace(
-            paper,
-            description="SDAR-8B block diffusion with staircase attention, official StableDRL settings",
-            tasks={"math500": TaskRecipe("train_l3to5", 1e-6)},
-            budget=dataclasses.replace(paper.budget, block_length=4, diffusion_steps=256),
-            protocols=("tracerl-static", "tracerl-dynamic"),
-            lengths={2000: 2000},
-            optim=OptimConfig(learning_rate=1e-6),
-        )
-        tiny = dataclasses.replace(
-            tiny,
-            description="built-in tiny block-diffusion model (block 4) on CPU: SFT, then RL; canvas 48 tokens",
-            model="tiny-block",
-            budget=dataclasses.replace(tiny.budget, block_length=4, diffusion_steps=tiny.budget.max_completion_length),
-            protocols=("tiny-static", "tiny-dynamic"),
-            lengths={2000: 48},
-            sft=dataclasses.replace(_TINY_SFT, model="tiny-block"),
-        )
-    return {"paper": paper, "tiny": tiny, "smoke": _smoke(tiny)}
+    """The presets of ``table``, read from ``configs/presets/<table>.yaml`` (see the comments there)."""
+    path = presets_dir() / f"{table}.yaml"
+    names = read_mapping(path)
+    return {name: _build_preset(name, _raw_preset(path, name, ()), f"{path.name}: {name}") for name in names}
+
+
+def _raw_preset(path: Path, name: str, seen: tuple[str, ...]) -> dict[str, Any]:
+    """One preset's mapping with its ``base:`` preset and ``recipe:`` merged under it (own keys win)."""
+    where = f"{path.name}:{name}"
+    if where in seen:
+        raise UserError(f"{where}: presets include each other in a cycle ({' -> '.join((*seen, where))})")
+    entries = read_mapping(path)
+    if not isinstance(entries.get(name), dict):
+        raise UserError(f"{path}: no preset {name!r} (presets: {', '.join(entries)})")
+    entry = dict(entries[name])
+    merged: dict[str, Any] = {}
+    base = entry.pop("base", None)
+    if base is not None:
+        file, _, ref = str(base).rpartition(":")
+        merged = _raw_preset(path.parent / file if file else path, ref, (*seen, where))
+    recipe = entry.pop("recipe", None)
+    if recipe is not None:
+        data = read_recipe(recipe)
+        merged = deep_merge(merged, {ours: data[theirs] for theirs, ours in _FROM_RECIPE.items() if theirs in data})
+    merged = deep_merge(merged, entry)
+    merged.update({key: entry[key] for key in _REPLACED if key in entry})
+    return merged
+
+
+def _task_recipe(task: str, entry: Any, where: str) -> TaskRecipe:
+    """A preset's task entry: its own keys over those of its ``recipe:`` (train split, learning rate, generator)."""
+    if not isinstance(entry, dict):
+        raise UserError(f"{where}.tasks.{task}: expected a mapping, got {entry!r}")
+    entry = dict(entry)
+    recipe = entry.pop("recipe", None)
+    fields: dict[str, Any] = {}
+    if recipe is not None:
+        data = read_recipe(recipe)
+        fields = {"train_split": data.get("train_split", "train"), "learning_rate": data["optim"]["learning_rate"]}
+        if "generator_options" in data:
+            fields["generator_options"] = data["generator_options"]
+    return from_dict(TaskRecipe, {**fields, **entry}, where=f"{where}.tasks.{task}")
+
+
+def _build_preset(name: str, data: dict[str, Any], where: str) -> Preset:
+    data = dict(data)
+    data["tasks"] = {task: _task_recipe(task, entry, where) for task, entry in dict(data.get("tasks") or {}).items()}
+    return from_dict(Preset, {"name": name, **data}, where=where)
 
 
 def choose_preset(table: str, requested: str, model: str | None) -> Preset:

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stabledrl_bench.config import stable_hash
+from stabledrl_bench.config import from_dict, read_recipe, stable_hash
 from stabledrl_bench.errors import UserError
 
 if TYPE_CHECKING:
@@ -23,17 +23,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Budget:
-    """Work per comparison, with TRL-style names where one exists."""
+    """Work per comparison, with TRL-style names where one exists.
 
-    max_steps: int = 2000  # optimizer steps
-    prompts_per_step: int = 32  # distinct prompts per optimizer step, all processes together
-    num_generations: int = 16  # completions per prompt (the advantage group G)
-    num_iterations: int = 2  # mu: optimizer steps taken on each rollout batch
-    max_completion_length: int = 256  # L: the fixed rollout canvas
-    diffusion_steps: int = 128  # rollout denoising steps over the canvas
-    block_length: int = 32  # rollout semi-autoregressive block (full attention)
-    temperature: float = 0.9  # rollout sampling temperature
-    max_prompt_length: int = 256  # prompts keep their last tokens beyond this
+    No field has a default: a budget is the identity of a comparison, so every value is written down where the
+    comparison is defined (a recipe or a preset). The paper's budget is the StableDRL recipe's
+    (``configs/recipes/stabledrl/_base.yaml``, :func:`paper_budget`).
+    """
+
+    max_steps: int  # optimizer steps
+    prompts_per_step: int  # distinct prompts per optimizer step, all processes together
+    num_generations: int  # completions per prompt (the advantage group G)
+    num_iterations: int  # mu: optimizer steps taken on each rollout batch
+    max_completion_length: int  # L: the fixed rollout canvas
+    diffusion_steps: int  # rollout denoising steps over the canvas
+    block_length: int  # rollout semi-autoregressive block (full attention)
+    temperature: float  # rollout sampling temperature
+    max_prompt_length: int  # prompts keep their last tokens beyond this
 
     def __post_init__(self) -> None:
         positive = (
@@ -87,3 +92,11 @@ class Budget:
 
     def hash(self) -> str:
         return stable_hash(self.to_dict())
+
+
+PAPER_RECIPE = "stabledrl/_base.yaml"
+
+
+def paper_budget() -> Budget:
+    """The official StableDRL budget, read from its recipe (the one place the paper's numbers are written)."""
+    return from_dict(Budget, read_recipe(PAPER_RECIPE)["budget"], where=f"recipes/{PAPER_RECIPE}: budget")

@@ -15,7 +15,8 @@ SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine")
 
 @dataclass
 class OptimConfig:
-    """AdamW + schedule. Defaults: StableDRL's official configs (AdamW (0.9, 0.99), wd 0.1, linear decay)."""
+    """AdamW + schedule. Defaults: the StableDRL recipe's (AdamW (0.9, 0.99), wd 0.1, linear decay);
+    tests/test_configs.py checks that they still agree with ``configs/recipes/stabledrl/_base.yaml``."""
 
     learning_rate: float = 2e-6
     adam_beta1: float = 0.9

@@ -36,7 +36,7 @@ from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import UserError, require_folder
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
-from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.checkpoint import (
     export_model,
     latest_checkpoint,
@@ -87,7 +87,7 @@ class TrainConfig:
     reward_profile: str = "d1"
     train_split: str = "train"  # or "generated" (procedural Countdown / Sudoku pool)
     generator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_numbers": [3]}
-    budget: Budget = field(default_factory=Budget)
+    budget: Budget = field(default_factory=paper_budget)  # the StableDRL recipe's
     optim: OptimConfig = field(default_factory=OptimConfig)
     baseline_options: dict[str, Any] = field(default_factory=dict)
     per_device_prompts: int = 1  # prompts per micro-batch on one process (memory knob, not budget)
@@ -114,8 +114,11 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """A YAML/JSON config; its ``budget:`` states what differs from the StableDRL recipe's budget."""
         data = read_mapping(path)
         data.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(data.get("budget"), dict):
+            data["budget"] = {**paper_budget().to_dict(), **data["budget"]}
         return from_dict(cls, data, where=str(path))
 
 
