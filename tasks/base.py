@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -190,19 +190,50 @@ class Task(ABC):
     # ------------------------------------------------------------------------------ rewards, grading
     def reward(self, completion: str, doc: Mapping[str, Any], profile: str = "d1") -> RewardResult:
         """The RL reward of ``completion`` under ``profile`` (``d1`` or ``stabledrl``), by component."""
+        return self.reward_many([completion], [doc], profile)[0]
+
+    def reward_many(
+        self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]], profile: str = "d1"
+    ) -> list[RewardResult]:
+        """:meth:`reward` of each ``(completion, doc)`` pair, in order, identical to scoring them one by one.
+
+        What a trainer calls for a rollout batch: a task whose reward runs in isolated worker processes
+        (math-verify) checks the whole batch concurrently instead of keeping one worker busy at a time.
+        """
         if profile not in self.reward_profiles:
             raise UserError(f"unknown reward profile {profile!r}; known: {', '.join(self.reward_profiles)}")
-        if not isinstance(completion, str):
-            raise UserError(f"completion must be a string, got {type(completion).__name__}")
-        return self._reward(completion, doc, profile)
+        _check_batch(completions, docs)
+        for completion in completions:
+            if not isinstance(completion, str):
+                raise UserError(f"completion must be a string, got {type(completion).__name__}")
+        return self._reward_many(completions, docs, profile)
 
     @abstractmethod
     def _reward(self, completion: str, doc: Mapping[str, Any], profile: str) -> RewardResult:
         """Reward under a (validated) ``profile``."""
 
+    def _reward_many(
+        self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]], profile: str
+    ) -> list[RewardResult]:
+        """Rewards of validated pairs; one at a time unless a task has something to gain from a batch."""
+        return [self._reward(c, doc, profile) for c, doc in zip(completions, docs, strict=True)]
+
     @abstractmethod
     def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:
         """Evaluation verdict of ``completion`` for ``doc`` (raises :class:`UserError` on bad gold fields)."""
+
+    def grade_many(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[GradeResult]:
+        """:meth:`grade` of each ``(completion, doc)`` pair, in order, identical to grading them one by one.
+
+        What a trainer or an evaluator calls for a batch: a task graded in isolated worker processes
+        (math-verify) checks the whole batch concurrently instead of keeping one worker busy at a time.
+        """
+        _check_batch(completions, docs)
+        return self._grade_many(completions, docs)
+
+    def _grade_many(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[GradeResult]:
+        """Verdicts of same-length batches; one at a time unless a task has something to gain from a batch."""
+        return [self.grade(c, doc) for c, doc in zip(completions, docs, strict=True)]
 
     def generate(self, n: int, seed: int, **kwargs: Any) -> list[dict[str, Any]]:
         """``n`` new training docs, deterministic in ``seed`` (only procedurally generated tasks)."""
@@ -211,6 +242,12 @@ class Task(ABC):
     def _check_protocol(self, protocol: str) -> None:
         if protocol not in self.protocols:
             raise UserError(f"unknown protocol {protocol!r}; known: {', '.join(self.protocols)}")
+
+
+def _check_batch(completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> None:
+    """A batch pairs each completion with its doc: a length mismatch is a caller's error, never truncated."""
+    if len(completions) != len(docs):
+        raise UserError(f"{len(completions)} completions for {len(docs)} docs")
 
 
 def require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:

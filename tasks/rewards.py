@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from .graders import d1
 from .graders.arithmetic import NumberRule, evaluate, uses_numbers
-from .graders.mathverify import math_verify
+from .graders.mathverify import math_verify_many
 from .graders.text import last_answer_tag, split_answer
 
 _STRICT_FORMAT = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$")
@@ -153,4 +153,13 @@ def anti_short_boxed(text: str, min_total_chars: int = 200, non_boxed_ratio_thre
 
 def stabledrl_math_correctness(text: str, gold: str) -> float:
     """+1 if ``verify(parse(gold), parse(text))`` (math-verify defaults, hard time limit), else -1."""
-    return 1.0 if math_verify(gold, text, style="stabledrl").correct else -1.0
+    return stabledrl_math_correctness_many([text], [gold])[0]
+
+
+def stabledrl_math_correctness_many(texts: Sequence[str], golds: Sequence[str]) -> list[float]:
+    """:func:`stabledrl_math_correctness` of each pair, in order, checked concurrently by the worker pool.
+
+    Why: a rollout batch scored one answer at a time leaves all math-verify workers but one idle; each answer
+    keeps its own hard limit and its reward (a time-out is -1 either way).
+    """
+    return [1.0 if outcome.correct else -1.0 for outcome in math_verify_many(golds, texts, style="stabledrl")]

@@ -1,8 +1,10 @@
 """Batch grading: a batch runs on every isolated worker at once and gives exactly the one-by-one results.
 
-The pool (:meth:`IsolatedPool.call_many`) is tested with a small registry written for these tests, whose
-answers are instructions (sleep, hang, crash, meet another answer), so that order, concurrency, time-outs and
-crashes are deterministic; no test asserts a speed.
+Two levels. The pool (:meth:`IsolatedPool.call_many`) is tested with a small registry written for these tests,
+whose answers are instructions (sleep, hang, crash, meet another answer), so that order, concurrency, time-outs
+and crashes are deterministic; no test asserts a speed. The tasks (``reward_many``, ``grade_many``) are tested
+on real MATH500 and GSM8K answers, hostile ones included, against values recorded with the one-by-one code
+before batching existed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from typing import Any
 
 import pytest
 
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.tasks import get_task
+from stabledrl_bench.tasks.base import Task
+from stabledrl_bench.tasks.graders import mathverify
 from stabledrl_bench.tasks.graders.isolation import IsolatedPool, IsolatedResult
+from stabledrl_bench.tasks.graders.mathverify import math_verify, math_verify_many, warm_up
+from stabledrl_bench.tasks.gsm8k import GSM8KTask
+from stabledrl_bench.tasks.math500 import Math500Task
 
 REGISTRY = "batch_test_registry"
 REGISTRY_CODE = '''
@@ -153,3 +162,110 @@ def test_a_batch_raises_what_a_call_raises(registry: Path) -> None:
     closed.close()
     with pytest.raises(RuntimeError, match="closed"):
         closed.call_many("answer", [("a",)] * 4, timeout_s=1)
+
+
+# ------------------------------------------------------------------------------------------- tasks
+HANG = "\\boxed{9^{9^{9^{9}}}}"  # sympy evaluates the tower against a numeric gold: a time-out
+LIMIT_S = 1.5  # the grader's default; StableDRL's reward gets the same here to keep the test short
+
+# (grade.correct, grade.details["d1"], grade.details["timed_out"], d1 reward, StableDRL reward) of each answer
+# of fixed_answers(), recorded with the one-by-one code before batching existed.
+MATH500_DOC = [(True, True, False, 2.75, 2.0), (False, False, False, 0.75, 0.0), (True, True, False, 2.25, 2.0)]
+MATH500_BEFORE = MATH500_DOC * 6 + [(False, False, True, 0.25, -1.0)] + MATH500_DOC * 2
+GSM8K_BEFORE = [
+    (True, True, False, 0.23299999999999998, 2.0),
+    (False, False, False, 0.244, 0.0),
+    (True, True, False, 0.0, 2.0),
+    (True, True, False, 0.244, 2.0),
+    (False, False, False, 0.09899999999999998, 0.0),
+    (True, True, False, 0.0, 2.0),
+    (False, False, True, 0.0, -1.0),
+    (True, True, False, 0.09899999999999998, 2.0),
+    (False, False, False, 0.28200000000000003, 0.0),
+    (True, True, False, 0.0, 2.0),
+    (True, True, False, 0.28200000000000003, 2.0),
+    (False, False, False, 0.23299999999999998, 0.0),
+    (True, True, False, 0.0, 1.0),
+]
+
+
+def fixed_answers(task: Task, n_docs: int, hostile_doc: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """Per test doc: the gold solution as a d1 completion, another doc's (a wrong answer), the gold in StableDRL's
+    format; after ``hostile_doc``'s, an answer that hangs math-verify (its gold is a number)."""
+    docs = task.load("test", n_docs)
+    completions, rows = [], []
+    for i, doc in enumerate(docs):
+        other = docs[(i + 1) % n_docs]
+        for text in (
+            task.target_completion(doc, "d1"),
+            task.target_completion(other, "d1"),
+            task.target_completion(doc, "stabledrl"),
+        ):
+            completions.append(text)
+            rows.append(doc)
+        if i == hostile_doc:
+            completions.append(HANG)
+            rows.append(doc)
+    return completions, rows
+
+
+def summary(grade: Any, d1: Any, stabledrl: Any) -> tuple[bool, bool, bool, float, float]:
+    return grade.correct, grade.details["d1"], grade.details["timed_out"], d1.total, stabledrl.total
+
+
+@pytest.mark.parametrize(
+    ("task", "n_docs", "hostile_doc", "before"),
+    [(Math500Task(timeout_s=LIMIT_S), 8, 5, MATH500_BEFORE), (GSM8KTask(timeout_s=LIMIT_S), 4, 1, GSM8K_BEFORE)],
+    ids=["math500", "gsm8k"],
+)
+def test_batch_rewards_and_grades_equal_one_by_one_and_the_values_before(
+    task: Task, n_docs: int, hostile_doc: int, before: list[tuple], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mathverify, "STABLEDRL_TIMEOUT_S", LIMIT_S)
+    completions, docs = fixed_answers(task, n_docs, hostile_doc)
+    pairs = list(zip(completions, docs, strict=True))
+
+    def settled(results: list[Any]) -> list[Any]:
+        # The hostile answer's worker is being replaced. Two hostile answers within one start-up would leave no
+        # started worker, and the next answer would pay the start-up out of its own limit, batch or not; so every
+        # pass starts from a ready pool, as the first one does.
+        warm_up()
+        return results
+
+    warm_up()
+    batch = (
+        settled(task.grade_many(completions, docs)),
+        settled(task.reward_many(completions, docs, "d1")),
+        settled(task.reward_many(completions, docs, "stabledrl")),
+    )
+    single = (
+        settled([task.grade(c, doc) for c, doc in pairs]),
+        settled([task.reward(c, doc, "d1") for c, doc in pairs]),
+        settled([task.reward(c, doc, "stabledrl") for c, doc in pairs]),
+    )
+    assert batch == single  # whole results: every component and every grading detail
+    assert [summary(*verdicts) for verdicts in zip(*batch, strict=True)] == before
+
+
+def test_batch_arguments_are_checked_as_one_by_one() -> None:
+    math = get_task("math500")
+    with pytest.raises(UserError, match="2 completions for 1 docs"):
+        math.grade_many(["a", "b"], [{"answer": "1"}])
+    with pytest.raises(UserError, match="unknown reward profile"):
+        math.reward_many(["a"], [{"answer": "1"}], "nope")
+    with pytest.raises(UserError, match="completion must be a string"):
+        math.reward_many(["a", 3], [{"answer": "1"}] * 2, "stabledrl")  # type: ignore[list-item]
+    with pytest.raises(UserError, match="missing field 'answer'"):
+        math.grade_many(["a", "b"], [{"answer": "1"}, {}])
+    assert math.grade_many([], []) == [] and math.reward_many([], [], "stabledrl") == []
+
+
+def test_math_verify_many_equals_math_verify() -> None:
+    golds = ["1/2", "72", "\\frac{1}{4}", "3"]
+    predictions = ["\\boxed{0.5}", "The total is 71.", "<answer>0.25</answer>", "<answer></answer>"]
+    warm_up()
+    batch = math_verify_many(golds, predictions)
+    assert batch == [math_verify(g, p) for g, p in zip(golds, predictions, strict=True)]
+    assert [outcome.correct for outcome in batch] == [True, False, True, False]
+    with pytest.raises(ValueError):
+        math_verify_many(golds, predictions[:2])

@@ -21,11 +21,12 @@ worker. This module is both the parent-side API (:func:`math_verify`) and the wo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from .isolation import shared_pool
+from .isolation import IsolatedResult, shared_pool
 from .text import final_answer
 
 Style = Literal["grader", "stabledrl"]
@@ -53,10 +54,25 @@ def math_verify(
 
     Safe to call from any thread; calls run concurrently up to the pool size.
     """
+    return math_verify_many([gold], [prediction], style=style, timeout_s=timeout_s)[0]
+
+
+def math_verify_many(
+    golds: Sequence[str], predictions: Sequence[str], *, style: Style = "grader", timeout_s: float | None = None
+) -> list[MathVerifyOutcome]:
+    """:func:`math_verify` for each pair, graded concurrently by the worker pool; outcomes in input order.
+
+    Why a batch: answers checked one after another leave all workers but one idle. Each pair still gets its own
+    hard limit and exactly the outcome :func:`math_verify` gives it (a time-out included).
+    """
     if style not in ("grader", "stabledrl"):
         raise ValueError(f"unknown math-verify style {style!r}")
     limit = timeout_s if timeout_s is not None else (GRADER_TIMEOUT_S if style == "grader" else STABLEDRL_TIMEOUT_S)
-    result = shared_pool(__name__).call(style, gold, prediction, timeout_s=limit)
+    results = shared_pool(__name__).call_many(style, list(zip(golds, predictions, strict=True)), timeout_s=limit)
+    return [_outcome(result) for result in results]
+
+
+def _outcome(result: IsolatedResult) -> MathVerifyOutcome:
     if result.status == "ok":
         correct, extracted = result.value
         return MathVerifyOutcome(bool(correct), extracted)
