@@ -151,15 +151,11 @@ def anti_short_boxed(text: str, min_total_chars: int = 200, non_boxed_ratio_thre
     return 0.0 if pure_boxed or ratio_non_boxed < non_boxed_ratio_threshold else 1.0
 
 
-def stabledrl_math_correctness(text: str, gold: str) -> float:
-    """+1 if ``verify(parse(gold), parse(text))`` (math-verify defaults, hard time limit), else -1."""
-    return stabledrl_math_correctness_many([text], [gold])[0]
-
-
 def stabledrl_math_correctness_many(texts: Sequence[str], golds: Sequence[str]) -> list[float]:
-    """:func:`stabledrl_math_correctness` of each pair, in order, checked concurrently by the worker pool.
+    """Per pair, +1 if ``verify(parse(gold), parse(text))`` (math-verify defaults, hard time limit), else -1.
 
-    Why: a rollout batch scored one answer at a time leaves all math-verify workers but one idle; each answer
-    keeps its own hard limit and its reward (a time-out is -1 either way).
+    A batch because a rollout scored one answer at a time leaves all math-verify workers but one idle; the
+    checks run concurrently, each under its own limit, and every value is what that pair alone gets (a time-out
+    is -1).
     """
     return [1.0 if outcome.correct else -1.0 for outcome in math_verify_many(golds, texts, style="stabledrl")]
