@@ -14,7 +14,7 @@ Conventions shared by every task (read these before calling a task from a traine
   :meth:`Task.target_completion`, are the text generated *after* the prompt and its prefill (what a sampler
   decodes). Under ``d1`` the prefill ``<reasoning>`` is therefore not part of the completion. Graders do not
   depend on it; d1's tag-counting rewards were designed for ``d1_train`` prompts, which have no prefill.
-* **Reward profiles** are functions ``profile(task, completion, doc) -> RewardResult`` registered by name in
+* **Reward profiles** are functions ``profile(task, completions, docs) -> [RewardResult]`` registered by name in
   :data:`REWARD_PROFILES`: ``d1`` (``diffu-grpo/reward_func.py``) and ``stabledrl`` (``networks/llada_svpo.py``
   plus ``dataloaders/*``) call each task's ``d1_reward`` / ``stabledrl_reward``, reproduced component by
   component (docs/methods.md#reward-profiles); the total is the sum of the components, each reported separately.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -131,7 +131,7 @@ def read_data_file(relative: str, string_columns: tuple[str, ...] = ()) -> list[
             hf_utils.enable_progress_bars()
 
 
-RewardProfile = Callable[["Task", str, Mapping[str, Any]], RewardResult]
+RewardProfile = Callable[["Task", Sequence[str], Sequence[Mapping[str, Any]]], list[RewardResult]]
 
 
 def _callable(name: str, profile: RewardProfile) -> RewardProfile:
@@ -140,19 +140,21 @@ def _callable(name: str, profile: RewardProfile) -> RewardProfile:
     return profile
 
 
+# A profile scores a batch: profile(task, completions, docs) -> [RewardResult], so that a profile whose checks run
+# in worker processes (math-verify) can keep every worker busy.
 REWARD_PROFILES: Registry[RewardProfile] = Registry("reward profile", "reward_profiles", check=_callable)
 
 
 @REWARD_PROFILES.register("d1")
-def d1_profile(task: Task, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+def d1_profile(task: Task, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[RewardResult]:
     """d1's rewards (``diffu-grpo/reward_func.py``): format and correctness components, per task."""
-    return task.d1_reward(completion, doc)
+    return task.d1_rewards(completions, docs)
 
 
 @REWARD_PROFILES.register("stabledrl")
-def stabledrl_profile(task: Task, completion: str, doc: Mapping[str, Any]) -> RewardResult:
+def stabledrl_profile(task: Task, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[RewardResult]:
     """The official StableDRL code's rewards: the task's base score plus ``anti_short_boxed``."""
-    return task.stabledrl_reward(completion, doc)
+    return task.stabledrl_rewards(completions, docs)
 
 
 _DOCS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
@@ -216,10 +218,22 @@ class Task(ABC):
     # ------------------------------------------------------------------------------ rewards, grading
     def reward(self, completion: str, doc: Mapping[str, Any], profile: str = "d1") -> RewardResult:
         """The RL reward of ``completion`` under the registered reward ``profile``, by component."""
+        return self.reward_many([completion], [doc], profile)[0]
+
+    def reward_many(
+        self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]], profile: str = "d1"
+    ) -> list[RewardResult]:
+        """:meth:`reward` of each ``(completion, doc)`` pair, in order, identical to scoring them one by one.
+
+        What a trainer calls for a rollout batch: a task whose reward runs in isolated worker processes
+        (math-verify) checks the whole batch concurrently instead of keeping one worker busy at a time.
+        """
         rule = REWARD_PROFILES.get(profile)
-        if not isinstance(completion, str):
-            raise UserError(f"completion must be a string, got {type(completion).__name__}")
-        return rule(self, completion, doc)
+        _check_batch(completions, docs)
+        for completion in completions:
+            if not isinstance(completion, str):
+                raise UserError(f"completion must be a string, got {type(completion).__name__}")
+        return rule(self, completions, docs)
 
     @abstractmethod
     def d1_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
@@ -229,9 +243,30 @@ class Task(ABC):
     def stabledrl_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
         """The official StableDRL code's reward components for this task (base + ``anti_short_boxed``)."""
 
+    def d1_rewards(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[RewardResult]:
+        """:meth:`d1_reward` of each pair (d1's rewards need no worker process, so one by one)."""
+        return [self.d1_reward(c, doc) for c, doc in zip(completions, docs, strict=True)]
+
+    def stabledrl_rewards(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[RewardResult]:
+        """:meth:`stabledrl_reward` of each pair; math tasks check the whole batch with math-verify at once."""
+        return [self.stabledrl_reward(c, doc) for c, doc in zip(completions, docs, strict=True)]
+
     @abstractmethod
     def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:
         """Evaluation verdict of ``completion`` for ``doc`` (raises :class:`UserError` on bad gold fields)."""
+
+    def grade_many(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[GradeResult]:
+        """:meth:`grade` of each ``(completion, doc)`` pair, in order, identical to grading them one by one.
+
+        What a trainer or an evaluator calls for a batch: a task graded in isolated worker processes
+        (math-verify) checks the whole batch concurrently instead of keeping one worker busy at a time.
+        """
+        _check_batch(completions, docs)
+        return self._grade_many(completions, docs)
+
+    def _grade_many(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[GradeResult]:
+        """Verdicts of same-length batches; one at a time unless a task has something to gain from a batch."""
+        return [self.grade(c, doc) for c, doc in zip(completions, docs, strict=True)]
 
     def generate(self, n: int, seed: int, **kwargs: Any) -> list[dict[str, Any]]:
         """``n`` new training docs, deterministic in ``seed`` (only procedurally generated tasks)."""
@@ -240,6 +275,12 @@ class Task(ABC):
     def _check_protocol(self, protocol: str) -> None:
         if protocol not in self.protocols:
             raise UserError(f"unknown protocol {protocol!r}; known: {', '.join(self.protocols)}")
+
+
+def _check_batch(completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> None:
+    """A batch pairs each completion with its doc: a length mismatch is a caller's error, never truncated."""
+    if len(completions) != len(docs):
+        raise UserError(f"{len(completions)} completions for {len(docs)} docs")
 
 
 def require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:

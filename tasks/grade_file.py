@@ -15,14 +15,18 @@ import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import CommandParser, UserError
 from . import get_task
-from .base import Task
+from .base import GradeResult, Task
 
 GRADABLE_TASKS = ("gsm8k", "math500", "aime24", "aime25", "countdown", "sudoku")
+# Lines read and graded as one batch: enough to keep every math-verify worker busy, few enough that records are
+# written as the file is read.
+CHUNK_LINES = 64
 _PASSTHROUGH = ("id", "doc_id")
 
 
@@ -30,28 +34,46 @@ def _error(record: dict[str, Any], message: str) -> dict[str, Any]:
     return {**record, "correct": None, "score": None, "extracted": None, "error": message}
 
 
-def grade_line(task: Task, raw: bytes, line_number: int) -> dict[str, Any]:
-    """The output record for one input line (never raises on bad input)."""
+def read_line(raw: bytes, line_number: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The start of one input line's output record and its item to grade; ``None`` with an error record for a
+    line that cannot be graded (never raises on bad input)."""
     record: dict[str, Any] = {"line": line_number}
     # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first line's JSON
     text = raw.decode("utf-8-sig" if line_number == 1 else "utf-8", errors="replace").strip()
     if not text:
-        return _error(record, "empty line")
+        return _error(record, "empty line"), None
     try:
         item = json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, too-long integers, too-deep nesting
-        return _error(record, f"invalid JSON: {type(exc).__name__}: {str(exc)[:200]}")
+        return _error(record, f"invalid JSON: {type(exc).__name__}: {str(exc)[:200]}"), None
     if not isinstance(item, dict):
-        return _error(record, f"line is a JSON {type(item).__name__}, not an object")
+        return _error(record, f"line is a JSON {type(item).__name__}, not an object"), None
     record.update({key: item[key] for key in _PASSTHROUGH if key in item})
     prediction = item.get("prediction")
     if not isinstance(prediction, str):
         missing = "missing field 'prediction'" if "prediction" not in item else "field 'prediction' must be a string"
-        return _error(record, missing)
+        return _error(record, missing), None
+    return record, item
+
+
+def grade_lines(task: Task, lines: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]) -> list[dict[str, Any]]:
+    """The output records of :func:`read_line` results, in order; the gradable ones are graded as one batch.
+
+    Why a batch: math tasks then check it on every math-verify worker at once. A bad gold field fails the whole
+    batch, so such a batch is graded again line by line, and only the bad line gets the error.
+    """
+    gradable = [(record, item) for record, item in lines if item is not None]
     try:
-        grade = task.grade(prediction, item)
+        grades = task.grade_many([item["prediction"] for _, item in gradable], [item for _, item in gradable])
     except UserError as exc:
-        return _error(record, str(exc))
+        if len(gradable) == 1:
+            return [_error(record, str(exc)) if item is not None else record for record, item in lines]
+        return [record for one in lines for record in grade_lines(task, [one])]
+    verdicts = iter(grades)
+    return [_verdict(record, next(verdicts)) if item is not None else record for record, item in lines]
+
+
+def _verdict(record: dict[str, Any], grade: GradeResult) -> dict[str, Any]:
     return {**record, "correct": grade.correct, "score": grade.score, "extracted": grade.extracted, **grade.details}
 
 
@@ -96,10 +118,11 @@ def grade_file(task: str, input_path: str | Path, output_path: str | Path | None
         raise UserError(f"input file not found: {source}")
     records = []
     with source.open("rb") as lines, _open_output(output_path) as out:
-        for number, raw in enumerate(lines, start=1):
-            record = grade_line(grader, raw, number)
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            records.append({k: v for k, v in record.items() if k not in ("extracted", "d1_extracted")})
+        numbered = enumerate(lines, start=1)
+        while chunk := [read_line(raw, number) for number, raw in islice(numbered, CHUNK_LINES)]:
+            for record in grade_lines(grader, chunk):
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                records.append({k: v for k, v in record.items() if k not in ("extracted", "d1_extracted")})
     return _summary(task, records)
 
 

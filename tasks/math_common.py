@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from .base import GradeResult, RewardResult, Task, require, tagged_completion
-from .graders.math_answers import D1Kind, grade_math_answer
-from .rewards import anti_short_boxed, stabledrl_math_correctness
+from .graders.math_answers import D1Kind, grade_math_answers
+from .rewards import anti_short_boxed, stabledrl_math_correctness_many
 
 # d1 eval/gsm8k.py (note the space before the first newline).
 D1_GSM8K_SYSTEM_PROMPT = (
@@ -92,15 +92,23 @@ class MathTask(Task):
         return tagged_completion(self.reasoning(doc), answer, protocol)
 
     def stabledrl_reward(self, completion: str, doc: Mapping[str, Any]) -> RewardResult:
-        return RewardResult.of(
-            correctness=stabledrl_math_correctness(completion, self.stabledrl_gold(doc)),
-            anti_short_boxed=anti_short_boxed(completion),
-        )
+        return self.stabledrl_rewards([completion], [doc])[0]
+
+    def stabledrl_rewards(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[RewardResult]:
+        """StableDRL's rewards with the whole batch's math-verify checks at once."""
+        correctness = stabledrl_math_correctness_many(completions, [self.stabledrl_gold(doc) for doc in docs])
+        return [
+            RewardResult.of(correctness=value, anti_short_boxed=anti_short_boxed(c))
+            for c, value in zip(completions, correctness, strict=True)
+        ]
 
     def grade(self, completion: str, doc: Mapping[str, Any]) -> GradeResult:
         """``correct`` = math-verify's verdict; ``details["d1"]`` = d1's (see :mod:`.graders.math_answers`)."""
-        gold = self.gold(doc)
-        return grade_math_answer(completion, gold, self.d1_kind, timeout_s=self.timeout_s)
+        return self.grade_many([completion], [doc])[0]
+
+    def _grade_many(self, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[GradeResult]:
+        golds = [self.gold(doc) for doc in docs]
+        return grade_math_answers(completions, golds, self.d1_kind, timeout_s=self.timeout_s)
 
 
 def answer_field(doc: Mapping[str, Any]) -> str:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from .graders import d1
 from .graders.arithmetic import NumberRule, evaluate, uses_numbers
-from .graders.mathverify import math_verify
+from .graders.mathverify import math_verify_many
 from .graders.text import last_answer_tag, split_answer
 
 _STRICT_FORMAT = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$")
@@ -151,6 +151,11 @@ def anti_short_boxed(text: str, min_total_chars: int = 200, non_boxed_ratio_thre
     return 0.0 if pure_boxed or ratio_non_boxed < non_boxed_ratio_threshold else 1.0
 
 
-def stabledrl_math_correctness(text: str, gold: str) -> float:
-    """+1 if ``verify(parse(gold), parse(text))`` (math-verify defaults, hard time limit), else -1."""
-    return 1.0 if math_verify(gold, text, style="stabledrl").correct else -1.0
+def stabledrl_math_correctness_many(texts: Sequence[str], golds: Sequence[str]) -> list[float]:
+    """Per pair, +1 if ``verify(parse(gold), parse(text))`` (math-verify defaults, hard time limit), else -1.
+
+    A batch because a rollout scored one answer at a time leaves all math-verify workers but one idle; the
+    checks run concurrently, each under its own limit, and every value is what that pair alone gets (a time-out
+    is -1).
+    """
+    return [1.0 if outcome.correct else -1.0 for outcome in math_verify_many(golds, texts, style="stabledrl")]

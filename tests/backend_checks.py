@@ -179,7 +179,8 @@ def rl_step(model: str | Path, baseline: str, out: Path, **overrides) -> dict:
     )
     with mock.patch("stabledrl_bench.training.trainer.plot_curves"):  # the curves PNG (2 s) is tested elsewhere
         trainer = RLTrainer(cfg)
-        trainer.task.reward, trainer.task.grade = _digit_share, _some_digits
+        trainer.task.reward_many = lambda texts, docs, profile: list(map(_digit_share, texts, docs))
+        trainer.task.grade_many = lambda texts, docs: list(map(_some_digits, texts, docs))
         trainer.train()
     return read_log(out / "log.jsonl")[-1]
 

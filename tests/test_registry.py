@@ -218,8 +218,8 @@ class HardSudoku(SudokuTask):
         """
 from stabledrl_bench.tasks import RewardResult
 
-def binary(task, completion, doc):
-    return RewardResult.of(correct=float(task.grade(completion, doc).correct))
+def binary(task, completions, docs):
+    return [RewardResult.of(correct=float(g.correct)) for g in task.grade_many(completions, docs)]
 """,
         ":binary",
     ),

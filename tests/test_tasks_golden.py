@@ -1,11 +1,11 @@
 """Golden tests: every eval set's own gold answer, written as a completion, grades correct; shifted answers
 grade wrong. The ``d1`` protocol is checked on every row with both graders; the other protocols on every
-Countdown/Sudoku row and on a prefix of each math set (math-verify runs in a pool of two worker processes)."""
+Countdown/Sudoku row and on a prefix of each math set (math-verify grades each batch on a pool of two worker
+processes)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -28,11 +28,6 @@ def golden_task(name: str) -> Task:
     return task
 
 
-def grade_all(task: Task, completions: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> list[GradeResult]:
-    with ThreadPoolExecutor(2) as pool:  # two threads keep the two math-verify workers busy
-        return list(pool.map(task.grade, completions, docs))
-
-
 def failures(results: list[GradeResult], docs: Sequence[Mapping[str, Any]], key: str | None = None) -> list[str]:
     return [d["doc_id"] for r, d in zip(results, docs, strict=True) if not (r.details[key] if key else r.correct)]
 
@@ -41,7 +36,7 @@ def failures(results: list[GradeResult], docs: Sequence[Mapping[str, Any]], key:
 def test_math_gold_completions_grade_correct_on_every_row(name: str) -> None:
     task = golden_task(name)
     docs = task.load("test")
-    results = grade_all(task, [task.target_completion(d, "d1") for d in docs], docs)
+    results = task.grade_many([task.target_completion(d, "d1") for d in docs], docs)
     assert failures(results, docs) == []  # math-verify
     assert failures(results, docs, "d1") == []  # d1's parser
     assert len(docs) == {"gsm8k": 1319, "math500": 500, "aime24": 30, "aime25": 30}[name]
@@ -70,7 +65,7 @@ def test_math_shifted_answers_grade_wrong(name: str) -> None:
     wrong = [
         task.target_completion({**doc, "answer": shifted_answer(docs, i, name)}, "d1") for i, doc in enumerate(docs)
     ]
-    results = grade_all(task, wrong, docs)
+    results = task.grade_many(wrong, docs)
     assert [d["doc_id"] for r, d in zip(results, docs, strict=True) if r.correct or r.details["d1"]] == []
 
 
@@ -79,7 +74,7 @@ def test_math_shifted_answers_grade_wrong(name: str) -> None:
 def test_math_gold_completions_in_other_protocols(name: str, protocol: str) -> None:
     task = golden_task(name)
     docs = task.load("test", limit=40)
-    results = grade_all(task, [task.target_completion(d, protocol) for d in docs], docs)
+    results = task.grade_many([task.target_completion(d, protocol) for d in docs], docs)
     assert failures(results, docs) == []
 
 
@@ -87,8 +82,7 @@ def test_math_gold_completions_in_other_protocols(name: str, protocol: str) -> N
 def test_stabledrl_reward_of_gold_completions(name: str) -> None:
     task = golden_task(name)
     docs = task.load("test", limit=20)
-    with ThreadPoolExecutor(2) as pool:
-        rewards = list(pool.map(lambda d: task.reward(task.target_completion(d, "stabledrl"), d, "stabledrl"), docs))
+    rewards = task.reward_many([task.target_completion(d, "stabledrl") for d in docs], docs, "stabledrl")
     assert [r.components["correctness"] for r in rewards] == [1.0] * len(docs)
 
 
@@ -96,7 +90,7 @@ def test_countdown_gold_completions_every_protocol_every_row() -> None:
     task = get_task("countdown")
     docs = task.load("test")
     for protocol in task.protocols:
-        results = grade_all(task, [task.target_completion(d, protocol) for d in docs], docs)
+        results = task.grade_many([task.target_completion(d, protocol) for d in docs], docs)
         assert failures(results, docs) == [], protocol
         if protocol == "d1":
             assert failures(results, docs, "d1") == []
@@ -105,8 +99,8 @@ def test_countdown_gold_completions_every_protocol_every_row() -> None:
         if protocol == "stabledrl":
             rewards = {task.reward(task.target_completion(d, protocol), d, "stabledrl").total for d in docs}
             assert rewards == {2.0}  # correctness 1 + anti_short_boxed 1
-    shifted = grade_all(
-        task, [task.target_completion(d, "d1") for d in docs], [{**d, "target": d["target"] + 1} for d in docs]
+    shifted = task.grade_many(
+        [task.target_completion(d, "d1") for d in docs], [{**d, "target": d["target"] + 1} for d in docs]
     )
     assert not any(r.correct or r.details["d1"] for r in shifted)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.tasks import get_task
+from stabledrl_bench.tasks import grade_file as grade_file_module
 from stabledrl_bench.tasks.grade_file import grade_file, main
 
 
@@ -58,6 +60,35 @@ def test_gsm8k_file_with_good_and_bad_lines(tmp_path: Path) -> None:
         "accuracy_d1": pytest.approx(1 / 3),
         "timed_out": 0,
     }
+
+
+def test_a_file_is_graded_in_batches_with_the_line_by_line_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines are graded a chunk at a time (math-verify checks a chunk on every worker); a bad gold field in a
+    chunk costs only its own line, and every record is what grading that line alone gives."""
+    monkeypatch.setattr(grade_file_module, "CHUNK_LINES", 4)
+    items = [{"id": n, "prediction": f"<answer>\\boxed{{{n}}}</answer>", "answer": f"#### {n % 3}"} for n in range(9)]
+    items[5]["answer"] = "#### five"  # in the second chunk
+    source = write_lines(tmp_path / "in.jsonl", [json.dumps(item) for item in items] + ["[]"])
+    summary = grade_file("gsm8k", source, tmp_path / "out.jsonl")
+    records = read_records(tmp_path / "out.jsonl")
+    task = get_task("gsm8k")
+    for n, item in enumerate(items):
+        if n == 5:
+            assert records[n]["error"] == "GSM8K answer is not a number after '####': 'five'"
+            continue
+        grade = task.grade(item["prediction"], item)
+        assert records[n] == {
+            "line": n + 1,
+            "id": n,
+            "correct": grade.correct,
+            "score": grade.score,
+            "extracted": grade.extracted,
+            **grade.details,
+        }
+    assert records[9]["line"] == 10 and "not an object" in records[9]["error"]
+    assert (summary["graded"], summary["errors"], summary["accuracy"]) == (8, 2, 3 / 8)  # n = 0, 1, 2 are right
 
 
 def test_countdown_and_sudoku_files(tmp_path: Path) -> None:

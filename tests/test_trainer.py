@@ -127,7 +127,8 @@ def test_lora_training_uses_the_adapter_free_model_as_reference(small_models, tm
     total = sum(p.numel() for p in trainer.dlm.model.parameters())
     assert 0 < trainable < total
     # a random tiny model earns no task reward; any reward that varies within a group gives a gradient
-    monkeypatch.setattr(trainer.task, "reward", lambda text, doc, profile: RewardResult(len(text) % 3, {}))
+    by_length = _per_completion(lambda text, doc, profile: RewardResult(len(text) % 3, {}))
+    monkeypatch.setattr(trainer.task, "reward_many", by_length)
     final = trainer.train()
     merged = load_diffusion_lm(final)  # exported merged: loads without peft
     base = load_diffusion_lm(small_models["full"])
@@ -151,9 +152,8 @@ def test_rl_raises_a_learnable_reward(baseline, small_models, tmp_path, monkeypa
     cfg.optim = OptimConfig(learning_rate=1e-2, lr_scheduler_type="constant", max_grad_norm=1.0)
     cfg.per_device_prompts = 2
     trainer = RLTrainer(cfg)
-    monkeypatch.setattr(
-        trainer.task, "reward", lambda text, doc, profile: RewardResult(text.count("7") / max(1, len(text)), {})
-    )
+    seven = _per_completion(lambda text, doc, profile: RewardResult(text.count("7") / max(1, len(text)), {}))
+    monkeypatch.setattr(trainer.task, "reward_many", seven)
     trainer.train()
     rewards = [r["reward_mean"] for r in read_log(tmp_path / "log.jsonl") if r["phase_iteration"] == 0]
     assert rewards[-1] > 3 * rewards[0] + 0.05, rewards
@@ -394,6 +394,15 @@ def test_accelerate_launch_two_cpu_processes(small_models, tmp_path):
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 
+def _per_completion(reward):
+    """A ``reward_many`` made of a per-completion reward: the trainer scores each rollout chunk in one call."""
+
+    def reward_many(texts, docs, profile):
+        return [reward(text, doc, profile) for text, doc in zip(texts, docs, strict=True)]
+
+    return reward_many
+
+
 def _counting_reward(pattern: list[float]):
     """A reward that ignores the text: the i-th scored completion gets pattern[i % len(pattern)]."""
     from stabledrl_bench.tasks.base import RewardResult
@@ -410,7 +419,7 @@ def _counting_reward(pattern: list[float]):
 def test_informative_groups_are_counted_by_hand(small_models, tmp_path, monkeypatch, recwarn):
     trainer = RLTrainer(_config(small_models["full"], tmp_path, "grpo"))
     # 2 prompts x 4 completions, scored group by group: the first group's rewards differ, the second's do not.
-    monkeypatch.setattr(trainer.task, "reward", _counting_reward([0, 1, 0, 0, 1, 1, 1, 1]))
+    monkeypatch.setattr(trainer.task, "reward_many", _per_completion(_counting_reward([0, 1, 0, 0, 1, 1, 1, 1])))
     trainer.train()
     assert read_log(tmp_path / "log.jsonl")[0]["informative_groups"] == 0.5
     assert not [w for w in recwarn if "nothing was learned" in str(w.message)]
@@ -418,7 +427,39 @@ def test_informative_groups_are_counted_by_hand(small_models, tmp_path, monkeypa
 
 def test_a_run_with_nothing_to_learn_warns(small_models, tmp_path, monkeypatch):
     trainer = RLTrainer(_config(small_models["full"], tmp_path, "stabledrl"))
-    monkeypatch.setattr(trainer.task, "reward", _counting_reward([0.25]))  # e.g. every answer tag malformed
+    constant = _per_completion(_counting_reward([0.25]))  # e.g. every answer tag malformed
+    monkeypatch.setattr(trainer.task, "reward_many", constant)
     with pytest.warns(UserWarning, match=r"in all 1 rollouts every group's completions got the same reward"):
         trainer.train()
     assert read_log(tmp_path / "log.jsonl")[0]["informative_groups"] == 0.0
+
+
+def test_a_rollout_scores_each_chunk_as_one_batch_with_the_one_by_one_rewards(small_models, tmp_path, monkeypatch):
+    """Rewards and grades of a rollout chunk are computed in one call each (so math-verify checks the chunk on
+    every worker at once), and the logged reward is what scoring the completions one by one gives."""
+    cfg = _config(small_models["full"], tmp_path, "grpo", task="gsm8k", train_split="train")
+    cfg.reward_profile = "stabledrl"
+    trainer = RLTrainer(cfg)
+    task, batches = trainer.task, []
+    reward_many, grade_many = task.reward_many, task.grade_many
+
+    def spy_reward_many(texts, docs, profile):
+        batches.append(("reward", list(texts), list(docs)))
+        return reward_many(texts, docs, profile)
+
+    def spy_grade_many(texts, docs):
+        batches.append(("grade", list(texts), list(docs)))
+        return grade_many(texts, docs)
+
+    monkeypatch.setattr(task, "reward_many", spy_reward_many)
+    monkeypatch.setattr(task, "grade_many", spy_grade_many)
+    _, metrics = trainer.rollout()
+    monkeypatch.undo()
+    rewarded = [(texts, docs) for kind, texts, docs in batches if kind == "reward"]
+    assert [(texts, docs) for kind, texts, docs in batches if kind == "grade"] == rewarded
+    assert [len(texts) for texts, _ in rewarded] == [cfg.budget.num_generations] * 2  # 2 chunks of 1 prompt
+    scored = [pair for texts, docs in rewarded for pair in zip(texts, docs, strict=True)]
+    rewards = [task.reward(text, doc, "stabledrl").total for text, doc in scored]
+    correct = [float(task.grade(text, doc).correct) for text, doc in scored]
+    assert metrics["reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    assert metrics["accuracy"] == pytest.approx(sum(correct) / len(correct))

@@ -39,13 +39,16 @@ def _regrade(record: Mapping[str, Any], samples: list[dict[str, Any]]) -> list[s
     task = get_task(record["task"])
     docs = {str(doc["doc_id"]): doc for doc in task.eval_docs()}
     problems = []
-    for sample in samples:
-        doc_id = str(sample["doc_id"]).split("#r")[0]  # repeated decodes are "<doc_id>#r<k>"
-        doc = docs.get(doc_id)
+    # repeated decodes are "<doc_id>#r<k>"
+    found = [docs.get(str(sample["doc_id"]).split("#r")[0]) for sample in samples]
+    known = [(sample["completion"], doc) for sample, doc in zip(samples, found, strict=True) if doc is not None]
+    # one batch: math tasks check it concurrently on every math-verify worker
+    grades = iter(task.grade_many([completion for completion, _ in known], [doc for _, doc in known]))
+    for sample, doc in zip(samples, found, strict=True):
         if doc is None:
             problems.append(f"sample {sample['doc_id']}: no such test item in {record['task']}")
             continue
-        grade = task.grade(sample["completion"], doc)
+        grade = next(grades)
         if grade.correct != sample["correct"]:
             problems.append(
                 f"sample {sample['doc_id']}: stored correct={sample['correct']}, grader says {grade.correct}"

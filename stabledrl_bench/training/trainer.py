@@ -254,11 +254,11 @@ class RLTrainer:
             nfe += out.nfe
             texts = self.dlm.decode(out.completion_ids)
             doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
-            rewards, correct = [], []
-            for text, doc in zip(texts, doc_rows, strict=True):
-                result = self.task.reward(text, doc, cfg.reward_profile)
-                rewards.append(result.total)
-                correct.append(float(self.task.grade(text, doc).correct))
+            # the whole chunk at once: math tasks check it concurrently on every math-verify worker
+            results = self.task.reward_many(texts, doc_rows, cfg.reward_profile)
+            rewards = [result.total for result in results]
+            correct = [float(grade.correct) for grade in self.task.grade_many(texts, doc_rows)]
+            for result in results:
                 for name, value in result.components.items():
                     components.setdefault(name, []).append(value)
             rewards_t = torch.tensor(rewards, dtype=torch.float32)

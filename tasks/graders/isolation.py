@@ -14,7 +14,13 @@ the next call normally finds a ready worker and only the overrunning call pays i
 The limit holds end to end for each answer: from the moment a call gets its worker, waiting for that worker to
 finish starting (a replacement importing sympy takes seconds on a busy machine) counts against the call's limit.
 Queueing behind other callers' answers for a free worker does not (that is throughput, not this answer's cost),
-nor does the pool's first start in a process, since nothing could be graded before it.
+nor does the pool's first start in a process, since nothing could be graded before it. A replacement that is
+still starting is handed out only when no other worker is busy: otherwise a busy worker (or the replacement, once
+started) is waited for, so the answer after a hostile one in a concurrent batch is not charged a start-up that
+sequential grading would have avoided by using the other worker.
+
+A batch (:meth:`IsolatedPool.call_many`) runs its answers concurrently, one thread per worker, each answer
+exactly as a single call: same limit, same verdict, results in input order. A single call is a batch of one.
 
 Protocol: the child imports a *registry* module that maps names to functions (``ISOLATED_FUNCTIONS``) and may
 define a warm-up hook (``isolated_warmup``); requests are pickled ``(name, args)`` tuples over the child's
@@ -31,6 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -38,6 +46,9 @@ from typing import Any, Literal
 # Extra address space a worker may allocate beyond what it holds after warm-up; a guard against inputs that
 # make sympy build astronomically large objects (the time limit is the main defence).
 MEMORY_HEADROOM_BYTES = 2 << 30
+# How often a call waiting for a worker looks again whether a starting replacement has become ready (a ready
+# message does not wake the pool's condition variable); small against any limit, cheap to poll.
+STARTING_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -145,17 +156,25 @@ class IsolatedPool:
             self._warm = False
 
     def _acquire(self) -> _Worker:
-        """A free worker (waiting for one as long as it takes), preferring one that has started."""
+        """A free worker (waiting for one as long as it takes), preferring one that has started.
+
+        A worker that is still starting is taken only when every worker is idle, i.e. when no busy one could
+        come back sooner: the taker's limit then counts the start-up (module docstring). While another call
+        runs, the wait for it (or for the replacement to start) is queueing, so an answer graded next to a
+        hostile one gets the verdict it would get alone.
+        """
         with self._cond:
             self._check_owner()
-            if self._closed:
-                raise RuntimeError("isolated pool is closed")
-            while not self._idle:
-                self._cond.wait()
-            # prefer a started worker, so a call made right after a kill does not wait for the replacement
-            worker = next((w for w in self._idle if w.has_started()), self._idle[0])
-            self._idle.remove(worker)
-        return worker
+            while True:
+                if self._closed:
+                    raise RuntimeError("isolated pool is closed")
+                worker = next((w for w in self._idle if w.has_started()), None)
+                if worker is None and self._idle and len(self._idle) == self.size:
+                    worker = self._idle[0]
+                if worker is not None:
+                    self._idle.remove(worker)
+                    return worker
+                self._cond.wait(STARTING_POLL_S)
 
     def _release(self, worker: _Worker) -> None:
         with self._cond:
@@ -172,8 +191,33 @@ class IsolatedPool:
         and a call whose worker is not ready in time is a ``timeout`` that never ran (``error`` says so). Only
         the pool's first start in this process is waited for in full.
         """
+        return self.call_many(func, [args], timeout_s=timeout_s)[0]
+
+    def call_many(self, func: str, arg_tuples: Sequence[tuple[Any, ...]], *, timeout_s: float) -> list[IsolatedResult]:
+        """``call(func, *args, timeout_s=timeout_s)`` for every ``args``, run concurrently on the pool's workers.
+
+        Why: one caller grading answers one after another keeps a single worker busy. Here one thread per worker
+        takes the next answer as soon as its previous one returns, so the whole pool works. Each answer is one
+        ordinary call (its own limit, counted from when it has its worker; a kill or a crash costs only that
+        answer), and the results are in the order of ``arg_tuples``. An exception (a closed pool, workers that
+        cannot start) cancels the answers not yet started and is raised, as the first failing call would raise.
+        """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        width = min(self.size, len(arg_tuples))
+        if width <= 1:
+            return [self._call_one(func, args, timeout_s) for args in arg_tuples]
+        with ThreadPoolExecutor(width, thread_name_prefix="isolated-call") as threads:
+            futures = [threads.submit(self._call_one, func, args, timeout_s) for args in arg_tuples]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
+    def _call_one(self, func: str, args: tuple[Any, ...], timeout_s: float) -> IsolatedResult:
+        """One answer under its hard limit (the body of :meth:`call`); thread-safe."""
         worker = self._acquire()
         deadline = time.monotonic() + timeout_s
         replace = True  # unless the call ends normally below

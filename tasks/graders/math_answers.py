@@ -9,12 +9,13 @@ verdict, which reproduces how published RL-dLLM numbers were scored, first-answe
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Literal
 
 from ...errors import UserError
 from ..base import GradeResult
 from . import d1
-from .mathverify import math_verify
+from .mathverify import MathVerifyOutcome, math_verify_many
 from .text import clip
 
 D1Kind = Literal["gsm8k", "math"]
@@ -51,13 +52,29 @@ def grade_math_answer(prediction: str, gold: str, kind: D1Kind, *, timeout_s: fl
     ``kind`` picks d1's parser: ``gsm8k`` (float equality of the first box / last number in the first
     ``<answer>``) or ``math`` (``strip_string`` equality of the last box). ``timeout_s`` bounds math-verify.
     """
+    return grade_math_answers([prediction], [gold], kind, timeout_s=timeout_s)[0]
+
+
+def grade_math_answers(
+    predictions: Sequence[str], golds: Sequence[str], kind: D1Kind, *, timeout_s: float | None = None
+) -> list[GradeResult]:
+    """:func:`grade_math_answer` for each pair, in order; the math-verify checks run concurrently on the pool.
+
+    Why: math-verify is the slow part and runs in worker processes; submitting the whole batch keeps every
+    worker busy, while each answer keeps its own hard limit and gets the verdict it would get alone.
+    """
+    outcomes = math_verify_many(golds, predictions, style="grader", timeout_s=timeout_s)
+    return [_grade(p, g, kind, o) for p, g, o in zip(predictions, golds, outcomes, strict=True)]
+
+
+def _grade(prediction: str, gold: str, kind: D1Kind, outcome: MathVerifyOutcome) -> GradeResult:
+    """Both verdicts of one answer, given math-verify's ``outcome`` for it."""
     if kind == "gsm8k":
         value = d1.extract_gsm8k(prediction)
         d1_correct, d1_extracted = value is not None and value == float(gold), _format_number(value)
     else:
         d1_extracted = d1.extract_math(prediction)
         d1_correct = d1_extracted is not None and d1.is_equiv(d1_extracted, gold)
-    outcome = math_verify(gold, prediction, style="grader", timeout_s=timeout_s)
     extracted = outcome.extracted if outcome.extracted is not None else d1_extracted
     return GradeResult(
         correct=outcome.correct,
