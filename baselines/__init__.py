@@ -17,7 +17,7 @@ name                        file                 in one line
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
 ``loss``; ``ratio_mean`` / ``ratio_max`` / ``ratio_var`` of the unclipped importance ratios (per valid token or
-per sequence); ``clip_frac`` (fraction of ratios whose clip is active: the zero-gradient branch of a
+per sequence); ``clip_ratio`` (fraction of ratios whose clip is active: the zero-gradient branch of a
 conditional clip, or outside the range of an unconditional one); ``drift`` = mean |log rho| against the rollout
 policy (= mean |Delta ELBO| for StableDRL); ``kl`` (the KL penalty before beta, where there is one);
 ``weight_max`` (StableDRL family); ``adv_abs_mean``.

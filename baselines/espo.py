@@ -56,7 +56,7 @@ def espo_loss(
     metrics |= {
         "loss": loss.item(),
         **ratio_metrics(log_ratio),
-        "clip_frac": clipped.float().mean().item(),
+        "clip_ratio": clipped.float().mean().item(),
         "adv_abs_mean": advantages.abs().mean().item(),
     }
     return loss, metrics

@@ -66,7 +66,7 @@ def grpo_loss(
     metrics |= {
         "loss": loss.item(),
         **ratio_metrics(log_ratio[mask]),
-        "clip_frac": clipped[mask].float().mean().item(),
+        "clip_ratio": clipped[mask].float().mean().item(),
         "adv_abs_mean": advantages.abs().mean().item(),
     }
     return loss, metrics

@@ -136,7 +136,7 @@ def stabledrl_loss(
         **stats,
         "iw_mean": stats["ratio_mean"],  # the official code's log names for the unclipped ratio
         "iw_max": stats["ratio_max"],
-        "clip_frac": ((log_ratio < clip_low) | (log_ratio > clip_high)).float().mean().item(),
+        "clip_ratio": ((log_ratio < clip_low) | (log_ratio > clip_high)).float().mean().item(),
         "weight_max": log_weights.max().exp().item(),
         "adv_abs_mean": advantages.abs().mean().item(),
     }

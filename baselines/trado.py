@@ -74,7 +74,7 @@ def trado_loss(
     metrics |= {
         "loss": loss.item(),
         **ratio_metrics(raw[mask]),
-        "clip_frac": clipped[mask].float().mean().item(),
+        "clip_ratio": clipped[mask].float().mean().item(),
         "adv_abs_mean": advantages.abs().mean().item(),
     }
     return loss, metrics

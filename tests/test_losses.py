@@ -40,7 +40,7 @@ def close(actual: float, expected: float, tol: float = 1e-5) -> bool:
 #   seq 0 (A = +1): log rho = 0.2, 0.5, 0 -> rho 1.221403, 1.648721 (> 1.5: clipped to 1.5), 1
 #   seq 1 (A = -2): log rho = -0.5, 0.7 -> rho 0.606531 (-> -1.213061), 2.013753 (-> min(-4.027505, -3) = -4.027505:
 #                   the unclipped term passes, the conditional-clipping bypass)
-#   loss = -(1.221403 + 1.5 + 1 - 1.213061 - 4.027505) / 5 = 0.303833; clip_frac = 1/5
+#   loss = -(1.221403 + 1.5 + 1 - 1.213061 - 4.027505) / 5 = 0.303833; clip_ratio = 1/5
 GRPO_LOGP = torch.tensor([[-1.0, -0.5, -0.5], [-1.5, -0.2, 0.0]])
 GRPO_OLD = torch.tensor([[-1.2, -1.0, -0.5], [-1.0, -0.9, 0.0]])
 GRPO_REF = torch.tensor([[-1.1, -0.4, -0.5], [-1.5, -0.3, 0.0]])
@@ -50,7 +50,7 @@ GRPO_ADV = torch.tensor([1.0, -2.0])
 
 def test_grpo_hand_values() -> None:
     loss, m = grpo_loss(GRPO_LOGP, GRPO_OLD, None, GRPO_MASK, GRPO_ADV, epsilon=0.5, beta=0.0)
-    assert close(loss.item(), 0.3038328) and close(m["clip_frac"], 0.2)
+    assert close(loss.item(), 0.3038328) and close(m["clip_ratio"], 0.2)
     assert close(m["ratio_max"], math.exp(0.7)) and close(m["drift"], (0.2 + 0.5 + 0 + 0.5 + 0.7) / 5)
     # k3 terms x = ref - logp: -0.1, 0.1, 0, 0, -0.1 -> e^x - x - 1 = .0048374, .0051709, 0, 0, .0048374; mean .0029692
     loss, m = grpo_loss(GRPO_LOGP, GRPO_OLD, GRPO_REF, GRPO_MASK, GRPO_ADV, epsilon=0.5, beta=0.04)
@@ -73,12 +73,12 @@ def test_grpo_conditional_clip_lets_negative_outlier_through(rho: float) -> None
     old = torch.full((1, 1), -math.log(rho), dtype=torch.float64)
     loss, m = grpo_loss(logp, old, None, torch.ones(1, 1, dtype=torch.bool), torch.tensor([-1.0]), beta=0.0)
     loss.backward()
-    assert close(logp.grad.item(), rho, 1e-4) and m["clip_frac"] == 0.0
+    assert close(logp.grad.item(), rho, 1e-4) and m["clip_ratio"] == 0.0
     # The same outlier with A > 0 is clipped: zero gradient.
     logp.grad = None
     loss, m = grpo_loss(logp, old, None, torch.ones(1, 1, dtype=torch.bool), torch.tensor([1.0]), beta=0.0)
     loss.backward()
-    assert logp.grad.item() == 0.0 and m["clip_frac"] == 1.0
+    assert logp.grad.item() == 0.0 and m["clip_ratio"] == 1.0
     # StableDRL with the same outlier (group of 2, the other ratio 1): weight min(rho, 5) / (min(rho, 5) + 1) <= 5/6,
     # so the gradient on its bound stays below |A| = 1 whatever rho is.
     elbo = torch.tensor([-1.0, -1.0], requires_grad=True)
@@ -111,7 +111,7 @@ def test_espo_hand_values() -> None:
     )
     loss, m = espo_loss(elbo, old, ref, torch.tensor([1.0, -1.0, 0.5]), gen_length=4, epsilon=0.2, beta=0.1)
     assert close(loss.item(), -0.2683903 + 0.1 * 0.2083333) and close(m["kl"], 0.2083333)
-    assert close(m["clip_frac"], 1 / 3) and close(m["ratio_max"], math.exp(0.1))
+    assert close(m["clip_ratio"], 1 / 3) and close(m["ratio_max"], math.exp(0.1))
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_espo_clip_boundaries(log_rho: float, adv: float, clipped: bool) -> None
     loss, m = espo_loss(elbo, old, None, torch.tensor([adv]), gen_length=length, epsilon=0.2, beta=0.0)
     loss.backward()
     expected = 0.0 if clipped else -adv * math.exp(log_rho) / length
-    assert close(elbo.grad.item(), expected) and m["clip_frac"] == float(clipped)
+    assert close(elbo.grad.item(), expected) and m["clip_ratio"] == float(clipped)
 
 
 # ---------------------------------------------------------------------------------------------------------- TraDo
@@ -159,7 +159,7 @@ def test_trado_hand_values_through_the_baseline() -> None:
     )
     loss, m = baseline.loss(inputs)
     assert close(loss.item(), -0.0992963 + 0.01 * 1.4807826) and close(m["kl"], 1.4807826)
-    assert close(m["clip_frac"], 0.5) and not baseline.needs_ref
+    assert close(m["clip_ratio"], 0.5) and not baseline.needs_ref
 
 
 def test_trado_targets_normalisation() -> None:
@@ -216,7 +216,7 @@ SD_GROUPS = torch.tensor([5, 5, 5, 8, 8])
 
 
 @pytest.mark.parametrize(
-    ("name", "options", "weights", "loss", "clip_frac"),
+    ("name", "options", "weights", "loss", "clip_ratio"),
     [
         # official: min(rho, 5) = 1.648721, 1, 5 (sum 7.648721) | 0.818731, 1 (sum 1.818731)
         ("stabledrl", {}, [0.2155552, 0.1307408, 0.6537040, 0.4501660, 0.5498340], 0.0622967, 0.2),
@@ -229,7 +229,7 @@ SD_GROUPS = torch.tensor([5, 5, 5, 8, 8])
     ],
 )
 def test_stabledrl_family_hand_values(
-    name: str, options: dict, weights: list[float], loss: float, clip_frac: float
+    name: str, options: dict, weights: list[float], loss: float, clip_ratio: float
 ) -> None:
     # loss = mean over the 2 groups of -sum_i w_i A_i bound_i
     config = build_baseline(name, **options).config
@@ -247,7 +247,7 @@ def test_stabledrl_family_hand_values(
         group_ids=SD_GROUPS,
     )
     value, m = build_baseline(name, **options).loss(inputs)
-    assert close(value.item(), loss) and close(m["clip_frac"], clip_frac)
+    assert close(value.item(), loss) and close(m["clip_ratio"], clip_ratio)
     assert close(m["weight_max"], max(weights)) and close(m["iw_max"], math.exp(2.5))
     assert close(m["iw_mean"], 3.3299892) and close(m["drift"], 0.64)
 
@@ -336,7 +336,7 @@ def test_stabledrl_coupled_step_zero_is_spg_with_group_mean() -> None:
     """Coupled (docs/methods.md#stabledrl): E_theta == E_old -> w_i = 1/G -> mean over groups of -(1/G) sum A bound."""
     elbo = SD_ELBO.clone().requires_grad_()
     loss, m = stabledrl_loss(elbo, SD_EUBO, SD_ELBO, SD_ADV, SD_GROUPS)
-    assert m["weight_max"] == pytest.approx(0.5) and m["clip_frac"] == 0.0
+    assert m["weight_max"] == pytest.approx(0.5) and m["clip_ratio"] == 0.0
     # group 5: -(1 * -1 + -1 * -1.5 + 0) / 3 = -0.5/3 ; group 8: -(0.5 * -1.2 + -0.5 * -0.6) / 2 = 0.15
     assert close(loss.item(), (-0.5 / 3 + 0.15) / 2)
     # With equal lengths and group sizes this is exactly SPG's length-weighted loss.

@@ -17,7 +17,7 @@ DEFAULT_CURVES = (
     "grad_norm",
     "ratio_max",
     "drift",
-    "clip_frac",
+    "clip_ratio",
     "learning_rate",
     "seconds",
 )
@@ -59,14 +59,19 @@ def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
     os.replace(tmp, path)
 
 
+# Metrics renamed to the name TRL logs (one name per concept); logs written before a rename still read.
+RENAMED_METRICS = {"clip_frac": "clip_ratio"}
+
+
 def read_log(path: str | Path) -> list[dict]:
-    """Records of a JSONL log; a truncated last line (killed mid-write) is ignored."""
+    """Records of a JSONL log; a truncated last line (killed mid-write) is ignored; old metric names are renamed."""
     records = []
     for line in Path(path).read_text().splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        records.append({RENAMED_METRICS.get(key, key): value for key, value in record.items()})
     return records
 
 

@@ -60,7 +60,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "clip_only": ("stabledrl_clip_only", {}),
     "selfnorm_only": ("stabledrl_selfnorm_only", {}),
 }
-CURVE_KEYS = ("ratio_max", "drift", "clip_frac", "weight_max", "loss")
+CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
 
 
 @dataclass(frozen=True)
