@@ -222,6 +222,50 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+# ------------------------------------------------------------------------------------------- records
+def stamped(record: Mapping[str, Any], schema: str) -> dict[str, Any]:
+    """``record`` with its bookkeeping filled in where absent: ``schema``, ``created`` (now, UTC) and
+    ``environment`` (:func:`environment_info`). Every record this package writes goes through here."""
+    full = {"schema": schema, **record}
+    full.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    full.setdefault("environment", environment_info())
+    return full
+
+
+def plain_json(value: Any) -> Any:
+    """Plain JSON data: non-finite floats become null (= not finite / undefined), tuples lists, paths strings."""
+    if isinstance(value, Mapping):
+        return {str(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_json(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_record(path: Path | str, schema: str, payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` as a :func:`stamped` record of ``schema`` to ``path`` (atomic, :func:`plain_json`)."""
+    path = Path(path)
+    atomic_write_text(path, json.dumps(plain_json(stamped(payload, schema)), indent=1, allow_nan=False))
+    return path
+
+
+def read_json_record(path: Path, schema: str) -> dict[str, Any]:
+    """A record of ``schema``, or a one-line error naming the file."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: unreadable record ({exc})") from exc
+    if not isinstance(record, dict) or record.get("schema") != schema:
+        found = record.get("schema") if isinstance(record, dict) else type(record).__name__
+        raise UserError(f"{path}: schema {found!r}, expected {schema!r}")
+    return record
+
+
 # ------------------------------------------------------------------------------------------- validation
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -404,15 +448,11 @@ def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Se
     ``samples_file`` and ``samples_sha256``. Given values are checked, never overwritten. ``baseline`` must be a
     registered baseline or ``base``/``sft``. Nothing is written unless the record and samples are valid.
     """
-    full = {key: value for key, value in record.items() if not key.startswith("_")}
-    full.setdefault("schema", SCHEMA)
+    full = stamped({key: value for key, value in record.items() if not key.startswith("_")}, SCHEMA)
     full.setdefault("kind", "measured")
     full.setdefault("sampling", None)
     if "budget_hash" not in full:
         full["budget_hash"] = None if full.get("budget") is None else budget_hash(full["budget"])
-    if "environment" not in full:
-        full["environment"] = environment_info()
-    full.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
     path = result_path(results_dir, full)
     where = str(path)
     text = _dump_jsonl(samples, where)

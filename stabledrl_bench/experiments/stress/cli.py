@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.errors import CommandParser, UserError, positive_int
+from stabledrl_bench.experiments.runner import control_config, ensure_warm_start, sample_rollouts
 from stabledrl_bench.experiments.stress import drift as drift_mod
 from stabledrl_bench.experiments.stress import hull as hull_mod
 from stabledrl_bench.experiments.stress.common import (
     CONDITIONS,
+    SFT_STEPS,
     Definitions,
     ExplodingNoise,
-    WarmStartSpec,
-    ensure_warm_start,
     parse_list,
+    stress_warm_start,
     write_record,
 )
 from stabledrl_bench.experiments.stress.training import (
@@ -68,9 +69,7 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
-    p.add_argument(
-        "--sft-steps", type=positive_int, default=WarmStartSpec.sft_steps, help="SFT steps of the warm start"
-    )
+    p.add_argument("--sft-steps", type=positive_int, default=SFT_STEPS, help="SFT steps of the warm start")
     p.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
     p.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (group size G)")
     p.add_argument(
@@ -162,8 +161,7 @@ def _warm_start(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[st
 
     if args.sft_steps < 1:
         raise UserError("--sft-steps must be >= 1")
-    spec = WarmStartSpec(sft_steps=args.sft_steps)
-    path, info = ensure_warm_start(Path(args.runs), spec, args.warm_start)
+    path, info = ensure_warm_start(stress_warm_start(args.sft_steps), Path(args.runs) / "sft", override=args.warm_start)
     return path, info, load_diffusion_lm(path).config_summary()
 
 
@@ -177,7 +175,6 @@ def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) 
     _check_positive(lr=args.lr, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
     return TrainSettings(
         warm_start=str(path),
-        warm_start_id=info.get("spec_hash") or str(path),
         budget=stress_budget(args, args.steps),
         learning_rate=args.lr,
         max_grad_norm=args.max_grad_norm,
@@ -295,8 +292,6 @@ def cmd_clip(args: argparse.Namespace) -> Path:
 
 
 def cmd_drift(args: argparse.Namespace) -> Path:
-    from stabledrl_bench.core.models.backends import load_diffusion_lm
-
     start = (time.perf_counter(), time.process_time())
     variants = _names(args.variants, drift_mod.VARIANTS, "--variants")
     conditions = conditions_arg(args.conditions)
@@ -308,12 +303,11 @@ def cmd_drift(args: argparse.Namespace) -> Path:
     noise = _noise(args)
     path, info, model = _warm_start(args)
     budget = stress_budget(args, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
-    dlm = load_diffusion_lm(path)
+    settings = TrainSettings(warm_start=str(path), budget=budget, learning_rate=0.0, max_grad_norm=1.0, noise=noise)
     records_by_seed = {}
     for seed in seeds:
-        rollouts = drift_mod.collect_rollouts(
-            dlm, budget, task="sudoku", protocol="tiny", seed=seed, count=args.rollouts
-        )
+        control = control_config(settings.config("stabledrl", {}, seed), Path(args.runs) / "drift")
+        dlm, rollouts = sample_rollouts(control, args.rollouts)
         records_by_seed[seed] = drift_mod.measure_update_norms(
             dlm,
             rollouts,

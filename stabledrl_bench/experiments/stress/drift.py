@@ -5,7 +5,8 @@ larger the drift, the wider the spread of the estimated ratios at the next step;
 lets more outliers through (rho A for A < 0 is never clipped), so spikes become more likely. This module measures
 the middle link directly, for each update rule, on the real stress model and the real estimators and losses:
 
-1. the warm-start model is the rollout policy theta_0; rollout batches are sampled from it and rewarded;
+1. the warm-start model is the rollout policy theta_0; rollout batches are sampled from it and rewarded by the
+   trainer's own sampler (:func:`~stabledrl_bench.experiments.runner.sample_rollouts`: the frozen control's rollouts);
 2. a drifted policy theta = theta_0 + sigma * rms(W) * N(0, 1) per parameter tensor W (one fresh direction per
    repeat, shared by every variant), for each drift level sigma;
 3. for every variant: the rollout-policy estimate at theta_0 and the current estimate at theta with the method's
@@ -37,29 +38,25 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
-from stabledrl_bench.core.estimators import Estimate, Estimator, SequenceBatch
+from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     ExplodingNoise,
+    NoiseInjection,
     band,
     figure,
     finite,
     save_figure,
     stability_dir,
 )
-from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.budget import Budget
-from stabledrl_bench.training.data import PromptStream, training_docs
-from stabledrl_bench.training.trainer import NoiseInjection, inject_log_ratio_noise
+from stabledrl_bench.training.trainer import SampledBatch
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {"beta": 0.0}),
@@ -75,47 +72,6 @@ CLIPPING = {
     "selfnorm_only": ("none", "self-normalised"),
     "stabledrl": ("unconditional", "self-normalised"),
 }
-
-
-@dataclass
-class Rollout:
-    """One rollout batch of the rollout policy with its rewards."""
-
-    batch: SequenceBatch
-    rewards: torch.Tensor
-    correct: torch.Tensor
-    group_ids: torch.Tensor
-
-
-def collect_rollouts(
-    dlm: DiffusionLM, budget: Budget, *, task: str, protocol: str, seed: int, count: int
-) -> list[Rollout]:
-    """``count`` rollout batches of ``budget.prompts_per_step`` x ``num_generations`` from ``dlm`` (the trainer's
-    decode settings and reward profile ``d1``), from generators seeded with ``seed``."""
-    task_obj = get_task(task)
-    prompts = PromptStream(training_docs(task_obj, "generated", seed=seed), seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    decode = budget.decode_settings(use_cache=dlm.supports_kv_cache)
-    out = []
-    for _ in range(count):
-        docs = prompts.next(budget.prompts_per_step)
-        specs = [task_obj.prompt(doc, protocol) for doc in docs]
-        prompt_ids, prompt_mask = dlm.encode_prompts(
-            [s.messages for s in specs for _ in range(budget.num_generations)],
-            chat_template=specs[0].chat_template,
-            prefill=specs[0].prefill,
-            max_prompt_length=budget.max_prompt_length,
-        )
-        with torch.no_grad():
-            gen = generate(dlm, prompt_ids, prompt_mask, decode, generator=generator)
-        rows = [doc for doc in docs for _ in range(budget.num_generations)]
-        texts = dlm.decode(gen.completion_ids)
-        rewards = [task_obj.reward(text, doc, "d1").total for text, doc in zip(texts, rows, strict=True)]
-        correct = [float(task_obj.grade(text, doc).correct) for text, doc in zip(texts, rows, strict=True)]
-        batch = SequenceBatch(prompt_ids, prompt_mask, gen.completion_ids, dlm.completion_mask(gen.completion_ids))
-        group_ids = torch.arange(len(docs)).repeat_interleave(budget.num_generations)
-        out.append(Rollout(batch, torch.tensor(rewards), torch.tensor(correct), group_ids))
-    return out
 
 
 def variant_estimator(baseline: Baseline, dlm: DiffusionLM, block_length: int) -> tuple[Estimator, tuple]:
@@ -143,7 +99,7 @@ def update_norm(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> float:
 
 def measure_update_norms(
     dlm: DiffusionLM,
-    rollouts: Sequence[Rollout],
+    rollouts: Sequence[SampledBatch],
     variants: Sequence[str],
     levels: Sequence[float],
     repeats: int,
@@ -206,7 +162,7 @@ def measure_update_norms(
 
 def _variant_norms(
     baseline: Baseline,
-    rollout: Rollout,
+    rollout: SampledBatch,
     new: Estimate,
     old: Estimate,
     conditions: Sequence[str],
@@ -222,7 +178,7 @@ def _variant_norms(
         injection: NoiseInjection | None = noise.injection(baseline.name, length) if condition == "exploding" else None
         inputs = LossInputs(
             new=new,
-            old=old if injection is None else inject_log_ratio_noise(old, injection, generator),
+            old=old if injection is None else injection(old, generator),
             ref=None,
             advantages=advantages,
             completion_mask=rollout.batch.completion_mask,
