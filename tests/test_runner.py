@@ -158,3 +158,43 @@ def test_sampled_rollouts_are_the_control_runs_rollouts(start, tmp_path):
     logged = [r["reward_mean"] for r in read_log(tmp_path / "control" / "log.jsonl") if r["phase_iteration"] == 0]
     _, batches = sample_rollouts(control_config(_config(final, tmp_path / "x"), tmp_path / "x"), len(logged))
     assert [pytest.approx(float(b.rewards.mean())) for b in batches] == logged
+
+
+def test_interrupted_warm_start_resumes_to_the_same_weights(start, tmp_path, monkeypatch):
+    """SFT checkpoints every ``save_every`` steps; a build killed after one resumes there (not at step 0) and ends
+    with exactly the weights of the uninterrupted build."""
+    from safetensors.torch import load_file
+
+    from stabledrl_bench.training import sft as sft_module
+
+    spec = WarmStart(sft=dataclasses.replace(_warm_start(steps=5).sft, save_every=2), init=SMALL)
+    whole, _ = ensure_warm_start(spec, tmp_path / "whole")
+    calls, original = [], sft_module.sft_loss
+
+    def crash_at_step_four(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # killed after the checkpoint of step 2
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "sft_loss", crash_at_step_four)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_warm_start(spec, tmp_path / "cut")
+    monkeypatch.setattr(sft_module, "sft_loss", original)
+    losses = []
+    monkeypatch.setattr(sft_module, "sft_loss", lambda *a, **k: losses.append(1) or original(*a, **k))
+    resumed, info = ensure_warm_start(spec, tmp_path / "cut")
+    assert len(losses) == 3 and info["built_now"]  # steps 3..5 only
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in read_log(tmp_path / "cut" / "log.jsonl")] == [1, 2, 3, 4, 5]
+    assert spec.hash() == _warm_start(steps=5).hash()  # how often it saves is not what it builds
+
+
+def test_sft_refuses_checkpoints_of_other_settings(tmp_path):
+    from stabledrl_bench.training.sft import run_sft
+
+    cfg = dataclasses.replace(_warm_start(steps=3).sft, save_every=2, model="tiny", output_dir=str(tmp_path))
+    run_sft(cfg)
+    with pytest.raises(UserError, match="other settings"):
+        run_sft(dataclasses.replace(cfg, seed=1))

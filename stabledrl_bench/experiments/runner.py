@@ -45,7 +45,7 @@ WARM_START_FILE = "warm_start.json"
 JOB_FILE = "job.json"  # a run folder's identity, written before training starts
 SUMMARY_FILE = "summary.json"  # written when the run has finished (or stopped on non-finite steps)
 # Settings that say where and how verbosely a run goes, not what it computes: never part of an identity.
-NOT_IDENTITY = ("output_dir", "progress", "check_model")
+NOT_IDENTITY = ("output_dir", "progress", "check_model", "save_every")
 # The frozen control trains with learning rate 0, so the loss it computes is irrelevant; GRPO is the cheapest
 # estimator-driven loss that every task supports.
 CONTROL_BASELINE = "grpo"
@@ -87,7 +87,7 @@ def ensure_warm_start(
     """The warm start's model folder (``folder/final``) and a description of it; built now unless cached.
 
     ``override`` uses an existing model folder instead (``--warm-start PATH``). A folder built from another spec is
-    an error naming it (``force`` rebuilds it); an interrupted build is rebuilt.
+    an error naming it (``force`` rebuilds it); an interrupted build resumes from its last SFT checkpoint.
     """
     if override is not None:
         path = Path(override)
@@ -114,17 +114,18 @@ def ensure_warm_start(
 
 
 def _build_warm_start(spec: WarmStart, folder: Path) -> dict[str, float]:
-    """Initialise (if asked), SFT, and record the spec; returns the SFT wall and CPU seconds."""
+    """Initialise (if asked), SFT (resuming an interrupted one), and record the spec; returns the SFT wall and CPU
+    seconds (of this call: a resumed build counts what it ran)."""
     from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
     from stabledrl_bench.training.sft import run_sft
 
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     record = {"spec": spec.identity(), "spec_hash": spec.hash()}
     atomic_write_text(folder / WARM_START_FILE, json.dumps(record))  # first: a half-built folder is still ours
     sft = dataclasses.replace(spec.sft, output_dir=str(folder))
     if spec.init is not None:
-        save_diffusion_lm(build_tiny(**spec.init), folder / "init")
+        if not (folder / "init" / "config.json").is_file():
+            save_diffusion_lm(build_tiny(**spec.init), folder / "init")
         sft = dataclasses.replace(sft, model=str(folder / "init"))
     print(f"warm start: {sft.max_steps} SFT steps on {sft.task} -> {folder / 'final'}")
     start, cpu_start = time.perf_counter(), time.process_time()
