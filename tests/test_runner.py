@@ -97,6 +97,9 @@ def test_job_key_ignores_where_and_how_loudly_but_not_what(tmp_path):
         TrainJob(_config("other", tmp_path / "a")),
     ):
         assert other.key() != base.key()
+    # "never clip" is a setting like any other (the self-normalisation-only ablation's threshold is inf)
+    never = TrainJob(_config("m", tmp_path / "a", baseline="stabledrl_selfnorm_only"))
+    assert never.key() != TrainJob(_config("m", tmp_path / "a", baseline_options={"clip_threshold": 1e308})).key()
 
 
 def test_finished_runs_are_reused_and_other_settings_are_refused(start, tmp_path):

@@ -56,7 +56,7 @@ from stabledrl_bench.reporting.leaderboard import (
 from stabledrl_bench.reporting.results import atomic_write_text
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.runlog import plot_runs, read_log
+from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig
 from stabledrl_bench.training.trainer import TrainConfig
 
@@ -241,14 +241,7 @@ def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, c
     print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones:")
     for row in training_changes(rewards).itertuples():
         print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {row.change.text('+.3f', scale=1.0)}")
-    labels = {run: f"{run} (learning rate 0)" if run == CONTROL_RUN else run for run in rollouts}
-    plot = plot_runs(
-        {labels[run]: records for run, records in rollouts.items()},
-        path.with_suffix(".png"),
-        window=5,
-        title=f"{comparison}: {task}, reward of each rollout",
-    )
-    print(f"  [{task}] training rewards: {path}" + (f", curves: {plot}" if plot else ""))
+    print(f"  [{task}] training rewards: {path} (the leaderboard plots them)")
 
 
 def _rollout_records(log: Path) -> list[dict[str, Any]]:

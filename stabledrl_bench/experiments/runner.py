@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -52,7 +53,19 @@ CONTROL_BASELINE = "grpo"
 
 
 def _identity(config: Any, *drop: str) -> dict[str, Any]:
-    return {k: v for k, v in to_dict(config).items() if k not in (*NOT_IDENTITY, *drop)}
+    return {k: _hashable(v) for k, v in to_dict(config).items() if k not in (*NOT_IDENTITY, *drop)}
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` with non-finite floats spelled as strings (``inf`` is a real setting, e.g. "never clip", and the
+    canonical JSON that :func:`stable_hash` hashes has no number for it)."""
+    if isinstance(value, dict):
+        return {k: _hashable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_hashable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
 
 
 def _is_main_process() -> bool:
@@ -147,12 +160,12 @@ class TrainJob:
     def identity(self) -> dict[str, Any]:
         hook = None
         if self.hook is not None:
-            hook = {"type": type(self.hook).__qualname__, **dataclasses.asdict(self.hook)}  # type: ignore[call-overload]
+            hook = _hashable({"type": type(self.hook).__qualname__, **dataclasses.asdict(self.hook)})  # type: ignore[call-overload]
         from stabledrl_bench.core.baseline import build_baseline
 
         # the effective baseline settings instead of the options given: a changed default must not reuse runs
         # trained with the old one, and an option given at its default value is the same run
-        effective = to_dict(build_baseline(self.config.baseline, **self.config.baseline_options).config)
+        effective = _identity(build_baseline(self.config.baseline, **self.config.baseline_options).config)
         return {"config": _identity(self.config, "baseline_options"), "baseline_config": effective, "hook": hook}
 
     def key(self) -> str:
