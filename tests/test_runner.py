@@ -48,7 +48,7 @@ def one_thread():
 
 
 def _warm_start(steps: int = 2) -> WarmStart:
-    sft = SFTConfig(task="sudoku", max_steps=steps, batch_size=4, completion_length=16, progress=False)
+    sft = SFTConfig(task="sudoku", max_steps=steps, batch_size=4, max_completion_length=16, progress=False)
     return WarmStart(sft=sft, init=SMALL)
 
 

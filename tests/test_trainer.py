@@ -292,7 +292,7 @@ def test_run_sft_writes_a_loadable_model(small_models, tmp_path):
         model=str(small_models["full"]),
         max_steps=3,
         batch_size=4,
-        completion_length=36,
+        max_completion_length=36,
         output_dir=str(tmp_path),
         progress=False,
     )
@@ -316,7 +316,7 @@ def test_sft_canvas_is_fixed_or_drawn_from_the_range(small_models, tmp_path, mon
             model=str(small_models["full"]),
             max_steps=12,
             batch_size=2,
-            completion_length=40,
+            max_completion_length=40,
             min_completion_length=low,
             output_dir=str(tmp_path),
             progress=False,
@@ -330,8 +330,8 @@ def test_sft_canvas_is_fixed_or_drawn_from_the_range(small_models, tmp_path, mon
 
 @pytest.mark.parametrize("low", [0, 41])
 def test_sft_rejects_a_canvas_range_outside_the_canvas(low):
-    with pytest.raises(UserError, match="min_completion_length must be between 1 and completion_length=40"):
-        SFTConfig(completion_length=40, min_completion_length=low)
+    with pytest.raises(UserError, match="min_completion_length must be between 1 and max_completion_length=40"):
+        SFTConfig(max_completion_length=40, min_completion_length=low)
 
 
 def test_accelerate_launch_two_cpu_processes(small_models, tmp_path):

@@ -49,8 +49,8 @@ class SFTConfig:
     generator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_numbers": [3]}
     max_steps: int = 400
     batch_size: int = 64
-    completion_length: int = 32  # the canvas; targets are padded with EOS to this length
-    # If set, each step's canvas is drawn uniformly from [min_completion_length, completion_length] instead. Why: a
+    max_completion_length: int = 32  # the canvas; targets are padded with EOS to this length
+    # If set, each step's canvas is drawn uniformly from [min_completion_length, max_completion_length] instead. Why: a
     # task whose answers all have one length, always padded to one canvas, teaches the model the EOS count too,
     # and it then garbles the answer's end on any other canvas (LLaDA's SFT data varies in length, so it does not).
     min_completion_length: int | None = None
@@ -72,13 +72,14 @@ class SFTConfig:
         require_positive(
             max_steps=self.max_steps,
             batch_size=self.batch_size,
-            completion_length=self.completion_length,
+            max_completion_length=self.max_completion_length,
             max_prompt_length=self.max_prompt_length,
         )
         low = self.min_completion_length
-        if low is not None and not 1 <= low <= self.completion_length:
+        if low is not None and not 1 <= low <= self.max_completion_length:
             raise UserError(
-                f"min_completion_length must be between 1 and completion_length={self.completion_length}, got {low}"
+                f"min_completion_length must be between 1 and max_completion_length={self.max_completion_length}, "
+                f"got {low}"
             )
 
     @classmethod
@@ -206,9 +207,11 @@ def run_sft(cfg: SFTConfig) -> Path:
             prefill=specs[0].prefill,
             max_prompt_length=cfg.max_prompt_length,
         )
-        canvas = cfg.completion_length
+        canvas = cfg.max_completion_length
         if cfg.min_completion_length is not None:
-            canvas = int(torch.randint(cfg.min_completion_length, cfg.completion_length + 1, (1,), generator=generator))
+            canvas = int(
+                torch.randint(cfg.min_completion_length, cfg.max_completion_length + 1, (1,), generator=generator)
+            )
         targets, truncated = encode_targets(dlm, [task.target_completion(doc, cfg.protocol) for doc in chunk], canvas)
         truncated_total += truncated
         with acc.autocast():
@@ -236,9 +239,9 @@ def run_sft(cfg: SFTConfig) -> Path:
             save_checkpoint(acc, out_dir, step + 1, model, dlm, state, [{"generator": generator.get_state()}])
     if truncated_total:
         canvases = (
-            f"{cfg.min_completion_length}..{cfg.completion_length}"
+            f"{cfg.min_completion_length}..{cfg.max_completion_length}"
             if cfg.min_completion_length is not None
-            else cfg.completion_length
+            else cfg.max_completion_length
         )
         print(f"warning: {truncated_total} SFT targets were longer than their canvas ({canvases} tokens)")
     final = out_dir / "final"

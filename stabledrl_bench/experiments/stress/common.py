@@ -58,7 +58,7 @@ def stress_warm_start(sft_steps: int = SFT_STEPS) -> WarmStart:
         train_split="generated",
         max_steps=sft_steps,
         batch_size=64,
-        completion_length=40,
+        max_completion_length=40,
         optim=OptimConfig(
             learning_rate=3e-3, weight_decay=0.01, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
         ),
