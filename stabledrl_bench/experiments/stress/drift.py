@@ -35,9 +35,12 @@ GRPO and ESPO run with beta = 0 here (their KL terms do not involve the ratio be
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,16 +49,25 @@ from tqdm.auto import tqdm
 from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.errors import UserError, positive_int
+from stabledrl_bench.experiments.runner import control_config, sample_rollouts
+from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
+    CONDITIONS,
+    Definitions,
     ExplodingNoise,
     NoiseInjection,
     band,
     figure,
     finite,
+    parse_list,
     save_figure,
     stability_dir,
+    write_record,
 )
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.training import TrainSettings
 from stabledrl_bench.training.trainer import SampledBatch
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -278,3 +290,84 @@ def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequen
         stability_dir(results_dir) / "drift_spikes.png",
         "Spike probability vs drift from the rollout policy (mean, min-max over seeds)",
     )
+
+
+# ----------------------------------------------------------------------------------------------- command
+def _run_drift(args: argparse.Namespace) -> Path:
+    start = (time.perf_counter(), time.process_time())
+    variants = options.names(args.variants, VARIANTS, "--variants")
+    conditions = options.conditions_arg(args.conditions)
+    levels = sorted(parse_list(args.levels, float, "--levels"))
+    if levels[0] < 0:
+        raise UserError("--levels must be >= 0")
+    seeds = parse_list(args.seeds, int, "--seeds")
+    options.check_positive(repeats=args.repeats, rollouts=args.rollouts, spike_k=args.spike_k)
+    noise = options.noise(args)
+    path, info, model = options.warm_start(args)
+    budget = options.stress_budget(args, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
+    settings = TrainSettings(warm_start=str(path), budget=budget, learning_rate=0.0, max_grad_norm=1.0, noise=noise)
+    records_by_seed = {}
+    for seed in seeds:
+        control = control_config(settings.config("stabledrl", {}, seed), Path(args.runs) / "drift")
+        dlm, rollouts = sample_rollouts(control, args.rollouts)
+        records_by_seed[seed] = measure_update_norms(
+            dlm,
+            rollouts,
+            variants,
+            levels,
+            args.repeats,
+            conditions,
+            noise,
+            seed=seed,
+            block_length=budget.block_length,
+        )
+    summary = summarize(records_by_seed, variants, levels, conditions, args.spike_k)
+    figure_name = plot(summary, variants, conditions, Path(args.results), args.spike_k)
+    payload = {
+        "title": "Spike probability vs drift",
+        "settings": options.settings(args),
+        "seeds": seeds,
+        "levels": levels,
+        "variants": {v: {"baseline": VARIANTS[v][0], "options": VARIANTS[v][1]} for v in variants},
+        "noise": {**noise.__dict__, "text": noise.describe()},
+        "definitions": {
+            "spike_k": args.spike_k,
+            "text": {
+                "spike": f"update norm > {args.spike_k:g} x the variant's median norm at the smallest drift level "
+                "(normal condition), per seed; non-finite norms count as spikes",
+                "drift": "mean |E_theta - E_theta0| per completion (StableDRL's per-token ELBO, same masks)",
+                "policy": "theta = theta0 + sigma * rms(W) * N(0, 1) per parameter tensor W",
+            },
+        },
+        "warm_start": info,
+        "model": model,
+        "budget": budget.to_dict(),
+        "budget_hash": budget.hash(),
+        "records": records_by_seed,
+        "summary": summary,
+        "plots": {"spikes": figure_name},
+        **options.runtime(start, 1, info),
+    }
+    return write_record(args.results, "drift", payload)
+
+
+def _drift_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    p.add_argument("--levels", default="0,0.02,0.05,0.1,0.2,0.3", help="relative parameter-noise levels sigma")
+    p.add_argument(
+        "--repeats", type=positive_int, default=16, help="drift directions and mask draws per level and seed"
+    )
+    p.add_argument("--rollouts", type=positive_int, default=4, help="rollout batches per seed (cycled over repeats)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (rollouts, directions, masks)")
+    for add in (options.add_output, options.add_model, options.add_noise):
+        add(p)
+    p.add_argument("--spike-k", type=float, default=Definitions.spike_k, help="spike: norm > k x reference median")
+
+
+EXPERIMENTS.register(
+    "drift",
+    Experiment(
+        "drift", "spike probability of each update rule vs drift from the rollout policy", _drift_arguments, _run_drift
+    ),
+)

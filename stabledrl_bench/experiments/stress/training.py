@@ -18,13 +18,17 @@ harder prompts later in the run.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
+from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     CONDITIONS,
@@ -37,12 +41,15 @@ from stabledrl_bench.experiments.stress.common import (
     collapse_step,
     figure,
     finite,
+    parse_list,
     running_mean,
     save_figure,
     seed_band,
     spike_steps,
     stability_dir,
+    write_record,
 )
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
@@ -311,11 +318,133 @@ def plot_sweep(
     return out
 
 
-def conditions_arg(text: str) -> list[str]:
-    from stabledrl_bench.errors import UserError
+# ----------------------------------------------------------------------------------------------- commands
+CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
 
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = [c for c in names if c not in CONDITIONS]
-    if unknown or not names:
-        raise UserError(f"--conditions: choose from {', '.join(CONDITIONS)}; got {text!r}")
-    return names
+
+def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) -> TrainSettings:
+    options.check_positive(lr=args.lr, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
+    return TrainSettings(
+        warm_start=str(path),
+        budget=options.stress_budget(args, args.steps),
+        learning_rate=args.lr,
+        max_grad_norm=args.max_grad_norm,
+        noise=options.noise(args),
+    )
+
+
+def _training_experiment(
+    args: argparse.Namespace,
+    experiment: str,
+    title: str,
+    labels: list[str],
+    make_spec: Callable[[str, str, int], RunSpec],
+    shared_normal: Callable[[RunSpec], bool],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Shared body of ``exploding`` and ``clip``: labels x conditions x seeds of real runs from one warm start."""
+    start = (time.perf_counter(), time.process_time())
+    conditions = options.conditions_arg(args.conditions)
+    seeds = parse_list(args.seeds, int, "--seeds")
+    definitions = options.definitions(args)
+    path, info, model = options.warm_start(args)
+    settings = _train_settings(args, path, info)
+    specs = [make_spec(label, condition, seed) for label in labels for condition in conditions for seed in seeds]
+    rows, frozen, cost = sweep(
+        specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
+    )
+    plots = plot_sweep(
+        rows, frozen, labels, conditions, Path(args.results), experiment, title, definitions.reward_window
+    )
+    payload = {
+        "title": title,
+        **(extra or {}),
+        "settings": options.settings(args),
+        "seeds": seeds,
+        "noise": {**settings.noise.__dict__, "text": settings.noise.describe()},
+        "definitions": {**definitions.to_dict(), "text": definitions.describe()},
+        "warm_start": info,
+        "model": model,
+        "task": {"name": settings.task, "protocol": settings.protocol, "reward_profile": "d1"},
+        "optimizer": {"learning_rate": settings.learning_rate, "max_grad_norm": settings.max_grad_norm},
+        "budget": settings.budget.to_dict(),
+        "budget_hash": settings.budget.hash(),
+        "runs": rows,
+        "frozen": frozen,
+        "summary": aggregate(rows, labels, conditions),
+        "plots": plots,
+        "jobs": cost,
+        **options.runtime(start, args.jobs, info, cost["worker_cpu_seconds"]),
+    }
+    return write_record(args.results, experiment, payload)
+
+
+def _run_exploding(args: argparse.Namespace) -> Path:
+    methods = options.names(args.methods, METHODS, "--methods")
+    return _training_experiment(
+        args,
+        "exploding",
+        "Exploding-weight stress test",
+        methods,
+        lambda m, condition, seed: RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), condition, seed),
+        shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
+    )
+
+
+def _run_clip(args: argparse.Namespace) -> Path:
+    thresholds = parse_list(args.thresholds, float, "--thresholds")
+    if any(not c > 0 for c in thresholds):
+        raise UserError("--thresholds must be positive")
+    by_label = {f"C={c:g}": c for c in thresholds}
+    return _training_experiment(
+        args,
+        "clip",
+        "Clip-threshold ablation",
+        list(by_label),
+        lambda label, condition, seed: RunSpec(
+            label, "stabledrl", (("clip_threshold", by_label[label]),), condition, seed
+        ),
+        shared_normal=lambda _: False,
+        extra={"thresholds": thresholds},
+    )
+
+
+def _exploding_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    for add in (
+        options.add_output,
+        options.add_model,
+        options.add_noise,
+        options.add_definitions,
+        options.add_training,
+    ):
+        add(p)
+
+
+def _clip_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--thresholds", default=",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    for add in (
+        options.add_output,
+        options.add_model,
+        options.add_noise,
+        options.add_definitions,
+        options.add_training,
+    ):
+        add(p)
+
+
+EXPERIMENTS.register(
+    "exploding",
+    Experiment(
+        "exploding",
+        "methods x {normal, exploding} x seeds: rewards, spikes, collapse",
+        _exploding_arguments,
+        _run_exploding,
+    ),
+)
+EXPERIMENTS.register(
+    "clip",
+    Experiment("clip", "StableDRL clip threshold C sweep x conditions x seeds", _clip_arguments, _run_clip),
+)
