@@ -343,6 +343,24 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
     assert "| stabledrl | exploding | 0/3 |" in text
 
 
+@pytest.mark.parametrize(
+    ("stabledrl", "grpo", "verdict"),
+    [((0, []), (2, [300, 500]), "agrees"), ((0, []), (0, []), "disagrees"), ((1, [900]), (2, [300, 500]), "disagrees")],
+)
+def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, verdict):
+    budget = {"max_steps": 1000, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 40}
+    budget |= {"diffusion_steps": 10, "num_iterations": 4}
+    summary = [_summary("grpo", "normal", *grpo, seeds=2), _summary("stabledrl", "normal", *stabledrl, seeds=2)]
+    record = {"budget": budget, "budget_hash": "abc", "summary": summary}
+    record |= {"optimizer": {"learning_rate": 1e-3, "max_grad_norm": 1.0}}
+    record |= {"title": "Long run", "seeds": [0, 1]}
+    _write(tmp_path / "stability", "longrun", record)
+    text = stability_section(tmp_path)
+    (line,) = [line for line in text.splitlines() if "StableDRL trains stably for 1000+" in line]
+    assert line.startswith(f"* **{verdict}**") and "1000 steps, mu = 4, lr 0.001" in line
+    assert f"grpo {grpo[0]}/2 collapsed" in line and "### Long run" in text
+
+
 def test_stability_section_rejects_a_foreign_record(tmp_path):
     (tmp_path / "stability").mkdir()
     (tmp_path / "stability" / "hull.json").write_text(json.dumps({"schema": "other"}))
@@ -386,8 +404,12 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     main(["clip", "--thresholds", "5", *train, *common])
     main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", *toy, *common])
     main(["hull", "--trials", "10", *common[:-2]])
+    main(["longrun", "--methods", "grpo,stabledrl", *toy, "--steps", "4", "--jobs", "1", *common])
     records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
-    assert set(records) == {"exploding", "clip", "drift", "hull"}
+    assert set(records) == {"exploding", "clip", "drift", "hull", "longrun"}
+    assert (
+        records["longrun"]["budget"]["num_iterations"] == 4 and records["longrun"]["optimizer"]["learning_rate"] == 1e-3
+    )
     exploding = records["exploding"]
     assert exploding["budget_hash"] and exploding["environment"]["hardware"]
     assert exploding["warm_start"] == {"path": str(model), "source": "user"}
@@ -398,7 +420,7 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     # StableDRL with C = 5 is the same configuration in both sweeps: one run folder, trained once.
     (stable,) = [r for r in exploding["runs"] if r["label"] == "stabledrl"]
     (clip5,) = records["clip"]["runs"]
-    assert stable["run_dir"] == clip5["run_dir"] and len(list((runs / "train").iterdir())) == 2
+    assert stable["run_dir"] == clip5["run_dir"] and len(list((runs / "train").iterdir())) == 2 + 2  # + longrun
     for record in records.values():
         for name in record["plots"].values():
             assert (results / "stability" / name).is_file()

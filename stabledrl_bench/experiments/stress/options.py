@@ -52,6 +52,7 @@ EXPERIMENTS: Registry[Experiment] = Registry(
         "stabledrl_bench.experiments.stress.training",
         "stabledrl_bench.experiments.stress.drift",
         "stabledrl_bench.experiments.stress.hull",
+        "stabledrl_bench.experiments.stress.longrun",
     ),
     check=_experiment,
 )
@@ -59,12 +60,13 @@ EXPERIMENTS: Registry[Experiment] = Registry(
 
 def stress_budget(args: argparse.Namespace, steps: int) -> Budget:
     """The stress budget: the tiny preset's canvas (L = 40, block 8, mu = 2, T = 0.9) with fewer prompts and
-    diffusion steps, so that a whole sweep fits ~15 minutes on 2 cores."""
+    diffusion steps, so that a whole sweep fits ~15 minutes on 2 cores (an experiment with a ``--num-iterations``
+    option sets mu itself)."""
     return Budget(
         max_steps=steps,
         prompts_per_step=args.prompts,
         num_generations=args.generations,
-        num_iterations=2,
+        num_iterations=getattr(args, "num_iterations", 2),
         max_completion_length=40,
         diffusion_steps=args.diffusion_steps,
         block_length=8,

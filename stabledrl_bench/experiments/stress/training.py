@@ -333,7 +333,7 @@ def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) 
     )
 
 
-def _training_experiment(
+def training_experiment(
     args: argparse.Namespace,
     experiment: str,
     title: str,
@@ -381,7 +381,7 @@ def _training_experiment(
 
 def _run_exploding(args: argparse.Namespace) -> Path:
     methods = options.names(args.methods, METHODS, "--methods")
-    return _training_experiment(
+    return training_experiment(
         args,
         "exploding",
         "Exploding-weight stress test",
@@ -396,7 +396,7 @@ def _run_clip(args: argparse.Namespace) -> Path:
     if any(not c > 0 for c in thresholds):
         raise UserError("--thresholds must be positive")
     by_label = {f"C={c:g}": c for c in thresholds}
-    return _training_experiment(
+    return training_experiment(
         args,
         "clip",
         "Clip-threshold ablation",
