@@ -26,7 +26,7 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--results", default="results", help="results folder (default: results/)")
     p.add_argument("--runs", default="runs", help="training runs folder (default: runs/)")
     p.add_argument("--leaderboard", default="leaderboard.md")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="comma-separated training seeds, each a full replicate (default: the preset's)")
     p.add_argument("--limit", type=positive_int, help="evaluate only the first N docs per task (quick checks)")
     p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
     _add_skip_check(p)

@@ -22,3 +22,14 @@ def small_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("small-tiny")
     save_diffusion_lm(build_tiny(**SMALL), path)
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Models this small run faster on one intra-op thread (as the stress commands do); restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -62,7 +62,7 @@ def _check_frozen_control(tmp_path: Path, table: str, preset) -> None:
     from safetensors.torch import load_file
 
     for task in preset.tasks:
-        runs = tmp_path / "runs" / f"{table}-smoke" / task
+        runs = tmp_path / "runs" / f"{table}-smoke" / task / "s0"
         start, frozen = (load_file(runs / name / "final" / "model.safetensors") for name in ("sft", "frozen"))
         assert start.keys() == frozen.keys() and all(torch.equal(start[k], frozen[k]) for k in start)
         rewards = pd.read_csv(tmp_path / "results" / "training" / f"{table}-smoke__{task}.csv")
@@ -89,7 +89,7 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
         return original(self, resume=resume, stop_after=stop_after)
 
     monkeypatch.setattr(RLTrainer, "train", spy)
-    run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "grpo"
+    run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "s0" / "grpo"
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
     assert calls == [("grpo", False), ("frozen", False)]
     # Simulate a crash after the last checkpoint: no final model, and the runner never wrote the run's summary.
@@ -102,10 +102,33 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
     assert (run_dir / "final" / "config.json").is_file()
 
 
+def test_seeds_are_replicates_and_the_board_shows_their_spread(tmp_path):
+    """``--seeds 0,1`` repeats warm start, RL, control and evaluation per seed; the board pools the seeds in its
+    cells and shows each seed's change from its own start (mean [min, max] over seeds); training rewards are paired
+    with the control of the same seed."""
+    import pandas as pd
+
+    argv = ("--baselines", "grpo", "--tasks", "sudoku", "--seeds", "0,1")
+    assert _run(tmp_path, "table1", *argv) == 0
+    runs = tmp_path / "runs" / "table1-smoke" / "sudoku"
+    assert all((runs / f"s{seed}" / name / "final").is_dir() for seed in (0, 1) for name in ("sft", "grpo", "frozen"))
+    records = load_results(tmp_path / "results")
+    assert sorted({(r["baseline"], r["seed"]) for r in records}) == [("grpo", 0), ("grpo", 1), ("sft", 0), ("sft", 1)]
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "**Change from the start over training seeds** (2 seeds: 0, 1;" in board
+    assert "| Seeds |" in board and "| 0, 1 |" in board and "Per seed" in board
+    rewards = pd.read_csv(tmp_path / "results" / "training" / "table1-smoke__sudoku.csv")
+    assert sorted(rewards["seed"].unique()) == [0, 1]
+    first = rewards[rewards["step"] == 1].set_index(["seed", "run"])["reward_mean"]
+    for seed in (0, 1):  # step 1 is before any update: every run of a seed equals its control
+        assert first[(seed, "grpo")] == first[(seed, "frozen")]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["reproduce", "table1", "--preset", "huge"], "unknown preset"),
+        (["reproduce", "table1", "--preset", "smoke", "--seeds", "0,x"], "--seeds: expected comma-separated"),
         (["reproduce", "table1", "--preset", "paper"], "needs --model"),
         (["reproduce", "table1", "--preset", "smoke", "--baselines", "grpo,nope"], "unknown baseline"),
         (["eval", "--model", "/no/such/dir", "--task", "sudoku"], "model path does not exist"),

@@ -48,13 +48,7 @@ STABLEDRL_MAX_GAP = 10.0
 GRPO_MIN_GAP = 1e3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Models this small run faster on one intra-op thread (as the stress commands do); restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---------------------------------------------------------------------------------------------- definitions

@@ -199,22 +199,11 @@ def reproduce(args) -> None:
     _banner(table, preset, model_spec)
     comparison = f"{table}-{preset.name}"
     runs = Path(args.runs) / comparison
-    limit = args.limit if args.limit is not None else preset.eval_limit
+    seeds = _seeds(args.seeds, preset.seeds)
     for task in tasks:
-        recipe = preset.tasks[task]
-        start = model_spec
-        if preset.sft is not None:
-            start = str(_warm_start(preset, task, model_spec, runs / task / "sft", args))
-        reference = "sft" if preset.sft is not None else "base"
-        _evaluate_all(preset, table, comparison, task, reference, start, None, args, limit)
-        for baseline in baselines:
-            config = _train_config(preset, recipe, task, baseline, start, runs / task / baseline, args)
-            final = _train(config, args)
-            _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), args, limit)
-        control = _train_config(preset, recipe, task, CONTROL_BASELINE, start, runs / task / CONTROL_RUN, args)
-        _train(control_config(control, control.output_dir), args)
-        run_dirs = {name: runs / task / name for name in (*baselines, CONTROL_RUN)}
-        _training_summary(task, run_dirs, Path(args.results), comparison)
+        for seed in seeds:
+            _replicate(preset, table, comparison, task, seed, model_spec, baselines, runs / task / f"s{seed}", args)
+        _training_summary(task, seeds, baselines, runs / task, Path(args.results), comparison)
     from stabledrl_bench.experiments.stress import stability_section
 
     path = write_leaderboard(
@@ -223,7 +212,39 @@ def reproduce(args) -> None:
     print(f"leaderboard: {path}")
 
 
-def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, comparison: str) -> None:
+def _replicate(preset, table, comparison, task, seed, model_spec, baselines, runs: Path, args) -> None:
+    """One training seed of one task: warm start, every baseline, the frozen control, and their evaluations."""
+    recipe = preset.tasks[task]
+    limit = args.limit if args.limit is not None else preset.eval_limit
+    start = model_spec
+    if preset.sft is not None:
+        start = str(_warm_start(preset, task, model_spec, runs / "sft", seed, args))
+    reference = "sft" if preset.sft is not None else "base"
+    _evaluate_all(preset, table, comparison, task, reference, start, None, seed, args, limit)
+    for baseline in baselines:
+        config = _train_config(preset, recipe, task, baseline, start, runs / baseline, seed, args)
+        final = _train(config, args)
+        _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), seed, args, limit)
+    control = _train_config(preset, recipe, task, CONTROL_BASELINE, start, runs / CONTROL_RUN, seed, args)
+    _train(control_config(control, control.output_dir), args)
+
+
+def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` (default: the preset's): every seed repeats the whole pipeline, warm start included."""
+    if not requested:
+        return default
+    try:
+        seeds = tuple(dict.fromkeys(int(part) for part in requested.split(",") if part.strip()))
+    except ValueError:
+        raise UserError(f"--seeds: expected comma-separated integers, got {requested!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise UserError(f"--seeds: expected non-negative integers, got {requested!r}")
+    return seeds
+
+
+def _training_summary(
+    task: str, seeds: tuple[int, ...], baselines: list[str], runs: Path, results_dir: Path, comparison: str
+) -> None:
     """Store every run's per-rollout training reward with the frozen control's, print the paired change, plot.
 
     Why a control: the reward of a rollout depends on which prompts were drawn and on the sampling noise. The
@@ -231,14 +252,18 @@ def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, c
     difference isolates what training changed (:func:`training_changes`). The evaluation-side signal (each RL
     row minus the start on the test set, paired by item) is in the leaderboard next to it.
     """
-    rollouts = {run: _rollout_records(d / "log.jsonl") for run, d in run_dirs.items() if (d / "log.jsonl").is_file()}
-    rewards = pd.DataFrame(
-        [(task, run, r["step"], r["reward_mean"]) for run, records in rollouts.items() for r in records],
-        columns=list(TRAINING_COLUMNS),
-    )
+    rows = [
+        (task, seed, run, r["step"], r["reward_mean"])
+        for seed in seeds
+        for run in (*baselines, CONTROL_RUN)
+        if (runs / f"s{seed}" / run / "log.jsonl").is_file()
+        for r in _rollout_records(runs / f"s{seed}" / run / "log.jsonl")
+    ]
+    rewards = pd.DataFrame(rows, columns=list(TRAINING_COLUMNS))
     path = training_path(results_dir, comparison, task)
     atomic_write_text(path, rewards.to_csv(index=False))
-    print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones:")
+    print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones")
+    print(f"  (rollouts of seeds {', '.join(map(str, seeds))} pooled):")
     for row in training_changes(rewards).itertuples():
         print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {row.change.text('+.3f', scale=1.0)}")
     print(f"  [{task}] training rewards: {path} (the leaderboard plots them)")
@@ -259,18 +284,18 @@ def _select(requested: str | None, default: tuple[str, ...], what: str, known) -
     return names
 
 
-def _warm_start(preset: Preset, task: str, model: str, out: Path, args) -> Path:
+def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, args) -> Path:
     recipe = preset.tasks[task]
     generator_options = (
         recipe.generator_options if recipe.sft_generator_options is None else recipe.sft_generator_options
     )
-    sft = dataclasses.replace(preset.sft, task=task, model=model, seed=args.seed, generator_options=generator_options)
+    sft = dataclasses.replace(preset.sft, task=task, model=model, seed=seed, generator_options=generator_options)
     final, _ = ensure_warm_start(WarmStart(sft), out, force=args.force)
     return final
 
 
 def _train_config(
-    preset: Preset, recipe: TaskRecipe, task: str, baseline: str, start: str, out: Path, args
+    preset: Preset, recipe: TaskRecipe, task: str, baseline: str, start: str, out: Path, seed: int, args
 ) -> TrainConfig:
     return TrainConfig(
         baseline=baseline,
@@ -283,7 +308,7 @@ def _train_config(
         budget=preset.budget,
         optim=dataclasses.replace(preset.optim, learning_rate=recipe.learning_rate),
         per_device_prompts=preset.per_device_prompts,
-        seed=args.seed,
+        seed=seed,
         bf16=preset.bf16,
         gradient_checkpointing=preset.gradient_checkpointing,
         output_dir=str(out),
@@ -311,9 +336,9 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
-def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, args, limit) -> None:
+def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, seed, args, limit) -> None:
     device, dtype = _eval_device() if preset.bf16 else (None, None)
-    dlm = load_model_spec(checkpoint, seed=args.seed, device=device, dtype=dtype)
+    dlm = load_model_spec(checkpoint, seed=seed, device=device, dtype=dtype)
     if checkpoint not in TINY_SPECS and not args.skip_model_check:
         require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
     model = model_record(dlm, checkpoint)  # hashes the weights once per checkpoint
@@ -329,7 +354,7 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
                 "length": nominal,
                 "sampling": sampling,
                 "protocol": protocol,
-                "seed": args.seed,
+                "seed": seed,
                 "model": model,
             }
             recorded = evaluate_and_record(

@@ -85,7 +85,7 @@ OVERALL = "overall"
 TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
 CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts
 TRAINING_WINDOW = 10
-TRAINING_COLUMNS = ("task", "run", "step", "reward_mean")
+TRAINING_COLUMNS = ("task", "seed", "run", "step", "reward_mean")
 AVG = "avg"
 
 TASK_LABELS = {
@@ -285,6 +285,14 @@ def _published_block(table: str, block: Mapping[str, Any]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- measured
+def _seed_free(path: str | None, seed: int) -> str | None:
+    """``path`` (a model's name or checkpoint) with its seed folder (``s<seed>``, the layout of ``reproduce
+    --seeds``) written ``s*``: the replicates of one method over training seeds are one row, their samples pooled."""
+    if not path:
+        return path
+    return "/".join("s*" if part == f"s{seed}" else part for part in path.split("/"))
+
+
 def _model_label(model: Mapping[str, Any]) -> str:
     return model["name"] + (f" @ {model_short_name(model)}" if model["checkpoint"] else "")
 
@@ -321,8 +329,8 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "comparison": record["comparison"],
                 "table": record["table"],
                 "baseline": record["baseline"],
-                "model_key": json.dumps([model["name"], model["checkpoint"]]),
-                "model": _model_label(model),
+                "model_key": json.dumps([_seed_free(model[key], record["seed"]) for key in ("name", "checkpoint")]),
+                "model": _seed_free(_model_label(model), record["seed"]),
                 "protocol": record["protocol"],
                 "preset": record["preset"],
                 "task": record["task"],
@@ -392,6 +400,7 @@ class MeasuredRow:
     info: dict[str, str]
     estimates: dict[CellKey, Interval | None]
     per_item: dict[CellKey, dict[str, float]]
+    per_seed: dict[int, dict[CellKey, dict[str, float]]]  # the same, for each training seed on its own
 
 
 def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: list[Column]) -> list[MeasuredRow]:
@@ -404,14 +413,15 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
     for _, group in _row_order(frame).groupby(ROW_KEY, sort=False):
         cells: dict[CellKey, np.ndarray] = {}
         per_item: dict[CellKey, dict[str, float]] = {}
+        per_seed: dict[int, dict[CellKey, dict[str, float]]] = {}
         for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
             field = HEADLINE_FIELD.get(task, "correct")
             samples = [sample for i in runs["index"] for sample in load_samples(records[i])]
             cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
-            by_item: dict[str, list[float]] = {}
-            for sample in samples:
-                by_item.setdefault(str(sample["doc_id"]), []).append(float(sample[field]))
-            per_item[(task, sub)] = {doc: float(np.mean(values)) for doc, values in by_item.items()}
+            per_item[(task, sub)] = _item_means(samples, field)
+            for seed, seed_runs in runs.groupby("seed", sort=True):
+                seed_samples = [sample for i in seed_runs["index"] for sample in load_samples(records[i])]
+                per_seed.setdefault(int(seed), {})[(task, sub)] = _item_means(seed_samples, field)
         first = group.iloc[0]
         budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
         info = {
@@ -430,8 +440,16 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
             else None
             for column in columns
         }
-        rows.append(MeasuredRow(info, estimates, per_item))
+        rows.append(MeasuredRow(info, estimates, per_item, per_seed))
     return rows
+
+
+def _item_means(samples: Sequence[Mapping[str, Any]], field: str) -> dict[str, float]:
+    """Mean headline value of every test item (over repeats and pooled seeds)."""
+    by_item: dict[str, list[float]] = {}
+    for sample in samples:
+        by_item.setdefault(str(sample["doc_id"]), []).append(float(sample[field]))
+    return {doc: float(np.mean(values)) for doc, values in by_item.items()}
 
 
 def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> Interval | None:
@@ -474,6 +492,36 @@ def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
         "points, paired by test item, with a percentile-bootstrap 95% interval over the items. An interval above "
         "0 is a learning signal beyond the test-set sampling noise; it does not cover the spread over training "
         "seeds.\n"
+    )
+    return caption + "\n" + markdown_table(display) + _seed_spread(start, others, columns)
+
+
+def _seed_spread(start: MeasuredRow, others: list[MeasuredRow], columns: list[Column]) -> str:
+    """With several training seeds: each seed's paired change from the same seed's start, as mean [min, max] over
+    the seeds. This is the spread a conclusion must survive; the intervals above cover only the test items."""
+    seeds = sorted(set(start.per_seed).intersection(*(row.per_seed for row in others)))
+    if len(seeds) < 2:
+        return ""
+
+    def per_seed(row: MeasuredRow, column: Column) -> str:
+        changes = []
+        for seed in seeds:
+            ours = MeasuredRow(row.info, {}, row.per_seed[seed], {})
+            theirs = MeasuredRow(start.info, {}, start.per_seed[seed], {})
+            change = paired_change(ours, theirs, column)
+            if change is None:
+                return MISSING
+            changes.append(100 * change.mean)
+        return f"{np.mean(changes):+.1f} [{min(changes):+.1f}, {max(changes):+.1f}]"
+
+    display = pd.DataFrame(
+        [{"Baseline": row.info["Baseline"]} | {c.header: per_seed(row, c) for c in columns} for row in others]
+    )
+    caption = (
+        f"\n**Change from the start over training seeds** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; each "
+        "seed repeats warm start, RL and evaluation): mean [min, max] over the seeds of each seed's paired change "
+        "from its own start, in percentage points. A conclusion that holds on every seed has min and max of one "
+        "sign.\n"
     )
     return caption + "\n" + markdown_table(display)
 
@@ -609,45 +657,71 @@ def training_path(results_dir: Path | str, comparison: str, task: str) -> Path:
 
 def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd.DataFrame:
     """Each run's mean training reward over its last ``window`` rollouts, minus the frozen control's on the same
-    rollouts (same step = same prompts and random numbers), with a bootstrap 95% interval over those rollouts.
+    rollouts (same seed and step = same prompts and random numbers), with a bootstrap 95% interval over those
+    rollouts (pooled over seeds) and each seed's own mean change (``per_seed``).
 
     ``rewards`` has :data:`TRAINING_COLUMNS` for one task; the control is the run named :data:`CONTROL_RUN`.
     Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
     """
-    frozen = rewards[rewards["run"] == CONTROL_RUN].set_index("step")["reward_mean"]
     rows = []
     for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=False):
-        ours = group.set_index("step")["reward_mean"]
-        steps = sorted(set(ours.index) & set(frozen.index))[-window:]
-        if not steps:
+        differences, ours_all, frozen_all, per_seed = [], [], [], []
+        for seed, runs in group.groupby("seed", sort=True):
+            control = rewards[(rewards["run"] == CONTROL_RUN) & (rewards["seed"] == seed)]
+            frozen = control.set_index("step")["reward_mean"]
+            ours = runs.set_index("step")["reward_mean"]
+            steps = sorted(set(ours.index) & set(frozen.index))[-window:]
+            if not steps:
+                continue
+            differences.append((ours[steps] - frozen[steps]).to_numpy())
+            ours_all += ours[steps].tolist()
+            frozen_all += frozen[steps].tolist()
+            per_seed.append(float(differences[-1].mean()))
+        if not differences:
             continue
-        change = bootstrap_mean_ci([(ours[steps] - frozen[steps]).to_numpy()])
         rows.append(
             {
                 "run": run,
-                "rollouts": len(steps),
-                "reward": float(ours[steps].mean()),
-                "frozen": float(frozen[steps].mean()),
-                "change": change,
+                "seeds": len(per_seed),
+                "rollouts": sum(len(d) for d in differences),
+                "reward": float(np.mean(ours_all)),
+                "frozen": float(np.mean(frozen_all)),
+                "change": bootstrap_mean_ci([np.concatenate(differences)]),
+                "per_seed": per_seed,
             }
         )
-    return pd.DataFrame(rows, columns=["run", "rollouts", "reward", "frozen", "change"])
+    return pd.DataFrame(rows, columns=["run", "seeds", "rollouts", "reward", "frozen", "change", "per_seed"])
+
+
+def read_training(path: Path) -> pd.DataFrame:
+    """A training-reward CSV; files written before seeds were recorded hold seed 0 only."""
+    try:
+        rewards = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: unreadable training-reward file: {exc}") from exc
+    if "seed" not in rewards.columns:
+        rewards.insert(1, "seed", 0)
+    if list(rewards.columns) != list(TRAINING_COLUMNS) or rewards.empty:
+        raise UserError(f"{path}: a training-reward file needs the columns {', '.join(TRAINING_COLUMNS)}")
+    return rewards
 
 
 def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path | None:
     """``<csv>.png``: every run's rollout reward against the optimizer step, the frozen control labelled as such."""
     from stabledrl_bench.training.runlog import plot_runs
 
+    mean = rewards.groupby(["run", "step"], sort=False, as_index=False)["reward_mean"].mean()  # over seeds
     runs = {
         f"{run} (learning rate 0)" if run == CONTROL_RUN else run: group.to_dict("records")
-        for run, group in rewards.groupby("run", sort=False)
+        for run, group in mean.groupby("run", sort=False)
     }
     task = rewards["task"].iloc[0]
     return plot_runs(
         runs,
         path.with_suffix(".png"),
         window=5,
-        title=f"{comparison}: {TASK_LABELS.get(task, task)}, training reward of each rollout",
+        title=f"{comparison}: {TASK_LABELS.get(task, task)}, training reward of each rollout"
+        + (f" (mean of {rewards['seed'].nunique()} seeds)" if rewards["seed"].nunique() > 1 else ""),
         x_label="optimizer step (one point per rollout: a rollout every num_iterations optimizer steps)",
     )
 
@@ -656,12 +730,7 @@ def _training_block(results_dir: Path, comparison: str, markdown_dir: Path | Non
     """The training-reward table of every task of ``comparison`` (and, given ``markdown_dir``, its curves)."""
     blocks = []
     for path in sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv")):
-        try:
-            rewards = pd.read_csv(path)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: unreadable training-reward file: {exc}") from exc
-        if list(rewards.columns) != list(TRAINING_COLUMNS) or rewards.empty:
-            raise UserError(f"{path}: a training-reward file needs the columns {', '.join(TRAINING_COLUMNS)}")
+        rewards = read_training(path)
         changes = training_changes(rewards)
         if changes.empty:
             continue
@@ -674,6 +743,8 @@ def _training_block(results_dir: Path, comparison: str, markdown_dir: Path | Non
                 "Change": changes["change"].map(lambda c: c.text("+.3f", scale=1.0)),
             }
         )
+        if changes["seeds"].max() > 1:
+            display["Per seed"] = changes["per_seed"].map(lambda values: ", ".join(f"{v:+.3f}" for v in values))
         task = rewards["task"].iloc[0]
         blocks.append(
             f"**Training reward, {TASK_LABELS.get(task, task)}** (`{path.name}`): mean reward of each run's last "

@@ -23,7 +23,7 @@ from typing import Any
 
 from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
-from stabledrl_bench.experiments.stress.training import RunSpec, training_experiment
+from stabledrl_bench.experiments.stress.training import method_sweep
 
 # Display name -> (registered baseline, options): each method with its noisiest estimator setting.
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -38,29 +38,13 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
     p.add_argument("--conditions", default="normal", help="normal (default) and/or exploding")
-    for add in (
-        options.add_output,
-        options.add_model,
-        options.add_noise,
-        options.add_definitions,
-        options.add_training,
-    ):
-        add(p)
+    options.add_training_sweep(p)
     p.add_argument("--num-iterations", type=options.positive_int, default=4, help="mu: optimizer steps per rollout")
     p.set_defaults(steps=1000, lr=1e-3, seeds="0,1")
 
 
 def _run(args: argparse.Namespace) -> Path:
-    methods = options.names(args.methods, METHODS, "--methods")
-    return training_experiment(
-        args,
-        "longrun",
-        "Long-run stability without injected noise",
-        methods,
-        lambda m, condition, seed: RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), condition, seed),
-        shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
-        extra={"methods": {m: {"baseline": METHODS[m][0], "options": METHODS[m][1]} for m in methods}},
-    )
+    return method_sweep(args, "longrun", "Long-run stability without injected noise", METHODS)
 
 
 EXPERIMENTS.register(

@@ -116,6 +116,12 @@ def add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=positive_int, default=2, help="parallel worker processes (one thread each)")
 
 
+def add_training_sweep(p: argparse.ArgumentParser) -> None:
+    """Every option group of an experiment made of training runs."""
+    for add in (add_output, add_model, add_noise, add_definitions, add_training):
+        add(p)
+
+
 # ------------------------------------------------------------------------------------------------ settings
 def noise(args: argparse.Namespace) -> ExplodingNoise:
     return ExplodingNoise(df=args.noise_df, scale=args.noise_scale, probability=args.noise_prob)

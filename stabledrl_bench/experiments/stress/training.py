@@ -379,16 +379,29 @@ def training_experiment(
     return write_record(args.results, experiment, payload)
 
 
-def _run_exploding(args: argparse.Namespace) -> Path:
-    methods = options.names(args.methods, METHODS, "--methods")
+def method_sweep(
+    args: argparse.Namespace,
+    experiment: str,
+    title: str,
+    methods: dict[str, tuple[str, dict[str, Any]]],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """A sweep over ``--methods`` (display name -> registered baseline and options) x conditions x seeds. SPG has
+    no ratio, so its exploding row is its normal run."""
+    chosen = options.names(args.methods, methods, "--methods")
     return training_experiment(
         args,
-        "exploding",
-        "Exploding-weight stress test",
-        methods,
-        lambda m, condition, seed: RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), condition, seed),
+        experiment,
+        title,
+        chosen,
+        lambda m, condition, seed: RunSpec(m, methods[m][0], tuple(sorted(methods[m][1].items())), condition, seed),
         shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
+        extra={**(extra or {}), "methods": {m: {"baseline": methods[m][0], "options": methods[m][1]} for m in chosen}},
     )
+
+
+def _run_exploding(args: argparse.Namespace) -> Path:
+    return method_sweep(args, "exploding", "Exploding-weight stress test", METHODS)
 
 
 def _run_clip(args: argparse.Namespace) -> Path:
@@ -412,27 +425,13 @@ def _run_clip(args: argparse.Namespace) -> Path:
 def _exploding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
     p.add_argument("--conditions", default=",".join(CONDITIONS))
-    for add in (
-        options.add_output,
-        options.add_model,
-        options.add_noise,
-        options.add_definitions,
-        options.add_training,
-    ):
-        add(p)
+    options.add_training_sweep(p)
 
 
 def _clip_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", default=",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
     p.add_argument("--conditions", default=",".join(CONDITIONS))
-    for add in (
-        options.add_output,
-        options.add_model,
-        options.add_noise,
-        options.add_definitions,
-        options.add_training,
-    ):
-        add(p)
+    options.add_training_sweep(p)
 
 
 EXPERIMENTS.register(
