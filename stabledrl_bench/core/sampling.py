@@ -303,6 +303,17 @@ class _FullContext:
         return self.key_valid[self.rows][:, keys][:, None, None, :].expand(-1, 1, queries, -1)
 
 
+# Named decoding modes for full-attention models: fields of DecodeSettings that differ from exact decoding.
+# The fast protocols (d1-fast, ...) and the budget's ``rollout_decode`` are built from them. "fast" is
+# Fast-dLLM's best LLaDA setting (dual cache + parallel decoding, threshold 0.9), plus the EOS stop.
+DECODE_MODES: dict[str, dict[str, Any]] = {
+    "exact": {},
+    "fast": {"cache": "dual", "strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+    "fast-prefix": {"cache": "prefix", "strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+    "parallel": {"strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+}
+
+
 def _stopped_rows(completion: torch.Tensor, stop_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
     """[R] rows whose text is final: a committed stop token with every position before the first one committed.
 
@@ -733,6 +744,7 @@ def generate(
 
 __all__ = [
     "CACHE_MODES",
+    "DECODE_MODES",
     "DecodeSettings",
     "DecodeSettingsError",
     "GenerationOutput",

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.registry import Registry
-from stabledrl_bench.core.sampling import DecodeSettings
+from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings
 from stabledrl_bench.errors import UserError
 
 
@@ -158,18 +158,22 @@ for _protocol_entry in (
 ):
     PROTOCOLS.register(_protocol_entry.name, _protocol_entry)
 
-_FAST = {"strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True}
-for _base, _name, _cache, _what in (
-    ("d1", "d1-fast", "dual", "dual cache + threshold 0.9 + EOS stop"),
-    ("d1", "d1-fast-prefix", "prefix", "prefix cache + threshold 0.9 + EOS stop (LLaDA's backend)"),
-    ("d1", "d1-parallel", "none", "threshold 0.9 + EOS stop, no cache"),
-    ("tiny", "tiny-fast", "dual", "dual cache + threshold 0.9 + EOS stop"),
-    ("tiny", "tiny-parallel", "none", "threshold 0.9 + EOS stop, no cache"),
+for _base, _name, _mode in (
+    ("d1", "d1-fast", "fast"),
+    ("d1", "d1-fast-prefix", "fast-prefix"),
+    ("d1", "d1-parallel", "parallel"),
+    ("tiny", "tiny-fast", "fast"),
+    ("tiny", "tiny-parallel", "parallel"),
 ):
-    _exact = PROTOCOLS.get(_base)
+    _what = ", ".join(f"{key}={value}" for key, value in DECODE_MODES[_mode].items())
     PROTOCOLS.register(
         _name,
-        replace(_exact, name=_name, description=f"APPROXIMATE (Fast-dLLM) {_base}: {_what}", cache=_cache, **_FAST),
+        replace(
+            PROTOCOLS.get(_base),
+            name=_name,
+            description=f"APPROXIMATE (Fast-dLLM) {_base}: {_what}",
+            **DECODE_MODES[_mode],
+        ),
     )
 
 
