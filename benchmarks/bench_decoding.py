@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +88,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
             settings = dataclasses.replace(base, **MODES[name])
             seconds, outs[name] = _timed(lambda s=settings: generate(model, ids, None, s))
             times[name].append(seconds)
+            print(f"  {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     params = sum(p.numel() for p in model.model.parameters())
     source = args.checkpoint or f"random weights, config {args.config}"
