@@ -17,6 +17,7 @@ from stabledrl_bench.core.sampling import (
     DecodeSettings,
     DecodeSettingsError,
     _FullContext,
+    _select_by_factor,
     _with_completion,
     block_diffusion_generate,
     filter_logits,
@@ -746,5 +747,31 @@ def test_exact_decoding_is_the_default():
     assert (settings.cache, settings.strategy, settings.stop_at_eos) == ("none", "static", False)
     assert not settings.approximate
     assert all(DecodeSettings(**mode).approximate for mode in FAST_MODES)
-    old = {k: v for k, v in settings.to_dict().items() if k != "cache"}  # a result written before `cache`
+    old = {k: v for k, v in settings.to_dict().items() if k not in ("cache", "factor")}  # written before them
     assert DecodeSettings(**old) == settings
+
+
+def test_factor_rule_hand_values():
+    confidence = torch.tensor([[0.99, 0.5, 0.8, 0.7], [0.99, 0.5, 0.8, 0.7]], dtype=torch.float64)
+    masked = torch.tensor([[True, True, True, True], [True, True, False, True]])
+    # factor 1: c_(i) >= 1 - 1/(i+1) = 0.5, 0.667, 0.75, 0.8 -> ranked 0.99, 0.8 pass, 0.7 fails: two tokens;
+    # row 1 has its 0.8 position committed already: ranked 0.99, 0.7 pass, 0.5 fails
+    got = _select_by_factor(confidence, masked, 1, 1.0)
+    assert got.tolist() == [[True, False, True, False], [True, False, False, True]]
+    # a tiny factor accepts nothing beyond the quota; a huge one commits every masked position
+    assert _select_by_factor(confidence, masked, 1, 1e-3).sum(dim=1).tolist() == [1, 1]
+    assert torch.equal(_select_by_factor(confidence, masked, 1, 100.0), masked)
+
+
+def test_factor_decoding_is_valid_and_faster(full_model):
+    ids, mask = _prompts(full_model)
+    kwargs = {"gen_length": 16, "block_length": 8, "steps": 16}
+    static = llada_generate(full_model, ids, mask, **kwargs)
+    assert torch.equal(
+        llada_generate(full_model, ids, mask, strategy="factor", factor=1e-9, **kwargs).sequences, static.sequences
+    )
+    out = generate(full_model, ids, mask, DecodeSettings(strategy="factor", factor=2.0, **kwargs))
+    assert out.nfe < static.nfe and not bool((out.completion_ids == full_model.mask_id).any())
+    _replay(full_model, out, mask, ids.shape[1], block_causal=False)
+    with pytest.raises(DecodeSettingsError, match="factor must be > 0"):
+        llada_generate(full_model, ids, mask, strategy="factor", factor=0.0, **kwargs)

@@ -49,6 +49,7 @@ from stabledrl_bench.errors import UserError
 
 REMASKING = ("low_confidence", "random")
 STRATEGIES = ("static", "dynamic")
+FULL_STRATEGIES = (*STRATEGIES, "factor")  # Fast-dLLM's factor rule: full attention only
 CACHE_MODES = ("none", "prefix", "dual")
 
 
@@ -74,8 +75,8 @@ class DecodeSettings:
     ``top_k``, ``top_p`` and ``use_cache`` (an exact cache) by block-attention models only (whose block size is
     the model's own); ``strategy``/``threshold`` and ``stop_at_eos`` by both. The defaults are exact decoding:
     for full attention, ``cache != "none"``, ``strategy="dynamic"`` and ``stop_at_eos`` are Fast-dLLM's
-    approximations (see :func:`llada_generate`). ``cache`` is the last field so that settings written before it
-    existed read back as what they were, exact decoding.
+    approximations (see :func:`llada_generate`), as is ``strategy="factor"`` (with ``factor``). ``cache`` and
+    ``factor`` are the last fields so that settings written before them read back as what they were.
     """
 
     gen_length: int = 256
@@ -91,6 +92,7 @@ class DecodeSettings:
     use_cache: bool = True
     stop_at_eos: bool = False
     cache: str = "none"
+    factor: float = 1.0  # strategy="factor" (full attention)
 
     @property
     def approximate(self) -> bool:
@@ -328,14 +330,29 @@ def _stopped_rows(completion: torch.Tensor, stop_ids: torch.Tensor, mask_id: int
     return has_stop & ~undecided
 
 
+def _select_by_factor(confidence: torch.Tensor, masked: torch.Tensor, quota: int, factor: float) -> torch.Tensor:
+    """Fast-dLLM's factor rule (arXiv:2505.22618, ``get_transfer_index_dynamic``): commit the n most confident
+    masked positions, n the longest run of the ranked confidences with ``c_(i) >= 1 - factor / (i + 1)``
+    (i = 1, 2, ...): the more tokens are committed at once, the more confident each one must be. At least the
+    static quota (so a tiny ``factor`` is static decoding), at most the masked positions left.
+    """
+    confidence = confidence.masked_fill(~masked, float("-inf"))
+    ranked = confidence.sort(dim=1, descending=True).values
+    ranks = torch.arange(1, ranked.shape[1] + 1, device=ranked.device, dtype=ranked.dtype)
+    run = (ranked >= 1 - factor / (ranks + 1)).long().cumprod(dim=1).sum(dim=1)
+    count = torch.maximum(run, masked.sum(dim=1).clamp(max=quota))
+    return _top_by_confidence(confidence, count)
+
+
 def _check_full_modes(
-    model: DiffusionLM, cache: str, strategy: str, threshold: float, remasking: str, cfg_scale: float
+    model: DiffusionLM, cache: str, strategy: str, threshold: float, factor: float, remasking: str, cfg_scale: float
 ) -> None:
-    _require(strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    _require(strategy in FULL_STRATEGIES, f"strategy must be one of {FULL_STRATEGIES}, got {strategy!r}")
     _require(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold}")
+    _require(factor > 0, f"factor must be > 0, got {factor}")
     _require(
         strategy == "static" or remasking == "low_confidence",
-        "strategy='dynamic' thresholds the model's confidence; it needs remasking='low_confidence'",
+        f"strategy={strategy!r} uses the model's confidence; it needs remasking='low_confidence'",
     )
     _require(cache in CACHE_MODES, f"cache must be one of {CACHE_MODES}, got {cache!r}")
     if cache != "none":
@@ -363,6 +380,7 @@ def llada_generate(
     cache: str = "none",
     strategy: str = "static",
     threshold: float = 0.9,
+    factor: float = 1.0,
     stop_at_eos: bool = False,
 ) -> GenerationOutput:
     """LLaDA reference sampler (semi-autoregressive blocks, low-confidence or random remasking).
@@ -379,7 +397,8 @@ def llada_generate(
       forward per step as before, so the NFE is unchanged but every forward after a block's first is shorter.
     * ``strategy="dynamic"``: also commit every masked position of the block whose confidence exceeds
       ``threshold`` (at least the static quota, so ``threshold=1`` is exact decoding); a block ends as soon as
-      it has no MASK left, so fewer forwards are run.
+      it has no MASK left, so fewer forwards are run. ``strategy="factor"``: the same with Fast-dLLM's factor
+      rule instead of a fixed threshold (:func:`_select_by_factor`).
     * ``stop_at_eos``: a row stops as soon as its text is final (:func:`_stopped_rows`); its remaining MASK
       positions become EOS (``unmask_step = -1``) and it leaves the batch. The text up to the first stop token
       is the one decoding to the end gives (greedy; sampled draws depend on the batch shape).
@@ -397,7 +416,7 @@ def llada_generate(
     )
     _require(remasking in REMASKING, f"remasking must be one of {REMASKING}, got {remasking!r}")
     _require(cfg_scale >= 0, f"cfg_scale must be >= 0, got {cfg_scale}")
-    _check_full_modes(model, cache, strategy, threshold, remasking, cfg_scale)
+    _check_full_modes(model, cache, strategy, threshold, factor, remasking, cfg_scale)
     _check_generator(generator, temperature > 0 or remasking == "random", prompt_ids.device)
     if cache != "none" and model.pad_free and not bool(mask.all()):
         return _by_padding(
@@ -413,6 +432,7 @@ def llada_generate(
             cache=cache,
             strategy=strategy,
             threshold=threshold,
+            factor=factor,
             stop_at_eos=stop_at_eos,
         )
 
@@ -430,7 +450,7 @@ def llada_generate(
         for i in range(steps_per_block):
             state = x[ctx.rows, span]
             masked = state == model.mask_id
-            if strategy == "dynamic" and not masked.any():
+            if strategy != "static" and not masked.any():
                 break  # static decoding runs (and draws noise for) every step, as the reference does
             logits = _block_logits64(ctx.block_logits(span, first_step=i == 0), model.mask_id)
             scores = logits / temperature if temperature > 0 else logits
@@ -439,7 +459,10 @@ def llada_generate(
                 confidence = _token_prob(logits, tokens)
             else:
                 confidence = torch.rand(tokens.shape, generator=generator, dtype=torch.float64, device=x.device)
-            selected = _select_block(confidence, masked, quota[i], strategy, threshold)
+            if strategy == "factor":
+                selected = _select_by_factor(confidence, masked, quota[i], factor)
+            else:
+                selected = _select_block(confidence, masked, quota[i], strategy, threshold)
             x[ctx.rows, span], unmask_step[ctx.rows, cols] = _commit(
                 state, unmask_step[ctx.rows, cols], tokens, selected, j * steps_per_block + i
             )
@@ -718,6 +741,7 @@ def generate(
             cache=settings.cache,
             strategy=settings.strategy,
             threshold=settings.threshold,
+            factor=settings.factor,
             stop_at_eos=settings.stop_at_eos,
         )
     _require(
