@@ -71,30 +71,46 @@ def _model(args: argparse.Namespace) -> DiffusionLM:
     return build_tiny(attention="full", seed=0, **CONFIGS[args.config])
 
 
+def _prompts(model: DiffusionLM, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts: the task's first test questions in the ``tiny`` protocol, else random tokens."""
+    if args.task:
+        from stabledrl_bench.tasks import get_task
+
+        task = get_task(args.task)
+        specs = [task.prompt(doc, "tiny") for doc in task.eval_docs(limit=args.batch)]
+        ids, mask = model.encode_prompts(
+            [spec.messages for spec in specs], chat_template=specs[0].chat_template, prefill=specs[0].prefill
+        )
+        return ids.to(args.device), mask.to(args.device)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, model.vocab_size - 10, (args.batch, args.prompt_len), generator=gen).to(args.device)
+    return ids, torch.ones_like(ids, dtype=torch.bool)
+
+
 def bench_decoding(args: argparse.Namespace) -> None:
     model = _model(args)
     model.model.to(args.device).eval()
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(10, model.vocab_size - 10, (args.batch, args.prompt_len), generator=gen).to(args.device)
+    ids, mask = _prompts(model, args)
     base = DecodeSettings(gen_length=args.gen_length, block_length=args.block_length, steps=args.gen_length // 2)
     names = args.modes.split(",")
     times: dict[str, list[float]] = {name: [] for name in names}
     outs: dict[str, GenerationOutput] = {}
     for name in names:  # warm-up (first-call allocations and kernel selection), untimed
-        generate(model, ids[:1], None, dataclasses.replace(base, **MODES[name]))
+        generate(model, ids[:1], mask[:1], dataclasses.replace(base, **MODES[name]))
     load_before = os.getloadavg()
     for _ in range(args.repeats):
         for name in names:  # interleaved: A B C ... A B C ...
             settings = dataclasses.replace(base, **MODES[name])
-            seconds, outs[name] = _timed(lambda s=settings: generate(model, ids, None, s))
+            seconds, outs[name] = _timed(lambda s=settings: generate(model, ids, mask, s))
             times[name].append(seconds)
             print(f"  {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     params = sum(p.numel() for p in model.model.parameters())
     source = args.checkpoint or f"random weights, config {args.config}"
+    source += f", {args.task} prompts" if args.task else ", random prompts"
     print(
         f"model: {source} ({params / 1e6:.1f}M parameters); L={args.gen_length} B={args.batch} "
-        f"prompt={args.prompt_len} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
+        f"prompt={ids.shape[1]} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
         f"device={args.device}; median of {args.repeats} interleaved runs"
     )
     print(
@@ -180,6 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=tuple(CONFIGS), default="default")
     parser.add_argument("--checkpoint", help="a trained full-attention tiny checkpoint instead of random weights")
+    parser.add_argument("--task", help="prompts from this task's test set (tiny protocol), e.g. for --checkpoint")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--gen-length", type=int, default=256)
