@@ -135,6 +135,7 @@ REGISTRIES = {
     "reward-profiles": ("stabledrl_bench.tasks", "REWARD_PROFILES"),
     "protocols": ("stabledrl_bench.evaluation.protocols", "PROTOCOLS"),
     "model-families": ("stabledrl_bench.core.models.backends", "MODEL_FAMILIES"),
+    "stress-experiments": ("stabledrl_bench.experiments.stress.options", "EXPERIMENTS"),
 }
 
 

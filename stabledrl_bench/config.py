@@ -20,6 +20,9 @@ from stabledrl_bench.errors import UserError
 
 T = TypeVar("T")
 
+# Keys renamed so that one concept has one name (TRL's where it has one): an old file gets told the new name.
+RENAMED_KEYS = {"completion_length": "max_completion_length", "gen_length": "max_completion_length"}
+
 
 def _check_type(value: Any, annotation: Any, where: str) -> Any:
     """Validate (and lightly coerce int -> float) ``value`` against a dataclass field annotation."""
@@ -83,6 +86,9 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`UserError`."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
+    renamed = [f"{key} (now {RENAMED_KEYS[key]})" for key in unknown if RENAMED_KEYS.get(key) in fields]
+    if renamed:
+        raise UserError(f"{where}: renamed key(s) {', '.join(renamed)}")
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(fields)}")
     required = [n for n, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING and f.init]

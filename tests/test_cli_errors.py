@@ -52,7 +52,7 @@ def _files(root: Path, checkpoint: Path) -> dict[str, str]:
         "BUDGETTYPE": b"budget: 5\n",
         "ZEROMICRO": b"estimator_micro_batch: 0\n",
         "SFTBATCH": b"batch_size: 0\n",
-        "SFTCANVAS": b"completion_length: 0\n",
+        "SFTCANVAS": b"max_completion_length: 0\n",
     }
     paths = {}
     for name, data in configs.items():
@@ -105,7 +105,7 @@ CASES = [
     # sft
     (["sft", "--config", "NONUTF8"], "not UTF-8"),
     (["sft", "--config", "SFTBATCH"], "batch_size must be positive"),
-    (["sft", "--config", "SFTCANVAS"], "completion_length must be positive"),
+    (["sft", "--config", "SFTCANVAS"], "max_completion_length must be positive"),
     (["sft", "--max-steps", "0"], "--max-steps: must be a positive integer"),
     (["sft", "--max-steps", "-5"], "--max-steps: must be a positive integer"),
     (["sft", "--model", "DAMAGED_TRUNCATED"], "cannot load the model"),

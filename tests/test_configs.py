@@ -109,3 +109,12 @@ def test_bad_presets_are_one_line_errors(tmp_path, monkeypatch, text, message):
     monkeypatch.setattr(reproduce, "presets_dir", lambda: _write_presets(tmp_path, text))
     with pytest.raises(UserError, match=message):
         presets("table1")
+
+
+def test_a_renamed_key_names_its_new_name(tmp_path):
+    from stabledrl_bench.training.sft import SFTConfig
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("completion_length: 64\n")
+    with pytest.raises(UserError, match=r"renamed key\(s\) completion_length \(now max_completion_length\)"):
+        SFTConfig.from_file(path)

@@ -185,6 +185,18 @@ def test_training_refuses_a_broken_model_unless_told_to_skip_the_check(checkpoin
     assert math.isfinite(rl_step(checkpoints["broken"], "grpo", tmp_path / "forced", check_model=False)["loss"])
 
 
+def test_the_native_tiny_model_is_exempt_from_the_probes_and_nothing_else_is(checkpoints, monkeypatch) -> None:
+    """A weakly trained native tiny model can fail a probe by being near uniform; its convention is this package's
+    own code, so the probes are skipped for it, and only for it."""
+    from stabledrl_bench.core.models import probes
+
+    failing = probes.Probe("logit alignment", status="fail", measured="near uniform", meaning="")
+    monkeypatch.setattr(probes, "run_probes", lambda dlm, train=True: [failing])
+    probes.require_conventions(native(checkpoints, "llada"), "native tiny")
+    with pytest.raises(UserError, match="logit alignment: near uniform"):
+        probes.require_conventions(load(checkpoints, "llada"), "emulated llada")
+
+
 def test_sdar_train_mode_is_served_by_the_inference_branches(checkpoints) -> None:
     """SDAR's train-mode forward computes an SFT loss (SDAR-8B-Chat) or no logits (TraDo's copy); the backend
     runs the inference branches, so the trainer gets logits with gradients, equal to eval mode's."""

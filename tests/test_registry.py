@@ -29,6 +29,7 @@ from stabledrl_bench.core.models.backends import MODEL_FAMILIES
 from stabledrl_bench.core.registry import Registry
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.protocols import PROTOCOLS
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS
 from stabledrl_bench.tasks import REWARD_PROFILES, TASKS, get_task
 
 BUILTIN = ["grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only"]
@@ -40,6 +41,7 @@ ALL = {
     "reward-profiles": REWARD_PROFILES,
     "protocols": PROTOCOLS,
     "model-families": MODEL_FAMILIES,
+    "stress-experiments": EXPERIMENTS,
 }
 
 
@@ -242,6 +244,18 @@ class TinyFork(TinyBackend):
 """,
         "",
     ),
+    "stress-experiments": (
+        """
+from pathlib import Path
+from stabledrl_bench.experiments.stress.options import Experiment, add_output
+
+def run(args):
+    return Path(args.results) / "echo.json"
+
+ECHO = Experiment("echo", "a plugin experiment: one module, nothing else edited", add_output, run)
+""",
+        ":ECHO",
+    ),
 }
 ENTRY_NAMES = {
     "baselines": "my_method",
@@ -251,6 +265,7 @@ ENTRY_NAMES = {
     "reward-profiles": "binary",
     "protocols": "tiny-4",
     "model-families": "tiny-fork",
+    "stress-experiments": "echo",
 }
 
 
@@ -271,6 +286,11 @@ def test_external_plugin_through_entry_points(what: str, plugin_dir: Path) -> No
         from stabledrl_bench.core.models.backends import family_of
 
         assert entry.family == name and family_of("tiny_fork") == name
+    elif what == "stress-experiments":
+        from stabledrl_bench.experiments.stress.cli import build_parser
+
+        args = build_parser().parse_args(["echo", "--results", "elsewhere"])
+        assert entry.run(args) == Path("elsewhere/echo.json")
 
 
 def test_plugins_compose(plugin_dir: Path) -> None:

@@ -52,7 +52,8 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     assert _run(tmp_path, table) == 0
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("*.json")}
     assert before == after
-    assert "SFT warm start: done" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warm start: done" in out and out.count("trained, reused") == len(TABLE_BASELINES) + 1
 
 
 def _check_frozen_control(tmp_path: Path, table: str, preset) -> None:
@@ -77,25 +78,25 @@ def _repeats(record: dict) -> int:
 
 def test_interrupted_training_resumes(tmp_path, monkeypatch):
     """A run killed after its checkpoint resumes instead of starting over."""
-    from stabledrl_bench.experiments import reproduce as rep
+    from stabledrl_bench.training.checkpoint import latest_checkpoint
+    from stabledrl_bench.training.trainer import RLTrainer
 
     calls = []
-    original = rep.RLTrainer.train
+    original = RLTrainer.train
 
     def spy(self, *, resume=False, stop_after=None):
-        calls.append((self.output_dir.name, resume))
+        calls.append((self.output_dir.name, latest_checkpoint(self.output_dir) is not None))
         return original(self, resume=resume, stop_after=stop_after)
 
-    monkeypatch.setattr(rep.RLTrainer, "train", spy)
+    monkeypatch.setattr(RLTrainer, "train", spy)
     run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "grpo"
-    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig  # noqa: F401  (same class as rep.RLTrainer)
-
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
     assert calls == [("grpo", False), ("frozen", False)]
-    # Simulate a crash after the checkpoint: remove the final model and the results of that run.
+    # Simulate a crash after the last checkpoint: no final model, and the runner never wrote the run's summary.
     import shutil
 
     shutil.rmtree(run_dir / "final")
+    (run_dir / "summary.json").unlink()
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
     assert calls == [("grpo", False), ("frozen", False), ("grpo", True)]  # the finished control is not rerun
     assert (run_dir / "final" / "config.json").is_file()

@@ -149,9 +149,9 @@ def test_budget_hash_is_canonical_sha256_prefix() -> None:
         ({"baseline": "not_a_method"}, "not registered"),
         ({"budget": None}, "needs a 'budget'"),
         ({"budget_hash": "0123456789ab"}, "does not match"),
-        ({"model": {"name": "m"}}, "'model'"),
-        ({"unexpected": 1}, "unknown field"),
-        ({"seed": "0"}, "'seed'"),
+        ({"model": {"name": "m"}}, r"\.json\.model: missing key\(s\) family, checkpoint, parameters"),
+        ({"unexpected": 1}, r"unknown key\(s\) unexpected"),
+        ({"seed": "0"}, r"\.json\.seed: expected an integer"),
     ],
 )
 def test_write_rejects_invalid_records(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
@@ -185,7 +185,7 @@ def test_reference_rows_need_no_budget(tmp_path: Path) -> None:
     ("corrupt", "message"),
     [
         (lambda text: text[: len(text) // 2], "unreadable result file"),
-        (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "task"}), "missing field"),
+        (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "task"}), "missing key"),
         (lambda text: text.replace('"accuracy": 0.5', '"accuracy": 1.5'), "fraction"),
     ],
 )

@@ -25,22 +25,23 @@ import torch
 from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.spg import sandwich_bound
 from stabledrl_bench.baselines.stabledrl import stabledrl_loss
-from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
+from stabledrl_bench.core.estimators import Estimate, SequenceBatch, build_estimator
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress import hull as hull_mod
 from stabledrl_bench.experiments.stress import main, stability_section
 from stabledrl_bench.experiments.stress.common import (
     Definitions,
     ExplodingNoise,
-    WarmStartSpec,
+    NoiseInjection,
     collapse_step,
-    ensure_warm_start,
     running_mean,
     spike_steps,
+    stress_warm_start,
 )
-from stabledrl_bench.experiments.stress.drift import Rollout, measure_update_norms
-from stabledrl_bench.training.trainer import inject_log_ratio_noise
+from stabledrl_bench.experiments.stress.drift import measure_update_norms
+from stabledrl_bench.training.trainer import SampledBatch
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 STABLEDRL_MAX_GAP = 10.0
@@ -99,6 +100,19 @@ def test_exploding_noise_scales_to_each_methods_log_ratio():
 
 
 # ----------------------------------------------------------------------------------------------- convex hull
+def test_noise_injection_is_heavy_tailed_and_seeded():
+    old = Estimate(elbo=torch.zeros(20000))
+    noise = NoiseInjection(df=1.0, scale=1.0)
+    a = noise(old, torch.Generator().manual_seed(0)).elbo
+    b = noise(old, torch.Generator().manual_seed(0)).elbo
+    assert torch.equal(a, b)
+    # Cauchy: median |x| = 1, but the largest of 20000 draws is in the thousands (a normal's would be ~4).
+    assert abs(a.abs().median().item() - 1.0) < 0.1
+    assert a.abs().max().item() > 100
+    none = NoiseInjection(df=1.0, scale=1.0, probability=0.0)(old, torch.Generator()).elbo
+    assert torch.equal(none, old.elbo)
+
+
 def _slow_stabledrl_update(x: hull_mod.HullInputs, clip: float) -> torch.Tensor:
     """Independent loop: per group, w_i = min(rho_i, C) / sum_j min(rho_j, C); u = -(1/G) sum_i w_i A_i grad b_i."""
     groups = x.num_groups
@@ -160,7 +174,7 @@ def test_hull_bound_holds_for_stabledrl_and_not_for_grpo():
 
 
 # ------------------------------------------------------------------------------------- tiny model (CI regression)
-def _random_rollout(dlm, generator, groups=2, size=4, prompt=8, length=16) -> Rollout:
+def _random_rollout(dlm, generator, groups=2, size=4, prompt=8, length=16) -> SampledBatch:
     """Random prompts and completions (EOS-terminated), rewards U[0, 1]: the mechanics need no trained model."""
     rows = groups * size
     vocab = dlm.model.config.vocab_size
@@ -172,7 +186,8 @@ def _random_rollout(dlm, generator, groups=2, size=4, prompt=8, length=16) -> Ro
         prompt_ids, torch.ones_like(prompt_ids, dtype=torch.bool), completion, dlm.completion_mask(completion)
     )
     rewards = torch.rand(rows, generator=generator)
-    return Rollout(batch, rewards, (rewards > 0.5).float(), torch.arange(groups).repeat_interleave(size))
+    group_ids = torch.arange(groups).repeat_interleave(size)
+    return SampledBatch(batch, rewards, (rewards > 0.5).float(), group_ids, components={}, nfe=0)
 
 
 def test_ci_regression_stabledrl_gradient_within_analytic_bound_on_tiny_model():
@@ -185,7 +200,7 @@ def test_ci_regression_stabledrl_gradient_within_analytic_bound_on_tiny_model():
     params = [p for p in dlm.model.parameters()]
     with torch.no_grad():
         old = estimator.evaluate(dlm, rollout.batch, estimator.draw(rollout.batch, generator))
-    old = inject_log_ratio_noise(old, ExplodingNoise(scale=3.0).injection("stabledrl", 16), generator)
+    old = ExplodingNoise(scale=3.0).injection("stabledrl", 16)(old, generator)
     new = estimator.evaluate(dlm, rollout.batch, estimator.draw(rollout.batch, generator))
     advantages = rollout.rewards - rollout.rewards.view(2, 4).mean(1).repeat_interleave(4)
     loss, _ = stabledrl_loss(new.elbo, new.eubo, old.elbo, advantages, rollout.group_ids)
@@ -328,6 +343,24 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
     assert "| stabledrl | exploding | 0/3 |" in text
 
 
+@pytest.mark.parametrize(
+    ("stabledrl", "grpo", "verdict"),
+    [((0, []), (2, [300, 500]), "agrees"), ((0, []), (0, []), "disagrees"), ((1, [900]), (2, [300, 500]), "disagrees")],
+)
+def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, verdict):
+    budget = {"max_steps": 1000, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 40}
+    budget |= {"diffusion_steps": 10, "num_iterations": 4}
+    summary = [_summary("grpo", "normal", *grpo, seeds=2), _summary("stabledrl", "normal", *stabledrl, seeds=2)]
+    record = {"budget": budget, "budget_hash": "abc", "summary": summary}
+    record |= {"optimizer": {"learning_rate": 1e-3, "max_grad_norm": 1.0}}
+    record |= {"title": "Long run", "seeds": [0, 1]}
+    _write(tmp_path / "stability", "longrun", record)
+    text = stability_section(tmp_path)
+    (line,) = [line for line in text.splitlines() if "StableDRL trains stably for 1000+" in line]
+    assert line.startswith(f"* **{verdict}**") and "1000 steps, mu = 4, lr 0.001" in line
+    assert f"grpo {grpo[0]}/2 collapsed" in line and "### Long run" in text
+
+
 def test_stability_section_rejects_a_foreign_record(tmp_path):
     (tmp_path / "stability").mkdir()
     (tmp_path / "stability" / "hull.json").write_text(json.dumps({"schema": "other"}))
@@ -355,9 +388,9 @@ def test_cached_warm_start_built_with_other_settings_is_refused(tmp_path):
     folder.mkdir()
     (folder / "warm_start.json").write_text(json.dumps({"spec_hash": "something-else"}))
     with pytest.raises(UserError, match="other settings"):
-        ensure_warm_start(tmp_path, WarmStartSpec())
+        ensure_warm_start(stress_warm_start(), folder)
     with pytest.raises(UserError, match="not a model folder"):
-        ensure_warm_start(tmp_path, WarmStartSpec(), override=str(tmp_path))
+        ensure_warm_start(stress_warm_start(), folder, override=str(tmp_path))
 
 
 def test_every_command_end_to_end_at_toy_size(tmp_path):
@@ -371,8 +404,12 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     main(["clip", "--thresholds", "5", *train, *common])
     main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", *toy, *common])
     main(["hull", "--trials", "10", *common[:-2]])
+    main(["longrun", "--methods", "grpo,stabledrl", *toy, "--steps", "4", "--jobs", "1", *common])
     records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
-    assert set(records) == {"exploding", "clip", "drift", "hull"}
+    assert set(records) == {"exploding", "clip", "drift", "hull", "longrun"}
+    assert (
+        records["longrun"]["budget"]["num_iterations"] == 4 and records["longrun"]["optimizer"]["learning_rate"] == 1e-3
+    )
     exploding = records["exploding"]
     assert exploding["budget_hash"] and exploding["environment"]["hardware"]
     assert exploding["warm_start"] == {"path": str(model), "source": "user"}
@@ -383,7 +420,7 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     # StableDRL with C = 5 is the same configuration in both sweeps: one run folder, trained once.
     (stable,) = [r for r in exploding["runs"] if r["label"] == "stabledrl"]
     (clip5,) = records["clip"]["runs"]
-    assert stable["run_dir"] == clip5["run_dir"] and len(list((runs / "train").iterdir())) == 2
+    assert stable["run_dir"] == clip5["run_dir"] and len(list((runs / "train").iterdir())) == 2 + 2  # + longrun
     for record in records.values():
         for name in record["plots"].values():
             assert (results / "stability" / name).is_file()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,14 @@ from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+from stabledrl_bench.experiments.runner import (
+    CONTROL_BASELINE,
+    TrainJob,
+    WarmStart,
+    control_config,
+    ensure_warm_start,
+    run_training,
+)
 from stabledrl_bench.reporting.leaderboard import (
     CONTROL_RUN,
     TRAINING_COLUMNS,
@@ -48,16 +55,12 @@ from stabledrl_bench.reporting.leaderboard import (
 )
 from stabledrl_bench.reporting.results import atomic_write_text
 from stabledrl_bench.training.budget import Budget
-from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.runlog import plot_runs, read_log
-from stabledrl_bench.training.sft import SFTConfig, run_sft
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.runlog import read_log
+from stabledrl_bench.training.sft import SFTConfig
+from stabledrl_bench.training.trainer import TrainConfig
 
 TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
-# The control run of every task (leaderboard.CONTROL_RUN): the start model trained with learning rate 0, so its
-# updates are zero, rolling out the same prompts with the same random numbers as every RL run.
-FROZEN_BASELINE = "grpo"
 
 
 @dataclass
@@ -201,13 +204,15 @@ def reproduce(args) -> None:
         recipe = preset.tasks[task]
         start = model_spec
         if preset.sft is not None:
-            start = str(_warm_start(preset, task, model_spec, runs / task / "sft", args.seed, args.force))
+            start = str(_warm_start(preset, task, model_spec, runs / task / "sft", args))
         reference = "sft" if preset.sft is not None else "base"
         _evaluate_all(preset, table, comparison, task, reference, start, None, args, limit)
         for baseline in baselines:
-            final = _train(preset, recipe, task, baseline, start, runs / task / baseline, args)
+            config = _train_config(preset, recipe, task, baseline, start, runs / task / baseline, args)
+            final = _train(config, args)
             _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), args, limit)
-        _train(preset, recipe, task, FROZEN_BASELINE, start, runs / task / CONTROL_RUN, args, 0.0)
+        control = _train_config(preset, recipe, task, CONTROL_BASELINE, start, runs / task / CONTROL_RUN, args)
+        _train(control_config(control, control.output_dir), args)
         run_dirs = {name: runs / task / name for name in (*baselines, CONTROL_RUN)}
         _training_summary(task, run_dirs, Path(args.results), comparison)
     from stabledrl_bench.experiments.stress import stability_section
@@ -236,14 +241,7 @@ def _training_summary(task: str, run_dirs: dict[str, Path], results_dir: Path, c
     print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones:")
     for row in training_changes(rewards).itertuples():
         print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {row.change.text('+.3f', scale=1.0)}")
-    labels = {run: f"{run} (learning rate 0)" if run == CONTROL_RUN else run for run in rollouts}
-    plot = plot_runs(
-        {labels[run]: records for run, records in rollouts.items()},
-        path.with_suffix(".png"),
-        window=5,
-        title=f"{comparison}: {task}, reward of each rollout",
-    )
-    print(f"  [{task}] training rewards: {path}" + (f", curves: {plot}" if plot else ""))
+    print(f"  [{task}] training rewards: {path} (the leaderboard plots them)")
 
 
 def _rollout_records(log: Path) -> list[dict[str, Any]]:
@@ -261,45 +259,20 @@ def _select(requested: str | None, default: tuple[str, ...], what: str, known) -
     return names
 
 
-def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, force: bool) -> Path:
-    final = out / "final"
-    if final.is_dir() and not force:
-        print(f"  [{task}] SFT warm start: done ({final})")
-        return final
-    if force:
-        shutil.rmtree(out, ignore_errors=True)
+def _warm_start(preset: Preset, task: str, model: str, out: Path, args) -> Path:
     recipe = preset.tasks[task]
-    cfg = dataclasses.replace(
-        preset.sft,
-        task=task,
-        model=model,
-        seed=seed,
-        output_dir=str(out),
-        generator_options=recipe.generator_options
-        if recipe.sft_generator_options is None
-        else recipe.sft_generator_options,
+    generator_options = (
+        recipe.generator_options if recipe.sft_generator_options is None else recipe.sft_generator_options
     )
-    print(f"  [{task}] SFT warm start: {cfg.max_steps} steps -> {final}")
-    return run_sft(cfg)
+    sft = dataclasses.replace(preset.sft, task=task, model=model, seed=args.seed, generator_options=generator_options)
+    final, _ = ensure_warm_start(WarmStart(sft), out, force=args.force)
+    return final
 
 
-def _train(
-    preset: Preset,
-    recipe: TaskRecipe,
-    task: str,
-    baseline: str,
-    start: str,
-    out: Path,
-    args,
-    learning_rate: float | None = None,
-) -> Path:
-    final = out / "final"
-    if args.force:
-        shutil.rmtree(out, ignore_errors=True)
-    if final.is_dir() and _same_budget(out, preset.budget):
-        print(f"  [{task}] {out.name}: trained ({final})")
-        return final
-    cfg = TrainConfig(
+def _train_config(
+    preset: Preset, recipe: TaskRecipe, task: str, baseline: str, start: str, out: Path, args
+) -> TrainConfig:
+    return TrainConfig(
         baseline=baseline,
         task=task,
         model=start,
@@ -308,9 +281,7 @@ def _train(
         train_split=recipe.train_split,
         generator_options=recipe.generator_options,
         budget=preset.budget,
-        optim=dataclasses.replace(
-            preset.optim, learning_rate=recipe.learning_rate if learning_rate is None else learning_rate
-        ),
+        optim=dataclasses.replace(preset.optim, learning_rate=recipe.learning_rate),
         per_device_prompts=preset.per_device_prompts,
         seed=args.seed,
         bf16=preset.bf16,
@@ -319,16 +290,18 @@ def _train(
         save_every=preset.save_every,
         check_model=not args.skip_model_check,
     )
-    resume = latest_checkpoint(out) is not None
-    print(f"  [{task}] {out.name}: {'resuming' if resume else 'training'} {preset.budget.max_steps} steps -> {out}")
-    return RLTrainer(cfg).train(resume=resume)
 
 
-def _same_budget(run_dir: Path, budget: Budget) -> bool:
-    info = run_dir / "run.json"
-    if not info.is_file():
-        return False
-    return json.loads(info.read_text()).get("budget_hash") == budget.hash()
+def _train(config: TrainConfig, args) -> Path:
+    """Train (or reuse, or resume) one run through the experiment runner; a run that diverged stops the job."""
+    out = Path(config.output_dir)
+    print(f"  [{config.task}] {out.name}: {config.budget.max_steps} steps -> {out}")
+    summary = run_training(TrainJob(config), force=args.force)
+    if summary["cached"]:
+        print(f"  [{config.task}] {out.name}: trained, reused ({summary['final']})")
+    if summary["final"] is None:
+        raise UserError(summary["stopped"] or f"{out}: the run stopped before its last step")
+    return Path(summary["final"])
 
 
 def _eval_device() -> tuple[str | None, torch.dtype | None]:

@@ -522,27 +522,72 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool
     return "\n".join(lines) + "\n"
 
 
-def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]) -> None:
-    """Grouped bars: one group per measured cell column, one bar per row, 95% interval as error bars."""
-    shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
-    figure = new_figure(max(6.0, 1.2 * len(shown) + 2.0), 4.0)
-    axes = figure.subplots()
+METRIC_NAMES = {"correct": "accuracy", "score": "d1 cell accuracy"}
+
+
+def _metric_text(columns: Sequence[Column]) -> str:
+    """What the plotted numbers are, per task: e.g. ``Sudoku: d1 cell accuracy``."""
+    tasks = dict.fromkeys(part[0] for column in columns for part in column.parts)
+    return "; ".join(f"{TASK_LABELS[t]}: {METRIC_NAMES[HEADLINE_FIELD.get(t, 'correct')]}" for t in tasks)
+
+
+def _bars(
+    axes,
+    rows: list[MeasuredRow],
+    shown: list[Column],
+    value: Callable[[MeasuredRow, Column], Any],
+    colors: Mapping[str, str],
+) -> None:
+    """Grouped bars, one group per column and one bar per row (its color fixed by ``colors``), 95% intervals."""
     width = 0.8 / max(1, len(rows))
     for offset, row in enumerate(rows):
-        estimates = [row.estimates[c.key] for c in shown]
+        estimates = [value(row, c) for c in shown]
         means = [100 * e.mean if e else np.nan for e in estimates]
         errors = [
             [100 * (e.mean - e.low) if e else 0 for e in estimates],
             [100 * (e.high - e.mean) if e else 0 for e in estimates],
         ]
         positions = np.arange(len(shown)) + (offset - (len(rows) - 1) / 2) * width
-        axes.bar(positions, means, width, yerr=errors, capsize=3, label=f"{row.info['Baseline']} ({row.info['Model']})")
-    axes.set_xticks(np.arange(len(shown)), [c.header for c in shown], rotation=30, ha="right")
-    axes.set_ylabel("accuracy (%)")
-    axes.set_ylim(0, 100)
-    axes.set_title(title)
-    axes.legend(fontsize="small")
-    figure.tight_layout()
+        name = row.info["Baseline"]
+        axes.bar(positions, means, width, yerr=errors, capsize=3, label=name, color=colors[name])
+
+
+def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column], actual: Mapping[Any, int]) -> None:
+    """Two panels over the measured cell columns: the change of every RL row from the starting point (paired by
+    test item, the comparison that shows a learning signal) and every row's own value; legend beside the panels.
+
+    ``actual`` maps a column's sub-key (a nominal length) to the tokens really generated, shown under its name.
+    """
+    shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
+    references = {row.info["Baseline"]: row for row in rows if row.info["Baseline"] in REFERENCE_BASELINES}
+    start = references.get("sft") or references.get("base")
+    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES]
+    labels = [
+        f"{c.header}\n({actual[c.key[1]]} tokens)" if c.key[1] in actual and actual[c.key[1]] != c.key[1] else c.header
+        for c in shown
+    ]
+    palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+    colors = {row.info["Baseline"]: palette[i % len(palette)] for i, row in enumerate(rows)}
+    panels = 2 if start is not None and others else 1
+    figure = new_figure(max(7.0, panels * (1.3 * len(shown) + 2.5) + 2.5), 4.2)
+    axes = list(figure.subplots(1, panels, squeeze=False)[0])
+    if panels == 2:
+        assert start is not None
+        _bars(axes[0], others, shown, lambda row, c: paired_change(row, start, c), colors)
+        axes[0].axhline(0, color="black", lw=0.8)
+        axes[0].set_ylabel(f"change from {start.info['Baseline']} (points)")
+        axes[0].set_title("Change from the start, paired by test item", fontsize=9)
+    _bars(axes[-1], rows, shown, lambda row, c: row.estimates[c.key], colors)
+    axes[-1].set_ylabel("value (%)")
+    axes[-1].set_ylim(0, 100)
+    axes[-1].set_title("Value of each row", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(np.arange(len(shown)), labels, fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
+    handles, names = axes[-1].get_legend_handles_labels()
+    figure.legend(handles, names, loc="center left", bbox_to_anchor=(0.88, 0.5), fontsize="small", frameon=False)
+    figure.suptitle(f"{title}\n{_metric_text(shown)}; bars: mean, whiskers: 95% bootstrap interval", fontsize=9)
+    figure.tight_layout(rect=(0, 0, 0.88, 1))
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     atomic_write_bytes(path, buffer.getvalue())
@@ -571,7 +616,9 @@ def _measured_blocks(
         change = _change_block(rows, columns)
         if change:
             block += "\n" + change
-        training = "" if comparison in trained else _training_block(results_dir, comparison)  # once per comparison
+        training = ""
+        if comparison not in trained:  # once per comparison
+            training = _training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
         trained.add(comparison)
         if training:
             block += "\n" + training
@@ -579,7 +626,8 @@ def _measured_blocks(
             name = slugify(comparison, 80) + ("__approximate" if approximate else "")
             plot_path = Path(plots_dir) / f"{table}__{name}.png"
             title = f"{TABLE_TITLES[table]}: {comparison}" + (" (approximate decoding)" if approximate else "")
-            _plot(plot_path, title, rows, columns)
+            actual = dict(zip(group["length"], group["actual"], strict=True)) if table == "table1" else {}
+            _plot(plot_path, title, rows, columns, actual)
             link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
             block += f"\n![{table} {comparison}]({link})\n"
         blocks.append(block)
@@ -618,7 +666,26 @@ def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd
     return pd.DataFrame(rows, columns=["run", "rollouts", "reward", "frozen", "change"])
 
 
-def _training_block(results_dir: Path, comparison: str) -> str:
+def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path | None:
+    """``<csv>.png``: every run's rollout reward against the optimizer step, the frozen control labelled as such."""
+    from stabledrl_bench.training.runlog import plot_runs
+
+    runs = {
+        f"{run} (learning rate 0)" if run == CONTROL_RUN else run: group.to_dict("records")
+        for run, group in rewards.groupby("run", sort=False)
+    }
+    task = rewards["task"].iloc[0]
+    return plot_runs(
+        runs,
+        path.with_suffix(".png"),
+        window=5,
+        title=f"{comparison}: {TASK_LABELS.get(task, task)}, training reward of each rollout",
+        x_label="optimizer step (one point per rollout: a rollout every num_iterations optimizer steps)",
+    )
+
+
+def _training_block(results_dir: Path, comparison: str, markdown_dir: Path | None) -> str:
+    """The training-reward table of every task of ``comparison`` (and, given ``markdown_dir``, its curves)."""
     blocks = []
     for path in sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv")):
         try:
@@ -646,6 +713,10 @@ def _training_block(results_dir: Path, comparison: str) -> str:
             f"on the same prompts with the same random numbers; change with a percentile-bootstrap 95% interval over "
             f"the rollouts.\n\n" + markdown_table(display)
         )
+        plot = _plot_training(path, rewards, comparison) if markdown_dir is not None else None
+        if plot is not None and markdown_dir is not None:
+            link = Path(os.path.relpath(plot.resolve(), markdown_dir.resolve())).as_posix()
+            blocks[-1] += f"\n![training reward {task}]({link})\n"
     return "\n".join(blocks)
 
 

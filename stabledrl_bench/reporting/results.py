@@ -49,12 +49,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stabledrl_bench.config import canonical_json, stable_hash
+from stabledrl_bench.config import canonical_json, from_dict, stable_hash
 from stabledrl_bench.errors import UserError
 
 SCHEMA = "stabledrl-bench/result/v1"
@@ -74,33 +75,7 @@ TABLE_TASKS = {"table1": TABLE1_TASKS, "table2": TABLE2_TASKS}
 HEADLINE_FIELD = {"sudoku": "score"}
 
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
-MODEL_KEYS = ("family", "name", "checkpoint", "parameters")
-# Written since the weights hash was introduced; older records lack them and are still read.
-MODEL_OPTIONAL_KEYS = ("weights_sha256", "dtype")
 SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
-RECORD_KEYS = (
-    "schema",
-    "kind",
-    "preset",
-    "comparison",
-    "table",
-    "baseline",
-    "task",
-    "length",
-    "actual_gen_length",
-    "sampling",
-    "protocol",
-    "seed",
-    "model",
-    "budget",
-    "budget_hash",
-    "settings",
-    "metrics",
-    "environment",
-    "created",
-    "samples_file",
-    "samples_sha256",
-)
 # Fields that identify an evaluation (and therefore its file name); everything else describes its outcome.
 KEY_FIELDS = ("comparison", "table", "preset", "baseline", "task", "length", "sampling", "protocol", "seed", "model")
 
@@ -222,6 +197,50 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+# ------------------------------------------------------------------------------------------- records
+def stamped(record: Mapping[str, Any], schema: str) -> dict[str, Any]:
+    """``record`` with its bookkeeping filled in where absent: ``schema``, ``created`` (now, UTC) and
+    ``environment`` (:func:`environment_info`). Every record this package writes goes through here."""
+    full = {"schema": schema, **record}
+    full.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    full.setdefault("environment", environment_info())
+    return full
+
+
+def plain_json(value: Any) -> Any:
+    """Plain JSON data: non-finite floats become null (= not finite / undefined), tuples lists, paths strings."""
+    if isinstance(value, Mapping):
+        return {str(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_json(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json_record(path: Path | str, schema: str, payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` as a :func:`stamped` record of ``schema`` to ``path`` (atomic, :func:`plain_json`)."""
+    path = Path(path)
+    atomic_write_text(path, json.dumps(plain_json(stamped(payload, schema)), indent=1, allow_nan=False))
+    return path
+
+
+def read_json_record(path: Path, schema: str) -> dict[str, Any]:
+    """A record of ``schema``, or a one-line error naming the file."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: unreadable record ({exc})") from exc
+    if not isinstance(record, dict) or record.get("schema") != schema:
+        found = record.get("schema") if isinstance(record, dict) else type(record).__name__
+        raise UserError(f"{path}: schema {found!r}, expected {schema!r}")
+    return record
+
+
 # ------------------------------------------------------------------------------------------- validation
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -240,88 +259,123 @@ def _check(condition: bool, where: str, message: str) -> None:
         raise UserError(f"{where}: {message}")
 
 
-def _validate_model(model: Any, where: str) -> None:
-    _check(isinstance(model, dict), where, "'model' must be an object")
-    keys = set(model) - set(MODEL_OPTIONAL_KEYS)
-    _check(keys == set(MODEL_KEYS), where, f"'model' must have the keys {', '.join(MODEL_KEYS)} (+ optional ones)")
-    digest = model.get("weights_sha256")
-    _check(digest is None or bool(re.fullmatch(r"[0-9a-f]{64}", digest)), where, "'model.weights_sha256' bad")
-    _check(model.get("dtype") is None or isinstance(model["dtype"], str), where, "'model.dtype' must be a string")
-    _check(isinstance(model["family"], str), where, "'model.family' must be a string")
-    _check(_nonempty_str(model["name"]), where, "'model.name' must be a non-empty string")
-    _check(model["checkpoint"] is None or _nonempty_str(model["checkpoint"]), where, "'model.checkpoint' bad")
-    _check(model["parameters"] is None or _is_int(model["parameters"]), where, "'model.parameters' must be int")
+class RecordError(ValueError):
+    """A field of a record breaks a rule (the message names the field); the loader adds the file name."""
 
 
-def _validate_metrics(metrics: Any, where: str) -> None:
-    _check(isinstance(metrics, dict), where, "'metrics' must be an object")
-    accuracy = metrics.get("accuracy")
-    _check(_is_number(accuracy) and 0.0 <= accuracy <= 1.0, where, "'metrics.accuracy' must be a fraction in [0, 1]")
-    _check(_is_int(metrics.get("n")) and metrics["n"] > 0, where, "'metrics.n' must be a positive integer")
-    for name, value in metrics.items():
-        _check(value is None or _is_number(value), where, f"'metrics.{name}' must be a finite number or null")
-    d1 = metrics.get("d1_accuracy")
-    _check(d1 is None or 0.0 <= d1 <= 1.0, where, "'metrics.d1_accuracy' must be a fraction in [0, 1]")
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise RecordError(message)
 
 
-def validate_record(record: Mapping[str, Any], where: str) -> None:
-    """Raise :class:`UserError` (prefixed with ``where``, usually the file) unless ``record`` is a valid v1 record."""
-    _check(isinstance(record, Mapping), where, "a result record must be a JSON object")
-    missing = [key for key in RECORD_KEYS if key not in record]
-    _check(not missing, where, f"missing field(s): {', '.join(missing)}")
-    unknown = sorted(key for key in record if key not in RECORD_KEYS and not key.startswith("_"))
-    _check(not unknown, where, f"unknown field(s): {', '.join(unknown)}")
-    _check(record["schema"] == SCHEMA, where, f"schema is {record['schema']!r}, expected {SCHEMA!r}")
-    _check(record["kind"] == "measured", where, "'kind' must be 'measured'")
-    for key in ("preset", "comparison", "baseline", "protocol"):
-        _check(_nonempty_str(record[key]), where, f"'{key}' must be a non-empty string")
-    table = record["table"]
-    _check(table in TABLE_TASKS, where, f"'table' must be one of {', '.join(TABLE_TASKS)}, got {table!r}")
-    _check(
-        record["task"] in TABLE_TASKS[table],
-        where,
-        f"'task' {record['task']!r} is not a column of {table} ({', '.join(TABLE_TASKS[table])})",
-    )
-    for key in ("length", "actual_gen_length"):
-        _check(_is_int(record[key]) and record[key] > 0, where, f"'{key}' must be a positive integer")
-    if table == "table1":
-        _check(record["length"] in TABLE1_LENGTHS, where, f"'length' must be one of {TABLE1_LENGTHS} in table1")
-        _check(record["sampling"] is None, where, "'sampling' must be null in table1")
-    else:
-        _check(record["sampling"] in SAMPLING_MODES, where, f"'sampling' must be one of {SAMPLING_MODES} in table2")
-    _check(_is_int(record["seed"]), where, "'seed' must be an integer")
-    _validate_model(record["model"], where)
-    budget, digest = record["budget"], record["budget_hash"]
-    if budget is None:
-        _check(digest is None, where, "'budget_hash' given without a 'budget'")
-        _check(
-            record["baseline"] in REFERENCE_BASELINES,
-            where,
-            f"RL baseline {record['baseline']!r} needs a 'budget' (only base/sft rows may omit it)",
+def _sha256_hex(value: str | None) -> bool:
+    return value is not None and re.fullmatch(r"[0-9a-f]{64}", value) is not None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The evaluated model. ``weights_sha256`` and ``dtype`` are written since the weights hash was introduced;
+    older records lack them and are still read."""
+
+    family: str
+    name: str
+    checkpoint: str | None
+    parameters: int | None
+    weights_sha256: str | None = None
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(_nonempty_str(self.name), "'model.name' must be a non-empty string")
+        _require(self.checkpoint is None or _nonempty_str(self.checkpoint), "'model.checkpoint' must not be empty")
+        _require(self.weights_sha256 is None or _sha256_hex(self.weights_sha256), "'model.weights_sha256' bad")
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One evaluation (schema ``stabledrl-bench/result/v1``; the module docstring describes every field).
+
+    Types are checked by :func:`~stabledrl_bench.config.from_dict`, the loader of every typed file of this package;
+    the rules that relate fields to each other are checked here.
+    """
+
+    schema: str
+    kind: str
+    preset: str
+    comparison: str
+    table: str
+    baseline: str
+    task: str
+    length: int
+    actual_gen_length: int
+    sampling: str | None
+    protocol: str
+    seed: int
+    model: ModelInfo
+    budget: dict[str, Any] | None
+    budget_hash: str | None
+    settings: dict[str, Any]
+    metrics: dict[str, float | None]
+    environment: dict[str, Any]
+    created: str
+    samples_file: str
+    samples_sha256: str
+
+    def __post_init__(self) -> None:
+        _require(self.schema == SCHEMA, f"schema is {self.schema!r}, expected {SCHEMA!r}")
+        _require(self.kind == "measured", "'kind' must be 'measured'")
+        for key in ("preset", "comparison", "baseline", "protocol"):
+            _require(_nonempty_str(getattr(self, key)), f"'{key}' must be a non-empty string")
+        _require(self.table in TABLE_TASKS, f"'table' must be one of {', '.join(TABLE_TASKS)}, got {self.table!r}")
+        tasks = TABLE_TASKS[self.table]
+        _require(self.task in tasks, f"'task' {self.task!r} is not a column of {self.table} ({', '.join(tasks)})")
+        for key in ("length", "actual_gen_length"):
+            _require(getattr(self, key) > 0, f"'{key}' must be a positive integer")
+        if self.table == "table1":
+            _require(self.length in TABLE1_LENGTHS, f"'length' must be one of {TABLE1_LENGTHS} in table1")
+            _require(self.sampling is None, "'sampling' must be null in table1")
+        else:
+            _require(self.sampling in SAMPLING_MODES, f"'sampling' must be one of {SAMPLING_MODES} in table2")
+        if self.budget is None:
+            _require(self.budget_hash is None, "'budget_hash' given without a 'budget'")
+            _require(
+                self.baseline in REFERENCE_BASELINES,
+                f"RL baseline {self.baseline!r} needs a 'budget' (only base/sft rows may omit it)",
+            )
+        else:
+            _require(self.budget_hash == budget_hash(self.budget), f"'budget_hash' {self.budget_hash!r} does not match")
+        self._check_metrics()
+        try:
+            datetime.fromisoformat(self.created)
+        except ValueError:
+            raise RecordError("'created' must be an ISO 8601 time") from None
+        name = self.samples_file
+        _require(
+            Path(name).name == name and name.endswith(SAMPLES_SUFFIX),
+            f"'samples_file' must be a plain file name ending in {SAMPLES_SUFFIX}",
         )
-    else:
-        _check(isinstance(budget, dict), where, "'budget' must be an object or null")
-        _check(digest == budget_hash(budget), where, f"'budget_hash' {digest!r} does not match the budget")
-    for key in ("settings", "environment"):
-        _check(isinstance(record[key], dict), where, f"'{key}' must be an object")
-    _validate_metrics(record["metrics"], where)
+        _require(_sha256_hex(self.samples_sha256), "'samples_sha256' must be 64 hex digits")
+
+    def _check_metrics(self) -> None:
+        accuracy, n = self.metrics.get("accuracy"), self.metrics.get("n")
+        _require(accuracy is not None and 0.0 <= accuracy <= 1.0, "'metrics.accuracy' must be a fraction in [0, 1]")
+        _require(n is not None and n == int(n) and n > 0, "'metrics.n' must be a positive integer")
+        for name, value in self.metrics.items():
+            _require(value is None or math.isfinite(value), f"'metrics.{name}' must be a finite number or null")
+        d1 = self.metrics.get("d1_accuracy")
+        _require(d1 is None or 0.0 <= d1 <= 1.0, "'metrics.d1_accuracy' must be a fraction in [0, 1]")
+
+
+def validate_record(record: Mapping[str, Any], where: str) -> ResultRecord:
+    """The typed record, or :class:`UserError` (prefixed with ``where``, usually the file) if ``record`` is invalid.
+
+    Keys starting with ``_`` are in-memory annotations of a loaded record (``_path``) and are ignored.
+    """
+    _check(isinstance(record, Mapping), where, "a result record must be a JSON object")
+    data = {key: value for key, value in record.items() if not key.startswith("_")}
     try:
-        datetime.fromisoformat(record["created"])
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: 'created' must be an ISO 8601 time") from None
-    samples_file = record["samples_file"]
-    _check(
-        _nonempty_str(samples_file)
-        and Path(samples_file).name == samples_file
-        and samples_file.endswith(SAMPLES_SUFFIX),
-        where,
-        f"'samples_file' must be a plain file name ending in {SAMPLES_SUFFIX}",
-    )
-    _check(
-        isinstance(record["samples_sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", record["samples_sha256"]),
-        where,
-        "'samples_sha256' must be 64 hex digits",
-    )
+        return from_dict(ResultRecord, data, where=where)
+    except RecordError as exc:
+        raise UserError(f"{where}: {exc}") from None
 
 
 def _validate_samples(samples: Sequence[Any], metrics: Mapping[str, Any], where: str) -> None:
@@ -404,15 +458,11 @@ def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Se
     ``samples_file`` and ``samples_sha256``. Given values are checked, never overwritten. ``baseline`` must be a
     registered baseline or ``base``/``sft``. Nothing is written unless the record and samples are valid.
     """
-    full = {key: value for key, value in record.items() if not key.startswith("_")}
-    full.setdefault("schema", SCHEMA)
+    full = stamped({key: value for key, value in record.items() if not key.startswith("_")}, SCHEMA)
     full.setdefault("kind", "measured")
     full.setdefault("sampling", None)
     if "budget_hash" not in full:
         full["budget_hash"] = None if full.get("budget") is None else budget_hash(full["budget"])
-    if "environment" not in full:
-        full["environment"] = environment_info()
-    full.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
     path = result_path(results_dir, full)
     where = str(path)
     text = _dump_jsonl(samples, where)

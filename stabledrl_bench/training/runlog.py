@@ -113,8 +113,10 @@ def plot_runs(
     window: int = 10,
     title: str = "",
     x_key: str = "step",
+    x_label: str | None = None,
 ) -> Path | None:
-    """One metric of several runs on one axis (trailing moving average over ``window`` points); None if no data."""
+    """One metric of several runs on one axis (trailing moving average over ``window`` points), the legend beside
+    the axis; None if no data. ``x_label`` says what the x values count (default: ``x_key``)."""
     curves = {}
     for label, records in runs.items():
         xs, ys = _points(records, x_key, key)
@@ -122,13 +124,13 @@ def plot_runs(
             curves[label] = (xs, running_mean(ys, window))
     if not curves:
         return None
-    fig = new_figure(6.0, 3.6)
+    fig = new_figure(8.0, 3.6)
     ax = fig.subplots()
     for label, (xs, ys) in curves.items():
         ax.plot(xs, ys, lw=1.4, label=label)
-    ax.set_xlabel(x_key)
-    ax.set_ylabel(f"{key} ({window}-point moving average)")
-    ax.legend(fontsize="small")
+    ax.set_xlabel(x_label or x_key, fontsize=9)
+    ax.set_ylabel(f"{key} ({window}-point moving average)", fontsize=9)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
     return save_png(fig, out_png)

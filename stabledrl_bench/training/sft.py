@@ -22,13 +22,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
+from stabledrl_bench.config import from_dict, read_mapping, require_positive, stable_hash, to_dict
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.errors import UserError, require_folder
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.checkpoint import export_model
+from stabledrl_bench.training.checkpoint import (
+    export_model,
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint_state,
+    save_checkpoint,
+)
 from stabledrl_bench.training.data import PromptStream, training_docs
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
 from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
@@ -43,8 +49,8 @@ class SFTConfig:
     generator_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"num_numbers": [3]}
     max_steps: int = 400
     batch_size: int = 64
-    completion_length: int = 32  # the canvas; targets are padded with EOS to this length
-    # If set, each step's canvas is drawn uniformly from [min_completion_length, completion_length] instead. Why: a
+    max_completion_length: int = 32  # the canvas; targets are padded with EOS to this length
+    # If set, each step's canvas is drawn uniformly from [min_completion_length, max_completion_length] instead. Why: a
     # task whose answers all have one length, always padded to one canvas, teaches the model the EOS count too,
     # and it then garbles the answer's end on any other canvas (LLaDA's SFT data varies in length, so it does not).
     min_completion_length: int | None = None
@@ -57,19 +63,23 @@ class SFTConfig:
     seed: int = 0
     bf16: bool = False
     output_dir: str = "runs/sft"
+    save_every: int = 200  # steps between checkpoints (an interrupted run resumes from the last); 0 = none
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.save_every < 0:
+            raise UserError(f"save_every must be >= 0 (0 = no checkpoints), got {self.save_every}")
         require_positive(
             max_steps=self.max_steps,
             batch_size=self.batch_size,
-            completion_length=self.completion_length,
+            max_completion_length=self.max_completion_length,
             max_prompt_length=self.max_prompt_length,
         )
         low = self.min_completion_length
-        if low is not None and not 1 <= low <= self.completion_length:
+        if low is not None and not 1 <= low <= self.max_completion_length:
             raise UserError(
-                f"min_completion_length must be between 1 and completion_length={self.completion_length}, got {low}"
+                f"min_completion_length must be between 1 and max_completion_length={self.max_completion_length}, "
+                f"got {low}"
             )
 
     @classmethod
@@ -77,6 +87,24 @@ class SFTConfig:
         data = read_mapping(path)
         data.update({k: v for k, v in overrides.items() if v is not None})
         return from_dict(cls, data, where=str(path))
+
+
+def _resume(acc, cfg: SFTConfig, stream: PromptStream, generator: torch.Generator) -> tuple[int, int]:
+    """Restore the latest checkpoint of ``cfg.output_dir`` in place; returns (steps done, truncated targets so far).
+
+    A checkpoint of other settings is an error naming the folder, never silently overwritten or mixed in.
+    """
+    path = latest_checkpoint(cfg.output_dir)
+    if path is None:
+        return 0, 0
+    state, rank_states = read_checkpoint_state(path)
+    if state.get("config_hash") != _identity_hash(cfg):
+        raise UserError(f"{cfg.output_dir} holds checkpoints of an SFT run with other settings; use another folder")
+    load_checkpoint(acc, path)
+    stream.load_state_dict(state["prompts"])
+    generator.set_state(rank_states[acc.process_index]["generator"])
+    print(f"sft: resuming {cfg.task} at step {state['step']} of {cfg.max_steps} ({path})")
+    return int(state["step"]), int(state["truncated"])
 
 
 def encode_targets(dlm: DiffusionLM, texts: list[str], length: int) -> tuple[torch.Tensor, int]:
@@ -124,8 +152,18 @@ def sft_loss(
     return (ce * masked / p_mask).sum() / (batch * length)
 
 
+def _identity_hash(cfg: SFTConfig) -> str:
+    """What a checkpoint must share with the run resuming it (where it goes, how often it saves: not that)."""
+    return stable_hash({k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "save_every", "progress")})
+
+
 def run_sft(cfg: SFTConfig) -> Path:
-    """Train and save ``output_dir/final`` (a model folder loadable by ``load_diffusion_lm``)."""
+    """Train and save ``output_dir/final`` (a model folder loadable by ``load_diffusion_lm``).
+
+    Every ``save_every`` steps a checkpoint stores the model, optimizer, scheduler, data position and random
+    generator; a run started on a folder holding a checkpoint of the same settings continues from it and ends
+    with the same weights as an uninterrupted run.
+    """
     from accelerate import Accelerator
 
     require_folder(cfg.output_dir, "output_dir")
@@ -146,12 +184,19 @@ def run_sft(cfg: SFTConfig) -> Path:
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     out_dir = Path(cfg.output_dir)
     main = acc.is_main_process
-    log = RunLog(out_dir / "log.jsonl", enabled=main)
+    first, truncated_total = _resume(acc, cfg, stream, generator)
+    log = RunLog(out_dir / "log.jsonl", resume_step=first if first else None, enabled=main)
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "run.json").write_text(json.dumps({"config": to_dict(cfg), "model": dlm.config_summary()}, indent=2))
-    bar = tqdm(range(cfg.max_steps), desc=f"sft:{cfg.task}", disable=not (main and cfg.progress), dynamic_ncols=True)
-    truncated_total = 0
+    bar = tqdm(
+        range(first, cfg.max_steps),
+        initial=first,
+        total=cfg.max_steps,
+        desc=f"sft:{cfg.task}",
+        disable=not (main and cfg.progress),
+        dynamic_ncols=True,
+    )
     for step in bar:
         start = time.perf_counter()
         chunk = stream.next(cfg.batch_size)[acc.process_index :: acc.num_processes]
@@ -162,9 +207,11 @@ def run_sft(cfg: SFTConfig) -> Path:
             prefill=specs[0].prefill,
             max_prompt_length=cfg.max_prompt_length,
         )
-        canvas = cfg.completion_length
+        canvas = cfg.max_completion_length
         if cfg.min_completion_length is not None:
-            canvas = int(torch.randint(cfg.min_completion_length, cfg.completion_length + 1, (1,), generator=generator))
+            canvas = int(
+                torch.randint(cfg.min_completion_length, cfg.max_completion_length + 1, (1,), generator=generator)
+            )
         targets, truncated = encode_targets(dlm, [task.target_completion(doc, cfg.protocol) for doc in chunk], canvas)
         truncated_total += truncated
         with acc.autocast():
@@ -186,11 +233,15 @@ def run_sft(cfg: SFTConfig) -> Path:
             }
         )
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.max_steps:
+            state = {"step": step + 1, "config_hash": _identity_hash(cfg), "prompts": stream.state_dict()}
+            state["truncated"] = truncated_total
+            save_checkpoint(acc, out_dir, step + 1, model, dlm, state, [{"generator": generator.get_state()}])
     if truncated_total:
         canvases = (
-            f"{cfg.min_completion_length}..{cfg.completion_length}"
+            f"{cfg.min_completion_length}..{cfg.max_completion_length}"
             if cfg.min_completion_length is not None
-            else cfg.completion_length
+            else cfg.max_completion_length
         )
         print(f"warning: {truncated_total} SFT targets were longer than their canvas ({canvases} tokens)")
     final = out_dir / "final"

@@ -21,6 +21,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,21 +63,6 @@ class LoraSettings:
 
 
 @dataclass
-class NoiseInjection:
-    """Stress test: heavy-tailed noise added to the *estimated* rollout log-likelihoods.
-
-    Each completion (sequence-level estimators) or token (token-level estimators) gets an independent draw
-    ``scale * StudentT(df)`` with probability ``probability``; ``df = 1`` is a Cauchy distribution, whose
-    exponential (the importance ratio) has no finite moments -- the paper's "exploding weights" regime.
-    The noise enters the log-ratio with a minus sign; it never touches the gradient path.
-    """
-
-    df: float = 1.0
-    scale: float = 1.0
-    probability: float = 1.0
-
-
-@dataclass
 class TrainConfig:
     """Everything that defines an RL run. Field names follow TRL's GRPOConfig where one exists."""
 
@@ -96,7 +82,6 @@ class TrainConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False
     lora: LoraSettings | None = None
-    log_ratio_noise: NoiseInjection | None = None
     output_dir: str = "runs/train"
     save_every: int = 0  # optimizer steps between checkpoints (rounded to rollout boundaries); 0 = end only
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
@@ -134,6 +119,23 @@ class MicroBatch:
     ref: list[Estimate | None]
 
 
+@dataclass
+class SampledBatch:
+    """One micro-batch of rollouts as sampled and scored, before advantages and likelihood estimates."""
+
+    batch: SequenceBatch
+    rewards: torch.Tensor  # [rows] the reward profile's total
+    correct: torch.Tensor  # [rows] 1.0 where the task's grader accepts the answer
+    group_ids: torch.Tensor  # [rows] one id per prompt, unique over every process
+    components: dict[str, list[float]]  # the reward profile's parts, per row
+    nfe: int
+
+
+# Called on every rollout-policy estimate before the loss sees it, with the trainer's private "noise" generator:
+# how an experiment perturbs the ratio without touching the trainer (e.g. the stress test's exploding noise).
+OldEstimateHook = Callable[[Estimate, torch.Generator], Estimate]
+
+
 class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
@@ -151,10 +153,11 @@ def _rank_generators(seed: int, rank: int) -> dict[str, torch.Generator]:
 class RLTrainer:
     """Trains ``cfg.model`` on ``cfg.task`` with baseline ``cfg.baseline`` under ``cfg.budget``."""
 
-    def __init__(self, cfg: TrainConfig, accelerator=None) -> None:
+    def __init__(self, cfg: TrainConfig, accelerator=None, old_estimate_hook: OldEstimateHook | None = None) -> None:
         from accelerate import Accelerator, PartialState
 
         self.cfg = cfg
+        self.old_estimate_hook = old_estimate_hook
         self.budget = cfg.budget
         # Cheap checks first: a bad name or output folder fails before any model is loaded.
         require_folder(cfg.output_dir, "output_dir")
@@ -225,20 +228,23 @@ class RLTrainer:
             "model": self.dlm.config_summary(),
             "world_size": self.acc.num_processes,
             "grad_accum": self.grad_accum,
+            "old_estimate_hook": None if self.old_estimate_hook is None else repr(self.old_estimate_hook),
         }
 
     # ------------------------------------------------------------------ rollout
     @torch.no_grad()
-    def rollout(self) -> tuple[list[MicroBatch], dict[str, float]]:
-        """Generate, score and pre-estimate one rollout batch; returns micro-batches and rollout metrics."""
+    def sample_rollout(self) -> list[SampledBatch]:
+        """Draw the next ``prompts_per_step`` prompts (this process's slice) and sample and score their completions,
+        one :class:`SampledBatch` per micro-batch. The only place rollouts are made, for training and for every
+        experiment that needs rollouts of a policy (they get the trainer's prompts and random streams)."""
         cfg, budget = self.cfg, self.budget
         docs = self.prompts.next(budget.prompts_per_step)
         rank, world = self.acc.process_index, self.acc.num_processes
         local = docs[rank::world]
         group_offset = rank * len(local)
+        was_training = self.dlm.model.training
         self.dlm.model.eval()
-        micro_batches, rewards_all, correct_all, components = [], [], [], {}
-        nfe, informative = 0, 0
+        sampled = []
         for start in range(0, len(local), cfg.per_device_prompts):
             chunk = local[start : start + cfg.per_device_prompts]
             specs = [self.task.prompt(doc, cfg.protocol) for doc in chunk]
@@ -251,24 +257,14 @@ class RLTrainer:
             )
             with self.acc.autocast():
                 out = generate(self.dlm, prompt_ids, prompt_mask, self.decode, generator=self.generators["rollout"])
-            nfe += out.nfe
             texts = self.dlm.decode(out.completion_ids)
             doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
             # the whole chunk at once: math tasks check it concurrently on every math-verify worker
             results = self.task.reward_many(texts, doc_rows, cfg.reward_profile)
-            rewards = [result.total for result in results]
-            correct = [float(grade.correct) for grade in self.task.grade_many(texts, doc_rows)]
+            components: dict[str, list[float]] = {}
             for result in results:
                 for name, value in result.components.items():
                     components.setdefault(name, []).append(value)
-            rewards_t = torch.tensor(rewards, dtype=torch.float32)
-            correct_t = torch.tensor(correct, dtype=torch.float32)
-            group_ids = torch.arange(len(chunk)).repeat_interleave(budget.num_generations) + group_offset + start
-            advantages, keep = self.baseline.advantages(rewards_t, group_ids, correct_t)
-            spread = rewards_t.view(len(chunk), budget.num_generations)
-            informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
-            rewards_all.append(rewards_t)
-            correct_all.append(correct_t)
             batch = SequenceBatch(
                 prompt_ids=prompt_ids,
                 prompt_mask=prompt_mask,
@@ -276,6 +272,33 @@ class RLTrainer:
                 completion_mask=self.dlm.completion_mask(out.completion_ids),
                 unmask_step=out.unmask_step,
             )
+            sampled.append(
+                SampledBatch(
+                    batch=batch,
+                    rewards=torch.tensor([result.total for result in results], dtype=torch.float32),
+                    correct=torch.tensor(
+                        [float(grade.correct) for grade in self.task.grade_many(texts, doc_rows)], dtype=torch.float32
+                    ),
+                    group_ids=torch.arange(len(chunk)).repeat_interleave(budget.num_generations) + group_offset + start,
+                    components=components,
+                    nfe=out.nfe,
+                )
+            )
+        self.dlm.model.train(was_training)
+        return sampled
+
+    @torch.no_grad()
+    def rollout(self) -> tuple[list[MicroBatch | None], dict[str, float]]:
+        """Sample, score and pre-estimate one rollout batch; returns micro-batches and rollout metrics."""
+        self.dlm.model.eval()  # the rollout-policy estimates too, as the samples were drawn
+        sampled = self.sample_rollout()
+        micro_batches: list[MicroBatch | None] = []
+        informative = 0
+        for s in sampled:
+            advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, s.correct)
+            spread = s.rewards.view(-1, self.budget.num_generations)
+            informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
+            batch, group_ids = s.batch, s.group_ids
             if not bool(keep.all()):
                 batch = _select_rows(batch, keep)
                 advantages, group_ids = advantages[keep], group_ids[keep]
@@ -284,15 +307,20 @@ class RLTrainer:
                 continue
             micro_batches.append(self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids))
         self.dlm.model.train()
-        rewards_cat = torch.cat(rewards_all)
+        rewards = torch.cat([s.rewards for s in sampled])
+        components: dict[str, list[float]] = {}
+        for s in sampled:
+            for name, values in s.components.items():
+                components.setdefault(name, []).extend(values)
         metrics = {
-            "reward_mean": rewards_cat.mean().item(),
-            "reward_std": rewards_cat.std(unbiased=False).item(),
-            "accuracy": torch.cat(correct_all).mean().item(),
-            "rollout_nfe": nfe,
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std(unbiased=False).item(),
+            "accuracy": torch.cat([s.correct for s in sampled]).mean().item(),
+            "rollout_nfe": sum(s.nfe for s in sampled),
             # groups whose completions got different rewards: the only ones any of the baselines learns from
-            "informative_groups": informative / max(1, len(local)),
-            "kept_fraction": sum(mb.batch.completion_ids.shape[0] for mb in micro_batches if mb) / rewards_cat.numel(),
+            "informative_groups": informative
+            / max(1, sum(len(s.rewards) for s in sampled) // self.budget.num_generations),
+            "kept_fraction": sum(mb.batch.completion_ids.shape[0] for mb in micro_batches if mb) / rewards.numel(),
         }
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in components.items()})
         return micro_batches, self._gather_means(metrics)
@@ -369,8 +397,8 @@ class RLTrainer:
         old = None
         if self.baseline.needs_old:
             old = mb.old[iteration] if mb.old[iteration] is not None else new.detach()
-            if self.cfg.log_ratio_noise is not None:
-                old = inject_log_ratio_noise(old, self.cfg.log_ratio_noise, self.generators["noise"])
+            if self.old_estimate_hook is not None:
+                old = self.old_estimate_hook(old, self.generators["noise"])
         inputs = LossInputs(
             new=new,
             old=old,
@@ -537,29 +565,6 @@ def _warn_if_nothing_to_learn(records: list[dict[str, Any]], cfg: TrainConfig) -
             f"completions' format (log: {Path(cfg.output_dir) / 'log.jsonl'})",
             stacklevel=2,
         )
-
-
-def inject_log_ratio_noise(old: Estimate, noise: NoiseInjection, generator: torch.Generator) -> Estimate:
-    """Add heavy-tailed noise to the rollout-policy estimate (see :class:`NoiseInjection`)."""
-
-    def perturb(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
-        # Student-t(df) = N(0,1) / sqrt(Chi2(df) / df), with Chi2(df) = 2 * Gamma(df / 2), all from `generator`.
-        normal = torch.randn(t.shape, generator=generator)
-        chi2 = 2.0 * torch._standard_gamma(torch.full(t.shape, noise.df / 2.0), generator=generator)
-        draw = normal / torch.sqrt(chi2 / noise.df)
-        hit = torch.rand(t.shape, generator=generator) < noise.probability
-        draw = torch.where(hit, draw, torch.zeros_like(draw)) * noise.scale
-        return t + draw.to(t.device, t.dtype)
-
-    return Estimate(
-        token_logp=perturb(old.token_logp),
-        token_mask=old.token_mask,
-        row_to_seq=old.row_to_seq,
-        elbo=perturb(old.elbo),
-        eubo=old.eubo,
-    )
 
 
 def _apply_lora(model, lora: LoraSettings):

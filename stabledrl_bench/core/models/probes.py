@@ -320,7 +320,15 @@ def model_facts(dlm: DiffusionLM, gpus: int = 8) -> dict[str, str]:
 
 
 def require_conventions(dlm: DiffusionLM, model: str, *, train: bool = True) -> None:
-    """Run the probes before training or evaluating; one clear error if any fails (``--skip-model-check``)."""
+    """Run the probes before training or evaluating; one clear error if any fails (``--skip-model-check``).
+
+    The built-in tiny model in its own convention is exempt: its calling convention is this package's code, tested
+    by the suite, and a weakly trained tiny model (e.g. the 0.1 M-parameter stress model) is too close to uniform
+    on the probes' text for their verdicts to mean anything.
+    """
+    config = getattr(getattr(dlm.model, "module", dlm.model), "config", None)
+    if dlm.family == "tiny" and getattr(config, "convention", None) == "native":
+        return
     failed = [p for p in run_probes(dlm, train=train) if not p.passed]
     if failed:
         details = "; ".join(f"{p.name}: {p.measured}" for p in failed)

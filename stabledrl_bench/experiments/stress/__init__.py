@@ -16,9 +16,11 @@ command        what                                                            m
 ``hull``       ||update|| vs the convex-hull bound on random inputs            :mod:`.hull`
 =============  ==============================================================  ==================================
 
-``python -m stabledrl_bench stress <command>`` writes ``results/stability/<command>.json`` plus PNGs and rebuilds the
-leaderboard, whose Stability section (:func:`stability_section`) is generated from those files. Definitions (spike,
-collapse, exploding noise) live in :mod:`.common`; the CI regression is ``tests/test_stress.py``.
+Each module registers its command in :data:`.options.EXPERIMENTS` (its options and run function), and its training
+runs are jobs of the one experiment runner (:mod:`stabledrl_bench.experiments.runner`), so a new experiment is one
+module. ``python -m stabledrl_bench stress <command>`` writes ``results/stability/<command>.json`` plus PNGs and
+rebuilds the leaderboard, whose Stability section (:func:`stability_section`) is generated from those files.
+Definitions (spike, collapse, exploding noise) live in :mod:`.common`; the CI regression is ``tests/test_stress.py``.
 """
 
 from stabledrl_bench.experiments.stress.report import stability_section

@@ -13,131 +13,58 @@ this one checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.plots import new_figure, save_png
-from stabledrl_bench.reporting.results import STABILITY_DIR, atomic_write_text, environment_info
+from stabledrl_bench.reporting.results import STABILITY_DIR, read_json_record, write_json_record
 from stabledrl_bench.training.runlog import finite, running_mean
 
 if TYPE_CHECKING:
-    from stabledrl_bench.training.trainer import NoiseInjection
+    import torch
+
+    from stabledrl_bench.core.estimators import Estimate
+    from stabledrl_bench.experiments.runner import WarmStart
 
 SCHEMA = "stabledrl-bench/stability/v1"
 CONDITIONS = ("normal", "exploding")
-WARM_START_FILE = "warm_start.json"
 
 
 # ----------------------------------------------------------------------------------------------- warm start
-@dataclass(frozen=True)
-class WarmStartSpec:
+STRESS_MODEL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 176,
+    "seed": 0,
+}
+STRESS_TASK, STRESS_PROTOCOL = "sudoku", "tiny"
+SFT_STEPS = 1000
+
+
+def stress_warm_start(sft_steps: int = SFT_STEPS) -> WarmStart:
     """The shared starting point: a freshly initialised stress model, then masked-diffusion SFT on Sudoku."""
-
-    hidden_size: int = 64
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    intermediate_size: int = 176
-    init_seed: int = 0
-    task: str = "sudoku"
-    protocol: str = "tiny"
-    sft_steps: int = 1000
-    sft_batch_size: int = 64
-    sft_learning_rate: float = 3e-3
-    completion_length: int = 40
-    sft_seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def hash(self) -> str:
-        return short_hash(self.to_dict())
-
-
-def short_hash(value: Any) -> str:
-    """12 hex digits of sha256 over canonical JSON: identifies a configuration in folder names and records."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
-
-
-def ensure_warm_start(runs_dir: Path, spec: WarmStartSpec, override: str | None = None) -> tuple[Path, dict[str, Any]]:
-    """The warm-start model folder and a description of it; builds and caches it under ``runs_dir/sft``.
-
-    ``override`` (``--warm-start PATH``) uses an existing model folder instead. A cached warm start built with other
-    settings is never reused silently: that is an error naming the folder.
-    """
-    if override is not None:
-        path = Path(override)
-        if not (path / "config.json").is_file():
-            raise UserError(f"--warm-start {override}: not a model folder (no config.json)")
-        return path, {"path": str(path), "source": "user"}
-    folder = runs_dir / "sft"
-    final = folder / "final"
-    info_path = folder / WARM_START_FILE
-    info = {"path": str(final), "source": "built", "spec": spec.to_dict(), "spec_hash": spec.hash()}
-    if info_path.is_file():
-        cached = json.loads(info_path.read_text())
-        if cached.get("spec_hash") != spec.hash():
-            raise UserError(
-                f"{folder} holds a warm start built with other settings ({cached.get('spec_hash')} != {spec.hash()}); "
-                "delete it or pass --runs DIR"
-            )
-        if final.is_dir():
-            cost = {k: cached.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}
-            return final, {**info, **cost, "built_now": False}
-    return final, {**info, **_build_warm_start(folder, spec), "built_now": True}
-
-
-def _build_warm_start(folder: Path, spec: WarmStartSpec) -> dict[str, float]:
-    """Initialise the stress model, SFT it, record the spec; returns the SFT wall and CPU time."""
-    import shutil
-    import time
-
-    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
+    from stabledrl_bench.experiments.runner import WarmStart  # the training stack: not for the leaderboard
     from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.sft import SFTConfig, run_sft
+    from stabledrl_bench.training.sft import SFTConfig
 
-    shutil.rmtree(folder, ignore_errors=True)
-    init = folder / "init"
-    dlm = build_tiny(
-        seed=spec.init_seed,
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        intermediate_size=spec.intermediate_size,
-    )
-    save_diffusion_lm(dlm, init)
-    cfg = SFTConfig(
-        task=spec.task,
-        model=str(init),
-        protocol=spec.protocol,
+    sft = SFTConfig(
+        task=STRESS_TASK,
+        protocol=STRESS_PROTOCOL,
         train_split="generated",
-        max_steps=spec.sft_steps,
-        batch_size=spec.sft_batch_size,
-        completion_length=spec.completion_length,
+        max_steps=sft_steps,
+        batch_size=64,
+        max_completion_length=40,
         optim=OptimConfig(
-            learning_rate=spec.sft_learning_rate,
-            weight_decay=0.01,
-            lr_scheduler_type="cosine",
-            warmup_steps=20,
-            max_grad_norm=1.0,
+            learning_rate=3e-3, weight_decay=0.01, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
         ),
-        seed=spec.sft_seed,
-        output_dir=str(folder),
+        seed=0,
     )
-    start, cpu_start = time.perf_counter(), time.process_time()
-    print(f"stress warm start: {spec.sft_steps} SFT steps -> {folder / 'final'}")
-    run_sft(cfg)
-    cost = {"sft_seconds": time.perf_counter() - start, "sft_cpu_seconds": time.process_time() - cpu_start}
-    atomic_write_text(folder / WARM_START_FILE, json.dumps({"spec": spec.to_dict(), "spec_hash": spec.hash(), **cost}))
-    return cost
+    return WarmStart(sft=sft, init=STRESS_MODEL)
 
 
 # ------------------------------------------------------------------------------------------- exploding noise
@@ -150,7 +77,7 @@ class ExplodingNoise:
     (default: Cauchy, scale 1, every ratio), i.e. rho_hat = rho * exp(-xi). ``df = 1`` makes rho_hat have no
     finite moments: the paper's "exploding weights" (a single ratio around 10^5 needs xi ~ 11.5; the largest of
     64 Cauchy(0, 1) draws is ~20 on average). The trainer adds the draw to the rollout-policy estimate
-    (:class:`~stabledrl_bench.training.trainer.NoiseInjection`), never to the gradient path. Methods that compute
+    (:class:`NoiseInjection`, its ``old_estimate_hook``), never to the gradient path. Methods that compute
     no ratio (SPG) are unaffected by construction.
     """
 
@@ -171,10 +98,6 @@ class ExplodingNoise:
         ESPO's log-ratio is Delta ELBO / L on a summed ELBO, so its ELBO noise is scaled by L to give the same
         ``scale`` on the log-ratio; every other method's estimate is already on its log-ratio scale.
         """
-        from stabledrl_bench.training.trainer import (
-            NoiseInjection,  # the trainer stack is heavy; the leaderboard imports this module
-        )
-
         factor = gen_length if baseline == "espo" else 1
         return NoiseInjection(df=self.df, scale=self.scale * factor, probability=self.probability)
 
@@ -184,6 +107,44 @@ class ExplodingNoise:
             f"log rho_hat = log rho - xi, xi = {self.scale:g} x {dist}, independently per ratio (token for GRPO, "
             f"sequence otherwise) with probability {self.probability:g}"
         )
+
+
+@dataclass(frozen=True)
+class NoiseInjection:
+    """One run's noise on the *estimated* rollout log-likelihoods: a trainer ``old_estimate_hook``.
+
+    Each completion (sequence-level estimators) or token (token-level estimators) gets an independent draw
+    ``scale * StudentT(df)`` with probability ``probability``, from the generator the trainer passes (its private
+    ``noise`` stream). The noise enters the log-ratio with a minus sign; it never touches the gradient path.
+    """
+
+    df: float = 1.0
+    scale: float = 1.0
+    probability: float = 1.0
+
+    def __call__(self, old: Estimate, generator: torch.Generator) -> Estimate:
+        from stabledrl_bench.core.estimators import Estimate
+
+        return Estimate(
+            token_logp=self._perturb(old.token_logp, generator),
+            token_mask=old.token_mask,
+            row_to_seq=old.row_to_seq,
+            elbo=self._perturb(old.elbo, generator),
+            eubo=old.eubo,
+        )
+
+    def _perturb(self, t: torch.Tensor | None, generator: torch.Generator) -> torch.Tensor | None:
+        import torch
+
+        if t is None:
+            return None
+        # Student-t(df) = N(0,1) / sqrt(Chi2(df) / df), with Chi2(df) = 2 * Gamma(df / 2), all from `generator`.
+        normal = torch.randn(t.shape, generator=generator)
+        chi2 = 2.0 * torch._standard_gamma(torch.full(t.shape, self.df / 2.0), generator=generator)
+        draw = normal / torch.sqrt(chi2 / self.df)
+        hit = torch.rand(t.shape, generator=generator) < self.probability
+        draw = torch.where(hit, draw, torch.zeros_like(draw)) * self.scale
+        return t + draw.to(t.device, t.dtype)
 
 
 # ------------------------------------------------------------------------------------------ spikes, collapse
@@ -297,43 +258,14 @@ def stability_dir(results_dir: Path | str) -> Path:
 
 
 def write_record(results_dir: Path | str, experiment: str, payload: Mapping[str, Any]) -> Path:
-    """``results/stability/<experiment>.json`` (atomic, strict JSON), with schema, timestamp and environment."""
-    record = {
-        "schema": SCHEMA,
-        "experiment": experiment,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **payload,
-        "environment": environment_info(),
-    }
+    """``results/stability/<experiment>.json`` through the package's one record writer."""
     path = stability_dir(results_dir) / f"{experiment}.json"
-    atomic_write_text(path, json.dumps(_strict(record), indent=1, allow_nan=False))
-    return path
-
-
-def _strict(value: Any) -> Any:
-    """Plain JSON: non-finite floats become null (= not finite / undefined), tuples lists, paths strings."""
-    if isinstance(value, Mapping):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item") and not isinstance(value, str | bytes):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return write_json_record(path, SCHEMA, {"experiment": experiment, **payload})
 
 
 def read_record(path: Path) -> dict[str, Any]:
     """A stability record, or a one-line error naming the file."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: unreadable stability record ({exc})") from exc
-    if record.get("schema") != SCHEMA:
-        raise UserError(f"{path}: schema {record.get('schema')!r}, expected {SCHEMA!r}")
-    return record
+    return read_json_record(path, SCHEMA)
 
 
 # --------------------------------------------------------------------------------------------------- plots

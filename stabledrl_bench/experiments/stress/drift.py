@@ -5,7 +5,8 @@ larger the drift, the wider the spread of the estimated ratios at the next step;
 lets more outliers through (rho A for A < 0 is never clipped), so spikes become more likely. This module measures
 the middle link directly, for each update rule, on the real stress model and the real estimators and losses:
 
-1. the warm-start model is the rollout policy theta_0; rollout batches are sampled from it and rewarded;
+1. the warm-start model is the rollout policy theta_0; rollout batches are sampled from it and rewarded by the
+   trainer's own sampler (:func:`~stabledrl_bench.experiments.runner.sample_rollouts`: the frozen control's rollouts);
 2. a drifted policy theta = theta_0 + sigma * rms(W) * N(0, 1) per parameter tensor W (one fresh direction per
    repeat, shared by every variant), for each drift level sigma;
 3. for every variant: the rollout-policy estimate at theta_0 and the current estimate at theta with the method's
@@ -34,32 +35,40 @@ GRPO and ESPO run with beta = 0 here (their KL terms do not involve the ratio be
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
-from stabledrl_bench.core.estimators import Estimate, Estimator, SequenceBatch
+from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.core.sampling import generate
+from stabledrl_bench.errors import UserError, positive_int
+from stabledrl_bench.experiments.runner import control_config, sample_rollouts
+from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
+    CONDITIONS,
+    Definitions,
     ExplodingNoise,
+    NoiseInjection,
     band,
     figure,
     finite,
+    parse_list,
     save_figure,
     stability_dir,
+    write_record,
 )
-from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.budget import Budget
-from stabledrl_bench.training.data import PromptStream, training_docs
-from stabledrl_bench.training.trainer import NoiseInjection, inject_log_ratio_noise
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.training import TrainSettings
+from stabledrl_bench.training.trainer import SampledBatch
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {"beta": 0.0}),
@@ -75,47 +84,6 @@ CLIPPING = {
     "selfnorm_only": ("none", "self-normalised"),
     "stabledrl": ("unconditional", "self-normalised"),
 }
-
-
-@dataclass
-class Rollout:
-    """One rollout batch of the rollout policy with its rewards."""
-
-    batch: SequenceBatch
-    rewards: torch.Tensor
-    correct: torch.Tensor
-    group_ids: torch.Tensor
-
-
-def collect_rollouts(
-    dlm: DiffusionLM, budget: Budget, *, task: str, protocol: str, seed: int, count: int
-) -> list[Rollout]:
-    """``count`` rollout batches of ``budget.prompts_per_step`` x ``num_generations`` from ``dlm`` (the trainer's
-    decode settings and reward profile ``d1``), from generators seeded with ``seed``."""
-    task_obj = get_task(task)
-    prompts = PromptStream(training_docs(task_obj, "generated", seed=seed), seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    decode = budget.decode_settings(use_cache=dlm.supports_kv_cache)
-    out = []
-    for _ in range(count):
-        docs = prompts.next(budget.prompts_per_step)
-        specs = [task_obj.prompt(doc, protocol) for doc in docs]
-        prompt_ids, prompt_mask = dlm.encode_prompts(
-            [s.messages for s in specs for _ in range(budget.num_generations)],
-            chat_template=specs[0].chat_template,
-            prefill=specs[0].prefill,
-            max_prompt_length=budget.max_prompt_length,
-        )
-        with torch.no_grad():
-            gen = generate(dlm, prompt_ids, prompt_mask, decode, generator=generator)
-        rows = [doc for doc in docs for _ in range(budget.num_generations)]
-        texts = dlm.decode(gen.completion_ids)
-        rewards = [task_obj.reward(text, doc, "d1").total for text, doc in zip(texts, rows, strict=True)]
-        correct = [float(task_obj.grade(text, doc).correct) for text, doc in zip(texts, rows, strict=True)]
-        batch = SequenceBatch(prompt_ids, prompt_mask, gen.completion_ids, dlm.completion_mask(gen.completion_ids))
-        group_ids = torch.arange(len(docs)).repeat_interleave(budget.num_generations)
-        out.append(Rollout(batch, torch.tensor(rewards), torch.tensor(correct), group_ids))
-    return out
 
 
 def variant_estimator(baseline: Baseline, dlm: DiffusionLM, block_length: int) -> tuple[Estimator, tuple]:
@@ -143,7 +111,7 @@ def update_norm(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> float:
 
 def measure_update_norms(
     dlm: DiffusionLM,
-    rollouts: Sequence[Rollout],
+    rollouts: Sequence[SampledBatch],
     variants: Sequence[str],
     levels: Sequence[float],
     repeats: int,
@@ -206,7 +174,7 @@ def measure_update_norms(
 
 def _variant_norms(
     baseline: Baseline,
-    rollout: Rollout,
+    rollout: SampledBatch,
     new: Estimate,
     old: Estimate,
     conditions: Sequence[str],
@@ -222,7 +190,7 @@ def _variant_norms(
         injection: NoiseInjection | None = noise.injection(baseline.name, length) if condition == "exploding" else None
         inputs = LossInputs(
             new=new,
-            old=old if injection is None else inject_log_ratio_noise(old, injection, generator),
+            old=old if injection is None else injection(old, generator),
             ref=None,
             advantages=advantages,
             completion_mask=rollout.batch.completion_mask,
@@ -322,3 +290,84 @@ def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequen
         stability_dir(results_dir) / "drift_spikes.png",
         "Spike probability vs drift from the rollout policy (mean, min-max over seeds)",
     )
+
+
+# ----------------------------------------------------------------------------------------------- command
+def _run_drift(args: argparse.Namespace) -> Path:
+    start = (time.perf_counter(), time.process_time())
+    variants = options.names(args.variants, VARIANTS, "--variants")
+    conditions = options.conditions_arg(args.conditions)
+    levels = sorted(parse_list(args.levels, float, "--levels"))
+    if levels[0] < 0:
+        raise UserError("--levels must be >= 0")
+    seeds = parse_list(args.seeds, int, "--seeds")
+    options.check_positive(repeats=args.repeats, rollouts=args.rollouts, spike_k=args.spike_k)
+    noise = options.noise(args)
+    path, info, model = options.warm_start(args)
+    budget = options.stress_budget(args, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
+    settings = TrainSettings(warm_start=str(path), budget=budget, learning_rate=0.0, max_grad_norm=1.0, noise=noise)
+    records_by_seed = {}
+    for seed in seeds:
+        control = control_config(settings.config("stabledrl", {}, seed), Path(args.runs) / "drift")
+        dlm, rollouts = sample_rollouts(control, args.rollouts)
+        records_by_seed[seed] = measure_update_norms(
+            dlm,
+            rollouts,
+            variants,
+            levels,
+            args.repeats,
+            conditions,
+            noise,
+            seed=seed,
+            block_length=budget.block_length,
+        )
+    summary = summarize(records_by_seed, variants, levels, conditions, args.spike_k)
+    figure_name = plot(summary, variants, conditions, Path(args.results), args.spike_k)
+    payload = {
+        "title": "Spike probability vs drift",
+        "settings": options.settings(args),
+        "seeds": seeds,
+        "levels": levels,
+        "variants": {v: {"baseline": VARIANTS[v][0], "options": VARIANTS[v][1]} for v in variants},
+        "noise": {**noise.__dict__, "text": noise.describe()},
+        "definitions": {
+            "spike_k": args.spike_k,
+            "text": {
+                "spike": f"update norm > {args.spike_k:g} x the variant's median norm at the smallest drift level "
+                "(normal condition), per seed; non-finite norms count as spikes",
+                "drift": "mean |E_theta - E_theta0| per completion (StableDRL's per-token ELBO, same masks)",
+                "policy": "theta = theta0 + sigma * rms(W) * N(0, 1) per parameter tensor W",
+            },
+        },
+        "warm_start": info,
+        "model": model,
+        "budget": budget.to_dict(),
+        "budget_hash": budget.hash(),
+        "records": records_by_seed,
+        "summary": summary,
+        "plots": {"spikes": figure_name},
+        **options.runtime(start, 1, info),
+    }
+    return write_record(args.results, "drift", payload)
+
+
+def _drift_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    p.add_argument("--levels", default="0,0.02,0.05,0.1,0.2,0.3", help="relative parameter-noise levels sigma")
+    p.add_argument(
+        "--repeats", type=positive_int, default=16, help="drift directions and mask draws per level and seed"
+    )
+    p.add_argument("--rollouts", type=positive_int, default=4, help="rollout batches per seed (cycled over repeats)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (rollouts, directions, masks)")
+    for add in (options.add_output, options.add_model, options.add_noise):
+        add(p)
+    p.add_argument("--spike-k", type=float, default=Definitions.spike_k, help="spike: norm > k x reference median")
+
+
+EXPERIMENTS.register(
+    "drift",
+    Experiment(
+        "drift", "spike probability of each update rule vs drift from the rollout policy", _drift_arguments, _run_drift
+    ),
+)

@@ -23,9 +23,12 @@ rebuilt from ``importance_weights`` as an explicit convex combination (``residua
 
 from __future__ import annotations
 
+import argparse
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +36,18 @@ import torch
 from stabledrl_bench.baselines.espo import espo_loss
 from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, stabledrl_loss
-from stabledrl_bench.experiments.stress.common import COLORS, band, figure, save_figure, stability_dir
+from stabledrl_bench.errors import positive_int
+from stabledrl_bench.experiments.stress import options
+from stabledrl_bench.experiments.stress.common import (
+    COLORS,
+    band,
+    figure,
+    parse_list,
+    save_figure,
+    stability_dir,
+    write_record,
+)
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
 
 HULL_VARIANTS = ("stabledrl", "selfnorm_only", "clip_only", "espo", "grpo")
 OMEGA = 0.5  # SPG/StableDRL mixture weight of the EUBO in the A <= 0 bound
@@ -222,3 +236,40 @@ def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> s
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, markerscale=3)
     return save_figure(fig, stability_dir(results_dir) / "hull.png", "Update norm relative to the per-sample bound")
+
+
+# ----------------------------------------------------------------------------------------------- command
+def _run_hull(args: argparse.Namespace) -> Path:
+    start = (time.perf_counter(), time.process_time())
+    scales = parse_list(args.scales, float, "--scales")
+    options.check_positive(
+        trials=args.trials, clip_threshold=args.clip_threshold, **{f"scale {s:g}": s for s in scales}
+    )
+    records = run_hull(args.trials, scales, args.seed, clip_threshold=args.clip_threshold)
+    summary = summarize(records, scales)
+    figure_name = plot(records, Path(args.results), args.clip_threshold)
+    payload = {
+        "title": "Convex-hull property",
+        "settings": options.settings(args),
+        "seeds": [args.seed],
+        "scales": scales,
+        "tolerance": TOLERANCE,
+        "summary": summary,
+        "plots": {"hull": figure_name},
+        **options.runtime(start, 1, None),
+    }
+    return write_record(args.results, "hull", payload)
+
+
+def _hull_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trials", type=positive_int, default=4000)
+    p.add_argument("--scales", default="0.1,0.3,1,3,10", help="Cauchy scales of the log-ratios, cycled over trials")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip-threshold", type=float, default=5.0)
+    options.add_output(p)
+
+
+EXPERIMENTS.register(
+    "hull",
+    Experiment("hull", "convex-hull property of the update on random inputs (no model)", _hull_arguments, _run_hull),
+)

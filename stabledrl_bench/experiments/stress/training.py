@@ -1,38 +1,39 @@
 """Training sweeps of the stress test: ``exploding`` (methods x {normal, exploding} x seeds) and ``clip`` (StableDRL's
-clip threshold C x conditions x seeds), every run a real :class:`~stabledrl_bench.training.trainer.RLTrainer` run
-from the same warm start under the same budget, learning rate and seeds.
+clip threshold C x conditions x seeds), declared as jobs of the experiment runner (:mod:`..runner`): every run a
+real :class:`~stabledrl_bench.training.trainer.RLTrainer` run from the same warm start under the same budget,
+learning rate and seeds.
 
-A run is identified by its full effective configuration (baseline config, budget, optimiser, noise, warm start, seed);
-its folder ``<runs>/train/<baseline>-<condition>-s<seed>-<hash>`` holds the trainer's log and a ``summary.json``.
-A finished run is reused by every later command that needs the same configuration (e.g. StableDRL with C = 5 is
-shared by both experiments); an unfinished one is restarted from scratch. Runs are independent, so they execute in
-``--jobs`` worker processes with one intra-op thread each: for a 0.1 M-parameter model, process parallelism is what
-uses two cores well.
+A run is identified by its runner key (trainer config, effective baseline config, noise hook); its folder
+``<runs>/train/<baseline>-<condition>-s<seed>-<key>`` holds the trainer's log and the runner's ``summary.json``. A
+finished run is reused by every later command that needs the same configuration (e.g. StableDRL with C = 5 is shared
+by both experiments); an interrupted one resumes. Runs are independent, so they execute in ``--jobs`` worker processes
+with one intra-op thread each: for a 0.1 M-parameter model, process parallelism is what uses two cores well.
 
 Methods without an importance ratio (SPG) are unaffected by the noise, so their ``exploding`` row is the ``normal``
-run itself (marked ``shared_with_normal``), not a second identical run. Every seed also gets a *frozen* reference: the
-warm start, never updated, rolled out on the same prompt sequence (the trainer's ``PromptStream`` is seeded by the
-run seed alone), so that a reward change is not confused with easier or harder prompts later in the run.
+run itself (marked ``shared_with_normal``), not a second identical run. Every seed also gets the runner's frozen
+control (``<runs>/control/s<seed>-<key>``): the warm start trained with learning rate 0, which draws the same prompts
+with the same random numbers as every run of that seed, so that a reward change is not confused with easier or
+harder prompts later in the run.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from stabledrl_bench.config import to_dict
-from stabledrl_bench.core.baseline import build_baseline
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
+from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     CONDITIONS,
+    STRESS_PROTOCOL,
+    STRESS_TASK,
     Definitions,
     ExplodingNoise,
     Series,
@@ -40,16 +41,19 @@ from stabledrl_bench.experiments.stress.common import (
     collapse_step,
     figure,
     finite,
+    parse_list,
     running_mean,
     save_figure,
     seed_band,
-    short_hash,
     spike_steps,
     stability_dir,
+    write_record,
 )
-from stabledrl_bench.reporting.results import atomic_write_text
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
 from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
+from stabledrl_bench.training.trainer import TrainConfig
 
 # Display name -> (registered baseline, options): the methods of the stress test (paper Fig. 5 plus the two ablations).
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -68,16 +72,35 @@ class TrainSettings:
     """What every run of a sweep shares: warm start, budget, optimiser, noise."""
 
     warm_start: str
-    warm_start_id: str  # spec hash (built) or path (user-given): part of every run's identity
     budget: Budget
     learning_rate: float
     max_grad_norm: float
     noise: ExplodingNoise
-    task: str = "sudoku"
-    protocol: str = "tiny"
+    task: str = STRESS_TASK
+    protocol: str = STRESS_PROTOCOL
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "budget": self.budget.to_dict(), "noise": dataclasses.asdict(self.noise)}
+    def config(self, baseline: str, options: dict[str, Any], seed: int) -> TrainConfig:
+        """The trainer config of one run (its folder is set by :func:`_in_folder`)."""
+        return TrainConfig(
+            baseline=baseline,
+            task=self.task,
+            model=self.warm_start,
+            protocol=self.protocol,
+            reward_profile="d1",
+            train_split="generated",
+            budget=self.budget,
+            optim=OptimConfig(
+                learning_rate=self.learning_rate,
+                weight_decay=0.0,
+                lr_scheduler_type="constant",
+                max_grad_norm=self.max_grad_norm,
+            ),
+            baseline_options=options,
+            per_device_prompts=self.budget.prompts_per_step,
+            seed=seed,
+            output_dir="",
+            progress=False,
+        )
 
 
 @dataclass(frozen=True)
@@ -91,148 +114,25 @@ class RunSpec:
     seed: int
 
 
-def run_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> dict[str, Any]:
-    """The picklable description a worker needs (identity hash over the *effective* baseline config)."""
-    config = to_dict(build_baseline(spec.baseline, **dict(spec.options)).config)
-    noise = None
+def _in_folder(job: TrainJob, parent: Path, name: str) -> TrainJob:
+    """``job`` writing to ``parent/<name>-<first 8 digits of its key>`` (the key ignores the folder)."""
+    folder = parent / f"{name}-{job.key()[:8]}"
+    return dataclasses.replace(job, config=dataclasses.replace(job.config, output_dir=str(folder)))
+
+
+def train_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> TrainJob:
+    """The runner job of ``spec``; the exploding condition is the trainer hook :class:`NoiseInjection`."""
+    hook = None
     if spec.condition == "exploding":
-        noise = dataclasses.asdict(settings.noise.injection(spec.baseline, settings.budget.max_completion_length))
-    identity = {
-        "baseline": spec.baseline,
-        "baseline_config": config,
-        "condition": spec.condition,
-        "noise": noise,
-        "seed": spec.seed,
-        "settings": {k: v for k, v in settings.to_dict().items() if k not in ("noise", "warm_start")},
-    }
-    key = short_hash(identity)
-    folder = runs_dir / "train" / f"{spec.baseline}-{spec.condition}-s{spec.seed}-{key[:8]}"
-    return {
-        "kind": "train",
-        "key": key,
-        "folder": str(folder),
-        "spec": dataclasses.asdict(spec),
-        "noise": noise,
-        "warm_start": settings.warm_start,
-        "budget": settings.budget.to_dict(),
-        "learning_rate": settings.learning_rate,
-        "max_grad_norm": settings.max_grad_norm,
-        "task": settings.task,
-        "protocol": settings.protocol,
-    }
+        hook = settings.noise.injection(spec.baseline, settings.budget.max_completion_length)
+    job = TrainJob(settings.config(spec.baseline, dict(spec.options), spec.seed), hook)
+    return _in_folder(job, runs_dir / "train", f"{spec.baseline}-{spec.condition}-s{spec.seed}")
 
 
-def frozen_job(seed: int, settings: TrainSettings, runs_dir: Path) -> dict[str, Any]:
-    """The reference of a seed: the warm start, never updated, rolled out on the same prompt sequence."""
-    identity = {"frozen": seed, "settings": {k: v for k, v in settings.to_dict().items() if k != "noise"}}
-    key = short_hash(identity)
-    return {
-        "kind": "frozen",
-        "key": key,
-        "path": str(runs_dir / "frozen" / f"s{seed}-{key[:8]}.json"),
-        "seed": seed,
-        "warm_start": settings.warm_start,
-        "budget": settings.budget.to_dict(),
-        "task": settings.task,
-        "protocol": settings.protocol,
-    }
-
-
-def frozen_run(job: dict[str, Any]) -> dict[str, Any]:
-    """Rewards of the frozen warm start at every rollout of a run with this seed (same prompts as the trainer's
-    ``PromptStream``, independent samples), so that reward changes are not confused with prompt difficulty."""
-    import torch
-
-    from stabledrl_bench.core.models.backends import load_diffusion_lm
-    from stabledrl_bench.experiments.stress.drift import collect_rollouts
-
-    torch.set_num_threads(1)
-    path = Path(job["path"])
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        if cached.get("key") == job["key"]:
-            return {**cached, "cached": True}
-    budget = Budget(**job["budget"])
-    cpu_start = time.process_time()
-    rollouts = collect_rollouts(
-        load_diffusion_lm(job["warm_start"]),
-        budget,
-        task=job["task"],
-        protocol=job["protocol"],
-        seed=job["seed"],
-        count=budget.rollout_phases,
-    )
-    result = {
-        "key": job["key"],
-        "reward_step": [i * budget.num_iterations + 1 for i in range(len(rollouts))],
-        "reward_mean": [float(r.rewards.mean()) for r in rollouts],
-        "cpu_seconds": time.process_time() - cpu_start,
-    }
-    atomic_write_text(path, json.dumps(result))
-    return result
-
-
-def execute(job: dict[str, Any]) -> dict[str, Any]:
-    """Worker entry point: a training run or a frozen-policy reference."""
-    return train_run(job) if job["kind"] == "train" else frozen_run(job)
-
-
-def train_run(job: dict[str, Any]) -> dict[str, Any]:
-    """Run (or reuse) one training run; returns its raw summary (curves, stop step, wall time)."""
-    import torch
-
-    from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.trainer import NoiseInjection, RLTrainer, TrainConfig, TrainingDiverged
-
-    torch.set_num_threads(1)
-    folder = Path(job["folder"])
-    summary_path = folder / "summary.json"
-    if summary_path.is_file():
-        cached = json.loads(summary_path.read_text())
-        if cached.get("key") == job["key"]:
-            return {**cached, "cached": True}
-    shutil.rmtree(folder, ignore_errors=True)
-    spec = job["spec"]
-    budget = Budget(**job["budget"])
-    cfg = TrainConfig(
-        baseline=spec["baseline"],
-        task=job["task"],
-        model=job["warm_start"],
-        protocol=job["protocol"],
-        reward_profile="d1",
-        train_split="generated",
-        budget=budget,
-        optim=OptimConfig(
-            learning_rate=job["learning_rate"],
-            weight_decay=0.0,
-            lr_scheduler_type="constant",
-            max_grad_norm=job["max_grad_norm"],
-        ),
-        baseline_options=dict(spec["options"]),
-        per_device_prompts=budget.prompts_per_step,
-        seed=spec["seed"],
-        log_ratio_noise=NoiseInjection(**job["noise"]) if job["noise"] else None,
-        output_dir=str(folder),
-        progress=False,
-    )
-    start, cpu_start = time.perf_counter(), time.process_time()
-    diverged = False
-    try:
-        RLTrainer(cfg).train()
-    except TrainingDiverged:
-        diverged = True
-    records = read_log(folder / "log.jsonl")
-    summary = {
-        "key": job["key"],
-        "spec": spec,
-        "seconds": time.perf_counter() - start,
-        "cpu_seconds": time.process_time() - cpu_start,
-        "last_step": records[-1]["step"] if records else 0,
-        "diverged_at": records[-1]["step"] if diverged and records else None,
-        "curves": _curves(records),
-    }
-    atomic_write_text(summary_path, json.dumps(summary))
-    return summary
+def control_job(seed: int, settings: TrainSettings, runs_dir: Path) -> TrainJob:
+    """The frozen control of a seed (:func:`~stabledrl_bench.experiments.runner.control_config`)."""
+    job = TrainJob(control_config(settings.config(CONTROL_BASELINE, {}, seed), ""))
+    return _in_folder(job, runs_dir / "control", f"s{seed}")
 
 
 def _clean(value: Any) -> float | None:
@@ -252,22 +152,6 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, list]:
     for key in CURVE_KEYS:
         curves[key] = [_clean(r.get(key)) for r in records]
     return curves
-
-
-def run_all(jobs: Sequence[dict[str, Any]], workers: int, desc: str) -> list[dict[str, Any]]:
-    """Every job's result, in job order; ``workers`` > 1 uses spawned worker processes (one thread each)."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [execute(job) for job in tqdm(jobs, desc=desc, dynamic_ncols=True)]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    results: list[dict[str, Any] | None] = [None] * len(jobs)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(execute, job): i for i, job in enumerate(jobs)}
-        for future in tqdm(as_completed(futures), total=len(jobs), desc=desc, dynamic_ncols=True):
-            results[futures[future]] = future.result()
-    return [r for r in results if r is not None]
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -340,38 +224,48 @@ def sweep(
     desc: str,
     shared_normal: Callable[[RunSpec], bool],
 ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], dict[str, Any]]:
-    """Train (or reuse) every run; returns one analysed row per spec, the frozen reference of every seed and the
-    cost (worker CPU seconds of every distinct job, how many ran now and how many were reused).
+    """Train (or reuse) every run and the frozen control of every seed through the experiment runner; returns one
+    analysed row per spec, the control's rollout rewards per seed and the cost (worker CPU seconds of every distinct
+    job, how many ran now and how many were reused).
 
     ``shared_normal(spec)``: the spec's ``exploding`` row is its ``normal`` run (a method without ratios).
     """
     resolved = [dataclasses.replace(s, condition="normal") if shared_normal(s) else s for s in specs]
-    jobs = [run_job(s, settings, runs_dir) for s in resolved]
+    jobs = [train_job(s, settings, runs_dir) for s in resolved]
     seeds = sorted({s.seed for s in specs})
-    frozen_jobs = {seed: frozen_job(seed, settings, runs_dir) for seed in seeds}
-    unique: dict[str, dict[str, Any]] = {job["key"]: job for job in [*frozen_jobs.values(), *jobs]}
-    results = dict(zip(unique, run_all(list(unique.values()), workers, desc), strict=True))
-    frozen = {seed: results[job["key"]] for seed, job in frozen_jobs.items()}
+    controls = [control_job(seed, settings, runs_dir) for seed in seeds]
+    summaries = run_jobs([*controls, *jobs], workers, desc)
+    unique = {s["key"]: s for s in summaries}
     cost = {
-        "jobs": len(results),
-        "jobs_reused": sum(bool(r.get("cached")) for r in results.values()),
-        "worker_cpu_seconds": sum(r.get("cpu_seconds") or 0.0 for r in results.values()),
+        "jobs": len(unique),
+        "jobs_reused": sum(bool(s["cached"]) for s in unique.values()),
+        "worker_cpu_seconds": sum(s.get("cpu_seconds") or 0.0 for s in unique.values()),
     }
+    frozen = {}
+    for seed, summary in zip(seeds, summaries, strict=False):
+        curves = _curves(read_log(Path(summary["folder"]) / "log.jsonl"))
+        frozen[seed] = {
+            "key": summary["key"],
+            "run_dir": summary["folder"],
+            "reward_step": curves["reward_step"],
+            "reward_mean": curves["reward_mean"],
+            "cpu_seconds": summary["cpu_seconds"],
+        }
     rows = []
-    for spec, resolved_spec, job in zip(specs, resolved, jobs, strict=True):
-        summary = results[job["key"]]
+    for spec, resolved_spec, summary in zip(specs, resolved, summaries[len(controls) :], strict=True):
+        run = {**summary, "curves": _curves(read_log(Path(summary["folder"]) / "log.jsonl"))}
         rows.append(
             {
                 **dataclasses.asdict(spec),
                 "options": dict(spec.options),
                 "shared_with_normal": resolved_spec.condition != spec.condition,
-                "run_dir": job["folder"],
+                "run_dir": summary["folder"],
                 "seconds": summary["seconds"],
                 "cpu_seconds": summary.get("cpu_seconds"),
                 "last_step": summary["last_step"],
                 "diverged_at": summary["diverged_at"],
-                **analyze(summary, frozen[spec.seed], definitions),
-                "curves": summary["curves"],
+                **analyze(run, frozen[spec.seed], definitions),
+                "curves": run["curves"],
             }
         )
     return rows, frozen, cost
@@ -424,11 +318,133 @@ def plot_sweep(
     return out
 
 
-def conditions_arg(text: str) -> list[str]:
-    from stabledrl_bench.errors import UserError
+# ----------------------------------------------------------------------------------------------- commands
+CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
 
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = [c for c in names if c not in CONDITIONS]
-    if unknown or not names:
-        raise UserError(f"--conditions: choose from {', '.join(CONDITIONS)}; got {text!r}")
-    return names
+
+def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) -> TrainSettings:
+    options.check_positive(lr=args.lr, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
+    return TrainSettings(
+        warm_start=str(path),
+        budget=options.stress_budget(args, args.steps),
+        learning_rate=args.lr,
+        max_grad_norm=args.max_grad_norm,
+        noise=options.noise(args),
+    )
+
+
+def training_experiment(
+    args: argparse.Namespace,
+    experiment: str,
+    title: str,
+    labels: list[str],
+    make_spec: Callable[[str, str, int], RunSpec],
+    shared_normal: Callable[[RunSpec], bool],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Shared body of ``exploding`` and ``clip``: labels x conditions x seeds of real runs from one warm start."""
+    start = (time.perf_counter(), time.process_time())
+    conditions = options.conditions_arg(args.conditions)
+    seeds = parse_list(args.seeds, int, "--seeds")
+    definitions = options.definitions(args)
+    path, info, model = options.warm_start(args)
+    settings = _train_settings(args, path, info)
+    specs = [make_spec(label, condition, seed) for label in labels for condition in conditions for seed in seeds]
+    rows, frozen, cost = sweep(
+        specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
+    )
+    plots = plot_sweep(
+        rows, frozen, labels, conditions, Path(args.results), experiment, title, definitions.reward_window
+    )
+    payload = {
+        "title": title,
+        **(extra or {}),
+        "settings": options.settings(args),
+        "seeds": seeds,
+        "noise": {**settings.noise.__dict__, "text": settings.noise.describe()},
+        "definitions": {**definitions.to_dict(), "text": definitions.describe()},
+        "warm_start": info,
+        "model": model,
+        "task": {"name": settings.task, "protocol": settings.protocol, "reward_profile": "d1"},
+        "optimizer": {"learning_rate": settings.learning_rate, "max_grad_norm": settings.max_grad_norm},
+        "budget": settings.budget.to_dict(),
+        "budget_hash": settings.budget.hash(),
+        "runs": rows,
+        "frozen": frozen,
+        "summary": aggregate(rows, labels, conditions),
+        "plots": plots,
+        "jobs": cost,
+        **options.runtime(start, args.jobs, info, cost["worker_cpu_seconds"]),
+    }
+    return write_record(args.results, experiment, payload)
+
+
+def _run_exploding(args: argparse.Namespace) -> Path:
+    methods = options.names(args.methods, METHODS, "--methods")
+    return training_experiment(
+        args,
+        "exploding",
+        "Exploding-weight stress test",
+        methods,
+        lambda m, condition, seed: RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), condition, seed),
+        shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
+    )
+
+
+def _run_clip(args: argparse.Namespace) -> Path:
+    thresholds = parse_list(args.thresholds, float, "--thresholds")
+    if any(not c > 0 for c in thresholds):
+        raise UserError("--thresholds must be positive")
+    by_label = {f"C={c:g}": c for c in thresholds}
+    return training_experiment(
+        args,
+        "clip",
+        "Clip-threshold ablation",
+        list(by_label),
+        lambda label, condition, seed: RunSpec(
+            label, "stabledrl", (("clip_threshold", by_label[label]),), condition, seed
+        ),
+        shared_normal=lambda _: False,
+        extra={"thresholds": thresholds},
+    )
+
+
+def _exploding_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    for add in (
+        options.add_output,
+        options.add_model,
+        options.add_noise,
+        options.add_definitions,
+        options.add_training,
+    ):
+        add(p)
+
+
+def _clip_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--thresholds", default=",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
+    p.add_argument("--conditions", default=",".join(CONDITIONS))
+    for add in (
+        options.add_output,
+        options.add_model,
+        options.add_noise,
+        options.add_definitions,
+        options.add_training,
+    ):
+        add(p)
+
+
+EXPERIMENTS.register(
+    "exploding",
+    Experiment(
+        "exploding",
+        "methods x {normal, exploding} x seeds: rewards, spikes, collapse",
+        _exploding_arguments,
+        _run_exploding,
+    ),
+)
+EXPERIMENTS.register(
+    "clip",
+    Experiment("clip", "StableDRL clip threshold C sweep x conditions x seeds", _clip_arguments, _run_clip),
+)

@@ -1,0 +1,268 @@
+"""The one experiment runner: every experiment is a set of declared jobs run by these few functions.
+
+The Table 1/2 reproduction (:mod:`.reproduce`) and the stability experiments (:mod:`.stress`) differ in what they
+train and what they measure, not in how: both build a warm start, train runs from it, compare each run with a frozen
+control, and write records. So they share
+
+* one warm start: :class:`WarmStart` (an optional fresh tiny model, then masked-diffusion SFT), built once by
+  :func:`ensure_warm_start` into a folder that remembers the spec it was built from;
+* one rollout path: every run is an :class:`~stabledrl_bench.training.trainer.RLTrainer` run, and experiments that
+  need rollouts without training take them from :meth:`RLTrainer.sample_rollout` (same prompts, same random streams);
+* one frozen control: :func:`control_config`, the same run with learning rate 0 (its parameters never change, and it
+  draws the same prompts with the same random numbers as every run of its seed);
+* one cache: a run's folder remembers the hash of its :class:`TrainJob` (:meth:`TrainJob.key`); a finished run with the
+  same hash is reused, an interrupted one resumes, and a folder holding another configuration is never overwritten
+  silently;
+* one record writer: :func:`stabledrl_bench.reporting.results.write_json_record` (evaluation results add their own
+  validation on top, :func:`~stabledrl_bench.reporting.results.write_result`).
+
+Adding an experiment means declaring its jobs (a :class:`WarmStart`, :class:`TrainJob` s built from a
+``TrainConfig``) and writing its report; nothing here changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from stabledrl_bench.config import stable_hash, to_dict
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.reporting.results import atomic_write_text
+from stabledrl_bench.training.checkpoint import latest_checkpoint
+from stabledrl_bench.training.runlog import read_log
+from stabledrl_bench.training.sft import SFTConfig
+from stabledrl_bench.training.trainer import OldEstimateHook, TrainConfig
+
+WARM_START_FILE = "warm_start.json"
+JOB_FILE = "job.json"  # a run folder's identity, written before training starts
+SUMMARY_FILE = "summary.json"  # written when the run has finished (or stopped on non-finite steps)
+# Settings that say where and how verbosely a run goes, not what it computes: never part of an identity.
+NOT_IDENTITY = ("output_dir", "progress", "check_model", "save_every")
+# The frozen control trains with learning rate 0, so the loss it computes is irrelevant; GRPO is the cheapest
+# estimator-driven loss that every task supports.
+CONTROL_BASELINE = "grpo"
+
+
+def _identity(config: Any, *drop: str) -> dict[str, Any]:
+    return {k: _hashable(v) for k, v in to_dict(config).items() if k not in (*NOT_IDENTITY, *drop)}
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` with non-finite floats spelled as strings (``inf`` is a real setting, e.g. "never clip", and the
+    canonical JSON that :func:`stable_hash` hashes has no number for it)."""
+    if isinstance(value, dict):
+        return {k: _hashable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_hashable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+# ------------------------------------------------------------------------------------------------ warm start
+@dataclass(frozen=True)
+class WarmStart:
+    """A starting point for RL: optionally a freshly initialised tiny model of shape ``init``, then SFT ``sft``.
+
+    ``init`` holds :func:`~stabledrl_bench.core.models.build_tiny` arguments (e.g. a smaller stress model); when it
+    is None, SFT starts from ``sft.model`` (a tiny preset name or a checkpoint).
+    """
+
+    sft: SFTConfig
+    init: Mapping[str, Any] | None = None
+
+    def identity(self) -> dict[str, Any]:
+        sft = _identity(self.sft, *(("model",) if self.init is not None else ()))
+        return {"init": None if self.init is None else dict(self.init), "sft": sft}
+
+    def hash(self) -> str:
+        return stable_hash(self.identity())
+
+
+def ensure_warm_start(
+    spec: WarmStart, folder: Path | str, *, force: bool = False, override: str | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """The warm start's model folder (``folder/final``) and a description of it; built now unless cached.
+
+    ``override`` uses an existing model folder instead (``--warm-start PATH``). A folder built from another spec is
+    an error naming it (``force`` rebuilds it); an interrupted build resumes from its last SFT checkpoint.
+    """
+    if override is not None:
+        path = Path(override)
+        if not (path / "config.json").is_file():
+            raise UserError(f"--warm-start {override}: not a model folder (no config.json)")
+        return path, {"path": str(path), "source": "user"}
+    folder = Path(folder)
+    final, info_path = folder / "final", folder / WARM_START_FILE
+    info = {"path": str(final), "source": "built", "spec": spec.identity(), "spec_hash": spec.hash()}
+    if force:
+        shutil.rmtree(folder, ignore_errors=True)
+    elif folder.is_dir() and any(folder.iterdir()):
+        cached = json.loads(info_path.read_text()) if info_path.is_file() else {}
+        if cached.get("spec_hash") != spec.hash():
+            raise UserError(
+                f"{folder} holds a warm start built with other settings ({cached.get('spec_hash', 'unknown')} != "
+                f"{spec.hash()}); delete it or pass --force"
+            )
+        if final.is_dir() and "sft_cpu_seconds" in cached:
+            print(f"warm start: done ({final})")
+            cost = {k: cached.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}
+            return final, {**info, **cost, "built_now": False}
+    return final, {**info, **_build_warm_start(spec, folder), "built_now": True}
+
+
+def _build_warm_start(spec: WarmStart, folder: Path) -> dict[str, float]:
+    """Initialise (if asked), SFT (resuming an interrupted one), and record the spec; returns the SFT wall and CPU
+    seconds (of this call: a resumed build counts what it ran)."""
+    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
+    from stabledrl_bench.training.sft import run_sft
+
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"spec": spec.identity(), "spec_hash": spec.hash()}
+    atomic_write_text(folder / WARM_START_FILE, json.dumps(record))  # first: a half-built folder is still ours
+    sft = dataclasses.replace(spec.sft, output_dir=str(folder))
+    if spec.init is not None:
+        if not (folder / "init" / "config.json").is_file():
+            save_diffusion_lm(build_tiny(**spec.init), folder / "init")
+        sft = dataclasses.replace(sft, model=str(folder / "init"))
+    print(f"warm start: {sft.max_steps} SFT steps on {sft.task} -> {folder / 'final'}")
+    start, cpu_start = time.perf_counter(), time.process_time()
+    run_sft(sft)
+    cost = {"sft_seconds": time.perf_counter() - start, "sft_cpu_seconds": time.process_time() - cpu_start}
+    atomic_write_text(folder / WARM_START_FILE, json.dumps({**record, **cost}))
+    return cost
+
+
+# ----------------------------------------------------------------------------------------------- training runs
+@dataclass(frozen=True)
+class TrainJob:
+    """One RL run: a trainer config and, optionally, a hook on its rollout-policy estimates (a picklable dataclass,
+    e.g. the stress test's noise). Its identity is everything that changes what it computes."""
+
+    config: TrainConfig
+    hook: OldEstimateHook | None = None
+
+    def identity(self) -> dict[str, Any]:
+        hook = None
+        if self.hook is not None:
+            hook = _hashable({"type": type(self.hook).__qualname__, **dataclasses.asdict(self.hook)})  # type: ignore[call-overload]
+        from stabledrl_bench.core.baseline import build_baseline
+
+        # the effective baseline settings instead of the options given: a changed default must not reuse runs
+        # trained with the old one, and an option given at its default value is the same run
+        effective = _identity(build_baseline(self.config.baseline, **self.config.baseline_options).config)
+        return {"config": _identity(self.config, "baseline_options"), "baseline_config": effective, "hook": hook}
+
+    def key(self) -> str:
+        return stable_hash(self.identity())
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.config.output_dir)
+
+
+def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
+    """Train ``job`` (or reuse it) and return its summary: final model folder (None if it stopped on non-finite
+    steps), last step, step of the stop, wall and CPU seconds, and whether it was reused (``cached``)."""
+    from stabledrl_bench.training.trainer import RLTrainer, TrainingDiverged
+
+    folder, key = job.folder, job.key()
+    if force:
+        shutil.rmtree(folder, ignore_errors=True)
+    for name in (SUMMARY_FILE, JOB_FILE):
+        path = folder / name
+        if path.is_file() and json.loads(path.read_text()).get("key") != key:
+            raise UserError(f"{folder} holds a run with other settings; delete it or pass --force")
+    if (folder / SUMMARY_FILE).is_file():
+        return {**json.loads((folder / SUMMARY_FILE).read_text()), "cached": True}
+    if latest_checkpoint(folder) is not None and not (folder / JOB_FILE).is_file():
+        raise UserError(f"{folder} holds checkpoints of an unknown run; delete it or pass --force")
+    if _is_main_process():
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / JOB_FILE, json.dumps({"key": key, "identity": job.identity()}, default=str))
+    start, cpu_start = time.perf_counter(), time.process_time()
+    final, stopped = None, None
+    try:
+        final = RLTrainer(job.config, old_estimate_hook=job.hook).train(resume=None)
+    except TrainingDiverged as exc:
+        stopped = str(exc)
+    records = read_log(folder / "log.jsonl")
+    last_step = records[-1]["step"] if records else 0
+    summary = {
+        "key": key,
+        "folder": str(folder),
+        "final": None if final is None else str(final),
+        "last_step": last_step,
+        "diverged_at": last_step if stopped else None,
+        "stopped": stopped,
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu_start,
+    }
+    if _is_main_process():
+        atomic_write_text(folder / SUMMARY_FILE, json.dumps(summary))
+    return {**summary, "cached": False}
+
+
+def control_config(config: TrainConfig, output_dir: Path | str) -> TrainConfig:
+    """The frozen control of ``config``: the same start, prompts, budget and seed, trained with learning rate 0.
+
+    Its parameters never change, and it draws the same prompts with the same random numbers as every run of the same
+    seed, so the difference between a run's rollout rewards and the control's isolates what training changed.
+    """
+    return dataclasses.replace(
+        config,
+        baseline=CONTROL_BASELINE,
+        baseline_options={},
+        optim=dataclasses.replace(config.optim, learning_rate=0.0),
+        output_dir=str(output_dir),
+    )
+
+
+def _run_in_worker(job: TrainJob) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # processes, not threads, use the cores: tiny models gain nothing from threads
+    return run_training(job)
+
+
+def run_jobs(jobs: Sequence[TrainJob], workers: int, desc: str) -> list[dict[str, Any]]:
+    """Every job's summary, in job order (jobs with the same key run once); ``workers`` > 1 uses spawned worker
+    processes with one thread each."""
+    unique = {job.key(): job for job in jobs}
+    if workers <= 1 or len(unique) <= 1:
+        done = {key: run_training(job) for key, job in tqdm(unique.items(), desc=desc, dynamic_ncols=True)}
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = {pool.submit(_run_in_worker, job): key for key, job in unique.items()}
+            done = {futures[f]: f.result() for f in tqdm(as_completed(futures), total=len(futures), desc=desc)}
+    return [done[job.key()] for job in jobs]
+
+
+def sample_rollouts(config: TrainConfig, count: int) -> tuple[Any, list[Any]]:
+    """``count`` rollout batches of ``config``'s start model, without training: the trainer's own sampler with its
+    prompts and random streams (the frozen control's rollouts). Returns the model (a ``DiffusionLM`` in eval mode)
+    and one :class:`~stabledrl_bench.training.trainer.SampledBatch` per micro-batch."""
+    from stabledrl_bench.training.trainer import RLTrainer
+
+    trainer = RLTrainer(config)
+    trainer.dlm.model.eval()
+    return trainer.dlm, [batch for _ in range(count) for batch in trainer.sample_rollout()]

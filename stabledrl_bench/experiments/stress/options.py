@@ -1,0 +1,188 @@
+"""What the stability experiments share on the command line: option groups, the stress budget and warm start,
+and the :data:`EXPERIMENTS` registry through which each experiment module adds its command.
+
+An experiment is one module that registers an :class:`Experiment` (its options and its run function); the
+``stress`` command line is built from the registry, so adding an experiment edits nothing else (a package can add
+one through the ``stabledrl_bench.stress_experiments`` entry-point group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.core.registry import Registry
+from stabledrl_bench.errors import UserError, positive_int
+from stabledrl_bench.experiments.runner import ensure_warm_start
+from stabledrl_bench.experiments.stress.common import (
+    CONDITIONS,
+    SFT_STEPS,
+    Definitions,
+    ExplodingNoise,
+    stress_warm_start,
+)
+from stabledrl_bench.training.budget import Budget
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One ``stress`` command: its help line, its options and what it runs (returns the record it wrote)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], Path]
+
+
+def _experiment(name: str, experiment: Experiment) -> Experiment:
+    if not isinstance(experiment, Experiment) or experiment.name != name:
+        raise TypeError(f"stress experiment {name!r} must be an Experiment named {name!r}, got {experiment!r}")
+    return experiment
+
+
+EXPERIMENTS: Registry[Experiment] = Registry(
+    "stress experiment",
+    "stress_experiments",
+    builtins=(
+        "stabledrl_bench.experiments.stress.training",
+        "stabledrl_bench.experiments.stress.drift",
+        "stabledrl_bench.experiments.stress.hull",
+        "stabledrl_bench.experiments.stress.longrun",
+    ),
+    check=_experiment,
+)
+
+
+def stress_budget(args: argparse.Namespace, steps: int) -> Budget:
+    """The stress budget: the tiny preset's canvas (L = 40, block 8, mu = 2, T = 0.9) with fewer prompts and
+    diffusion steps, so that a whole sweep fits ~15 minutes on 2 cores (an experiment with a ``--num-iterations``
+    option sets mu itself)."""
+    return Budget(
+        max_steps=steps,
+        prompts_per_step=args.prompts,
+        num_generations=args.generations,
+        num_iterations=getattr(args, "num_iterations", 2),
+        max_completion_length=40,
+        diffusion_steps=args.diffusion_steps,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=64,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ parsers
+def add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default="results", help="results folder (records go to <results>/stability)")
+    p.add_argument("--runs", default="runs/stress", help="cache of the warm start and the training runs")
+    p.add_argument("--leaderboard", default="leaderboard.md", help="leaderboard file to rebuild afterwards")
+    p.add_argument("--no-leaderboard", action="store_true", help="do not rebuild the leaderboard")
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
+    p.add_argument("--sft-steps", type=positive_int, default=SFT_STEPS, help="SFT steps of the warm start")
+    p.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
+    p.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (group size G)")
+    p.add_argument(
+        "--diffusion-steps", type=positive_int, default=10, help="rollout denoising steps over the 40 tokens"
+    )
+
+
+def add_noise(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--noise-df", type=float, default=ExplodingNoise.df, help="Student-t df of the noise (1 = Cauchy)")
+    p.add_argument("--noise-scale", type=float, default=ExplodingNoise.scale, help="noise scale on the log-ratio")
+    p.add_argument("--noise-prob", type=float, default=ExplodingNoise.probability, help="probability per ratio")
+
+
+def add_definitions(p: argparse.ArgumentParser) -> None:
+    d = Definitions()
+    p.add_argument("--spike-k", type=float, default=d.spike_k, help="spike: norm > k x running median")
+    p.add_argument("--spike-window", type=positive_int, default=d.spike_window, help="running-median window (steps)")
+    p.add_argument("--collapse-fraction", type=float, default=d.collapse_fraction, help="of the initial reward")
+    p.add_argument("--reward-window", type=positive_int, default=d.reward_window, help="running-mean window (rollouts)")
+    p.add_argument("--confirm-steps", type=positive_int, default=d.confirm_steps, help="steps a collapse must last")
+
+
+def add_training(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
+    p.add_argument("--steps", type=positive_int, default=120, help="optimizer steps per run (budget.max_steps)")
+    p.add_argument("--lr", type=float, default=1e-4, help="constant AdamW learning rate (the tiny preset's RL lr)")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (pre-clip norm is logged)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="parallel worker processes (one thread each)")
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def noise(args: argparse.Namespace) -> ExplodingNoise:
+    return ExplodingNoise(df=args.noise_df, scale=args.noise_scale, probability=args.noise_prob)
+
+
+def definitions(args: argparse.Namespace) -> Definitions:
+    return Definitions(
+        spike_k=args.spike_k,
+        spike_window=args.spike_window,
+        collapse_fraction=args.collapse_fraction,
+        reward_window=args.reward_window,
+        confirm_steps=args.confirm_steps,
+    )
+
+
+def warm_start(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """Warm-start folder, its description and the model summary (parameter count etc.)."""
+    from stabledrl_bench.core.models.backends import load_diffusion_lm
+
+    if args.sft_steps < 1:
+        raise UserError("--sft-steps must be >= 1")
+    path, info = ensure_warm_start(stress_warm_start(args.sft_steps), Path(args.runs) / "sft", override=args.warm_start)
+    return path, info, load_diffusion_lm(path).config_summary()
+
+
+def check_positive(**values: float) -> None:
+    bad = [f"--{k.replace('_', '-')}" for k, v in values.items() if not v > 0]
+    if bad:
+        raise UserError(f"{', '.join(bad)} must be positive")
+
+
+def runtime(
+    start: tuple[float, float], workers: int, warm_start: Mapping[str, Any] | None, worker_cpu: float = 0.0
+) -> dict[str, Any]:
+    """Wall time of this invocation, and the cost of the whole experiment from scratch, which does not depend on
+    what was cached: CPU seconds of the warm-start SFT (as recorded when it was built; its wall time for older
+    records), of this process and of every run (as recorded by the run), and from them the estimated wall time on
+    ``workers`` free cores. A shared machine makes measured wall times pessimistic, hence the load average."""
+    main_cpu = time.process_time() - start[1]
+    warm = warm_start or {}
+    sft_cpu = warm.get("sft_cpu_seconds") or warm.get("sft_seconds") or 0.0
+    other_cpu = main_cpu - (sft_cpu if warm.get("built_now") else 0.0)
+    return {
+        "runtime_s": time.perf_counter() - start[0],
+        "cpu_seconds": {"warm_start": sft_cpu, "main": other_cpu, "workers": worker_cpu},
+        "estimated_free_cores_s": sft_cpu + other_cpu + worker_cpu / max(1, workers),
+        "cores": workers,
+        "load_average": os.getloadavg(),
+    }
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Every command-line setting except where files go."""
+    return {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard", "no_leaderboard")}
+
+
+def names(text: str, known: Mapping[str, Any], option: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UserError(f"{option}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
+    return names
+
+
+def conditions_arg(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONDITIONS]
+    if unknown or not names:
+        raise UserError(f"--conditions: choose from {', '.join(CONDITIONS)}; got {text!r}")
+    return names
