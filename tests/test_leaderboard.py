@@ -413,3 +413,34 @@ def test_bad_training_file_is_one_clear_error(tmp_path: Path, text: str) -> None
     path.write_text(text)
     with pytest.raises(UserError, match="training-reward file"):
         build_leaderboard(tmp_path, NO_PUBLISHED)
+
+
+def test_approximate_decoding_gets_its_own_block(tmp_path: Path) -> None:
+    """A fast-protocol cell never sits in an exact-decoding block: same comparison, two titled blocks."""
+    exact = {"steps": 16, "block_length": 8, "protocol": {"attention": "full"}}  # recorded before `cache` existed
+    fast = {**exact, "cache": "dual", "strategy": "dynamic", "stop_at_eos": True}
+    store(tmp_path, [True, False], settings=exact)
+    store(tmp_path, [True, True], settings=fast, protocol="tiny-fast")
+    store(tmp_path, [False], settings={**fast, "cache": "none"}, protocol="tiny-parallel", baseline="test_rl_b")
+    # a block model's own dynamic protocol is its reference decoder: not approximate
+    block = {**fast, "cache": "none", "protocol": {"attention": "block"}}
+    store(
+        tmp_path,
+        [True],
+        table="table2",
+        task="aime24",
+        sampling="dynamic",
+        length=2000,
+        actual_gen_length=64,
+        settings=block,
+        protocol="tracerl-dynamic",
+    )
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    captions = [line for line in markdown.splitlines() if line.startswith("**Measured by this code — ")]
+    assert len(captions) == 3 and sum("APPROXIMATE DECODING" in line for line in captions) == 1
+    table1_exact, table1_fast, table2 = measured_tables(markdown)
+    assert [row["Protocol"] for row in table1_exact] == ["d1"]
+    assert sorted(row["Protocol"] for row in table1_fast) == ["tiny-fast", "tiny-parallel"]
+    assert [row["Protocol"] for row in table2] == ["tracerl-dynamic"]
+    fast_block = markdown[markdown.index("APPROXIMATE DECODING") :]
+    assert "not comparable with exact-decoding rows" in fast_block.split("\n|")[0]

@@ -15,6 +15,10 @@ import torch
 from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.core.sampling import (
     DecodeSettings,
+    DecodeSettingsError,
+    _FullContext,
+    _select_by_factor,
+    _with_completion,
     block_diffusion_generate,
     filter_logits,
     generate,
@@ -234,11 +238,14 @@ def _check_trajectory(out, steps_per_block: int, block: int) -> None:
     assert bool(((steps >= first) & (steps < first + steps_per_block)).all()), "steps stay in their block's range"
 
 
-def _replay(model, out, prompt_mask, plen: int, block_causal: bool) -> None:
-    """Mask every position committed at step >= s, predict: the argmax at the step-s positions is the token."""
+def _replay(model, out, prompt_mask, plen: int, block_causal: bool, only=None) -> None:
+    """Mask every position committed at step >= s, predict: the argmax at the step-s positions is the token.
+
+    ``only``: the steps to check (default every step).
+    """
     seq, steps = out.sequences, out.unmask_step
     keys = torch.cat((prompt_mask, torch.ones_like(steps, dtype=torch.bool)), dim=1)
-    for s in sorted(set(steps.flatten().tolist())):
+    for s in only if only is not None else sorted(set(steps.flatten().tolist()) - {-1}):
         state = seq.clone()
         state[:, plen:][steps >= s] = model.mask_id
         if block_causal:
@@ -539,6 +546,232 @@ def test_wrong_model_kind_and_bad_prompts_raise(full_model, block_model):
     with pytest.raises(ValueError, match="left-padded"):
         llada_generate(full_model, ids, mask.flip(1), gen_length=8, block_length=4, steps=4)
     with pytest.raises(ValueError, match="block-diffusion models only"):
-        generate(full_model, ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4, strategy="dynamic"))
+        generate(full_model, ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4, top_k=5))
     with pytest.raises(ValueError, match="full-attention models only"):
         generate(block_model, ids, mask, DecodeSettings(gen_length=8, steps=4, cfg_scale=1.0))
+
+
+# ---------------------------------------------------------------------------------------------- fast full attention
+# Fast-dLLM's approximations of the LLaDA sampler (cache, threshold, EOS stop), through the tiny model's own
+# backend and through its emulation of LLaDA's (prefix cache only) and Dream's (shifted logits) conventions.
+CACHED = [("native", "prefix"), ("native", "dual"), ("llada", "prefix"), ("llada-hub", "prefix")]
+CACHED += [("dream", "prefix"), ("dream", "dual")]
+
+
+@pytest.fixture(scope="module")
+def conventions():
+    models = {}
+    for convention in ("native", "llada", "llada-hub", "dream"):
+        model = build_tiny(attention="full", seed=0, initializer_range=1.0, convention=convention, **TINY)
+        model.model.double().eval()
+        models[convention] = model
+    return models
+
+
+def _record_inputs(monkeypatch, model) -> list[torch.Tensor]:
+    """Record the input ids of every model forward."""
+    inputs: list[torch.Tensor] = []
+    original = model._forward
+
+    def recording(input_ids, *args, **kwargs):
+        inputs.append(input_ids.clone())
+        return original(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "_forward", recording)
+    return inputs
+
+
+@pytest.mark.parametrize(("convention", "cache"), CACHED)
+def test_cached_forward_equals_full_forward_before_commits(conventions, convention, cache):
+    """Right after a block's refresh nothing changed, so the cached forward must give the full forward's logits:
+    this pins the cached positions, the masks over cached + new keys, the position ids and Dream's shift."""
+    model = conventions[convention]
+    ids, mask = _prompts(model)
+    if model.pad_free:  # that model only ever decodes unpadded groups
+        ids, mask = ids[:1], mask[:1]
+    x, key_valid = _with_completion(ids, mask, 12, model.mask_id)
+    x[:, ids.shape[1] : ids.shape[1] + 4] = torch.tensor([20, 21, 22, 23])  # block 0 finished
+    ctx = _FullContext(model, x, key_valid, mask, cache, 0.0)
+    span = slice(ids.shape[1] + 4, ids.shape[1] + 8)
+    full = ctx.block_logits(span, first_step=True)
+    cached = ctx.block_logits(span, first_step=False)
+    assert torch.allclose(cached, full, rtol=0, atol=1e-10)
+    exact = model.logits(x, key_valid)[:, span]
+    assert torch.allclose(full, exact, rtol=0, atol=1e-10) and ctx.nfe == 2
+
+
+@pytest.mark.parametrize(("convention", "cache"), CACHED)
+def test_cache_refreshed_every_step_equals_exact_decoding(conventions, convention, cache):
+    """With one step per block every step is a block's refresh forward: token for token the exact sampler."""
+    model = conventions[convention]
+    ids, mask = _prompts(model)
+    kwargs = {"gen_length": 12, "block_length": 4, "steps": 3}
+    exact = llada_generate(model, ids, mask, **kwargs)
+    out = llada_generate(model, ids, mask, cache=cache, **kwargs)
+    assert torch.equal(out.sequences, exact.sequences) and torch.equal(out.unmask_step, exact.unmask_step)
+    assert out.nfe == exact.nfe == 3
+
+
+@pytest.mark.parametrize(("convention", "cache"), CACHED)
+def test_cached_decoding_is_valid(monkeypatch, conventions, convention, cache):
+    """Several steps per block: no MASK left, schedule kept, committed tokens never change, NFE unchanged, every
+    forward after a block's first one is shorter, and each block's first step is exact (replayed)."""
+    model = conventions[convention]
+    ids, mask = _prompts(model)
+    inputs = _record_inputs(monkeypatch, model)
+    out = llada_generate(model, ids, mask, gen_length=12, block_length=4, steps=9, cache=cache)
+    assert not bool((out.completion_ids == model.mask_id).any())
+    _check_trajectory(out, steps_per_block=3, block=4)
+    assert out.nfe == 9
+    if model.pad_free:  # one unpadded group per prompt length
+        assert len(inputs) == 9 * len(mask.sum(dim=1).unique())
+        return
+    full = [x for x in inputs if x.shape[1] == out.sequences.shape[1]]
+    assert len(full) == 3 and len(inputs) == 9
+    for before, after in zip(full, [*full[1:], out.sequences], strict=True):
+        decided = before != model.mask_id
+        assert torch.equal(after[decided], before[decided])
+    _replay(model, out, mask, ids.shape[1], block_causal=False, only=[0, 3, 6])
+
+
+def test_cache_dual_is_refused_for_llada_and_cfg(conventions):
+    ids, mask = _prompts(conventions["llada"])
+    with pytest.raises(DecodeSettingsError, match=r"llada backend cannot decode with cache='dual'") as info:
+        generate(conventions["llada"], ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4, cache="dual"))
+    assert "\n" not in str(info.value)
+    with pytest.raises(DecodeSettingsError, match="classifier-free guidance"):
+        llada_generate(
+            conventions["native"], ids, mask, gen_length=8, block_length=4, steps=4, cache="prefix", cfg_scale=1.0
+        )
+    with pytest.raises(DecodeSettingsError, match="cache must be one of"):
+        llada_generate(conventions["native"], ids, mask, gen_length=8, block_length=4, steps=4, cache="full")
+    with pytest.raises(DecodeSettingsError, match="remasking='low_confidence'"):
+        llada_generate(
+            conventions["native"],
+            ids,
+            mask,
+            gen_length=8,
+            block_length=4,
+            steps=4,
+            strategy="dynamic",
+            remasking="random",
+            generator=_gen(0),
+        )
+
+
+@pytest.mark.parametrize(("temperature", "cache"), [(0.0, "none"), (1.5, "none"), (0.0, "dual"), (1.5, "prefix")])
+def test_threshold_disabled_equals_static_decoding(full_model, temperature, cache):
+    """threshold=1 never beats the quota: dynamic decoding is static decoding, draws included."""
+    ids, mask = _prompts(full_model)
+    kwargs = {"gen_length": 12, "block_length": 4, "steps": 6, "temperature": temperature, "cache": cache}
+    static = llada_generate(full_model, ids, mask, generator=_gen(3), **kwargs)
+    dynamic = llada_generate(full_model, ids, mask, generator=_gen(3), strategy="dynamic", threshold=1.0, **kwargs)
+    assert torch.equal(dynamic.sequences, static.sequences) and torch.equal(dynamic.unmask_step, static.unmask_step)
+    if cache == "none":
+        seq, steps_of = ref_llada(full_model, ids, mask, generator=_gen(3), **{k: kwargs[k] for k in list(kwargs)[:4]})
+        assert torch.equal(dynamic.sequences, seq) and torch.equal(dynamic.unmask_step, steps_of)
+
+
+def test_threshold_commits_confident_tokens_in_fewer_forwards(monkeypatch, full_model):
+    ids, mask = _prompts(full_model)
+    kwargs = {"gen_length": 16, "block_length": 8, "steps": 16}
+    static = llada_generate(full_model, ids, mask, **kwargs)
+    calls = _count_forwards(monkeypatch, full_model)
+    dynamic = llada_generate(full_model, ids, mask, strategy="dynamic", threshold=0.6, **kwargs)
+    assert dynamic.nfe == len(calls) < static.nfe == 16
+    assert not bool((dynamic.completion_ids == full_model.mask_id).any())
+    _check_trajectory(dynamic, steps_per_block=8, block=8)
+    per_step = torch.stack([(dynamic.unmask_step == s).sum(1) for s in range(16)], dim=1)
+    assert bool((per_step.amax(dim=1) > 1).any()), "some step commits several confident tokens"
+    # greedy dynamic decoding uses exact logits: every committed token is the argmax of its step's state
+    _replay(full_model, dynamic, mask, ids.shape[1], block_causal=False)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_stop_at_eos_keeps_the_text_and_skips_the_rest(monkeypatch, cache):
+    model = _tiny("full")
+    ids, mask = _prompts(model)
+    kwargs = {"gen_length": 16, "block_length": 4, "steps": 8, "cache": cache}
+    free = llada_generate(model, ids, mask, **kwargs)
+    comp = free.completion_ids
+    # a stop token that appears in row 0's second block only: row 0 stops there, the others never stop
+    later = set(comp[1:].flatten().tolist()) | set(comp[0, :4].tolist())
+    stop = sorted(set(comp[0, 4:8].tolist()) - later)
+    assert stop, "test setup: need a token unique to row 0's second block"
+    monkeypatch.setattr(model, "stop_ids", (*model.stop_ids, stop[0]))
+    calls = _count_forwards(monkeypatch, model)
+    out = llada_generate(model, ids, mask, stop_at_eos=True, **kwargs)
+    first = (comp[0] == stop[0]).nonzero()[0, 0]
+    assert torch.equal(out.completion_ids[0, : first + 1], comp[0, : first + 1])
+    assert torch.equal(out.completion_ids[1:], comp[1:]) and torch.equal(out.unmask_step[1:], free.unmask_step[1:])
+    assert bool((out.completion_ids[0, 8:] == model.eos_id).all()) and bool((out.unmask_step[0, 8:] == -1).all())
+    assert not bool((out.completion_ids == model.mask_id).any())
+    assert out.nfe == len(calls) == free.nfe and calls[-1] == 2  # row 0 left the batch
+    # every token stops: each row stops in block 0, as soon as its first committed token has no MASK before it
+    monkeypatch.setattr(model, "stop_ids", tuple(t for t in range(model.vocab_size) if t != model.mask_id))
+    calls.clear()
+    out = llada_generate(model, ids, mask, stop_at_eos=True, **kwargs)
+    assert out.nfe == len(calls) <= 2 < free.nfe
+    decided = out.unmask_step >= 0
+    assert torch.equal(out.completion_ids[decided], comp[decided]) and bool(decided[:, 0].all())
+    assert bool((out.completion_ids[~decided] == model.eos_id).all())
+
+
+FAST_MODES = [
+    {"cache": "prefix"},
+    {"cache": "dual"},
+    {"strategy": "dynamic", "threshold": 0.6},
+    {"stop_at_eos": True},
+    {"cache": "dual", "strategy": "dynamic", "threshold": 0.6, "stop_at_eos": True},
+]
+
+
+@pytest.mark.parametrize("convention", ["native", "llada-hub", "dream"])
+@pytest.mark.parametrize("mode", FAST_MODES)
+def test_fast_modes_left_padded_batch_equals_single_rows(conventions, convention, mode):
+    model = conventions[convention]
+    if mode.get("cache") == "dual" and "dual" not in model.full_cache_modes:
+        mode = {**mode, "cache": "prefix"}
+    ids, mask = _prompts(model)
+    assert not bool(mask.all()), "the batch must actually be padded"
+    settings = DecodeSettings(gen_length=12, block_length=4, steps=6, **mode)
+    out = generate(model, ids, mask, settings)
+    for r in range(ids.shape[0]):
+        single = generate(model, ids[r][mask[r]][None], None, settings)
+        assert torch.equal(single.completion_ids[0], out.completion_ids[r])
+        assert torch.equal(single.unmask_step[0], out.unmask_step[r])
+
+
+def test_exact_decoding_is_the_default():
+    settings = DecodeSettings()
+    assert (settings.cache, settings.strategy, settings.stop_at_eos) == ("none", "static", False)
+    assert not settings.approximate
+    assert all(DecodeSettings(**mode).approximate for mode in FAST_MODES)
+    old = {k: v for k, v in settings.to_dict().items() if k not in ("cache", "factor")}  # written before them
+    assert DecodeSettings(**old) == settings
+
+
+def test_factor_rule_hand_values():
+    confidence = torch.tensor([[0.99, 0.5, 0.8, 0.7], [0.99, 0.5, 0.8, 0.7]], dtype=torch.float64)
+    masked = torch.tensor([[True, True, True, True], [True, True, False, True]])
+    # factor 1: c_(i) >= 1 - 1/(i+1) = 0.5, 0.667, 0.75, 0.8 -> ranked 0.99, 0.8 pass, 0.7 fails: two tokens;
+    # row 1 has its 0.8 position committed already: ranked 0.99, 0.7 pass, 0.5 fails
+    got = _select_by_factor(confidence, masked, 1, 1.0)
+    assert got.tolist() == [[True, False, True, False], [True, False, False, True]]
+    # a tiny factor accepts nothing beyond the quota; a huge one commits every masked position
+    assert _select_by_factor(confidence, masked, 1, 1e-3).sum(dim=1).tolist() == [1, 1]
+    assert torch.equal(_select_by_factor(confidence, masked, 1, 100.0), masked)
+
+
+def test_factor_decoding_is_valid_and_faster(full_model):
+    ids, mask = _prompts(full_model)
+    kwargs = {"gen_length": 16, "block_length": 8, "steps": 16}
+    static = llada_generate(full_model, ids, mask, **kwargs)
+    assert torch.equal(
+        llada_generate(full_model, ids, mask, strategy="factor", factor=1e-9, **kwargs).sequences, static.sequences
+    )
+    out = generate(full_model, ids, mask, DecodeSettings(strategy="factor", factor=2.0, **kwargs))
+    assert out.nfe < static.nfe and not bool((out.completion_ids == full_model.mask_id).any())
+    _replay(full_model, out, mask, ids.shape[1], block_causal=False)
+    with pytest.raises(DecodeSettingsError, match="factor must be > 0"):
+        llada_generate(full_model, ids, mask, strategy="factor", factor=0.0, **kwargs)

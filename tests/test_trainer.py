@@ -18,8 +18,10 @@ from stabledrl_bench.config import from_dict
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.sampling import DecodeSettings, generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.training import sft as sft_module
+from stabledrl_bench.training import trainer as trainer_module
 from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
@@ -443,3 +445,38 @@ def test_a_rollout_scores_each_chunk_as_one_batch_with_the_one_by_one_rewards(sm
     correct = [float(task.grade(text, doc).correct) for text, doc in scored]
     assert metrics["reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
     assert metrics["accuracy"] == pytest.approx(sum(correct) / len(correct))
+
+
+def test_rollout_decode_is_opt_in_and_keeps_every_existing_budget_hash():
+    paper = paper_budget()
+    assert paper.rollout_decode == "exact" and "rollout_decode" not in paper.to_dict()
+    assert paper.hash() == "ddfbf18cd517"  # the paper budget's hash before rollout_decode existed
+    assert from_dict(Budget, paper.to_dict()) == paper
+    fast = dataclasses.replace(paper, rollout_decode="fast")
+    assert fast.hash() != paper.hash() and fast.to_dict()["rollout_decode"] == "fast"
+    assert from_dict(Budget, fast.to_dict()) == fast
+    assert paper.decode_settings(use_cache=True) == DecodeSettings(
+        gen_length=paper.max_completion_length,
+        block_length=paper.block_length,
+        steps=paper.diffusion_steps,
+        temperature=paper.temperature,
+    )
+    with pytest.raises(UserError, match="rollout_decode must be one of"):
+        dataclasses.replace(paper, rollout_decode="turbo")
+
+
+def test_trainer_decodes_rollouts_with_the_budgets_mode(small_models, tmp_path, monkeypatch):
+    cfg = _config(small_models["full"], tmp_path)
+    cfg.budget = dataclasses.replace(cfg.budget, rollout_decode="fast")
+    used = []
+
+    def recording(dlm, prompt_ids, prompt_mask, settings, generator=None):
+        used.append(settings)
+        return generate(dlm, prompt_ids, prompt_mask, settings, generator=generator)
+
+    monkeypatch.setattr(trainer_module, "generate", recording)
+    RLTrainer(cfg).train()
+    assert used and all(s.cache == "dual" and s.strategy == "dynamic" and s.stop_at_eos for s in used)
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["budget"]["rollout_decode"] == "fast" and info["budget_hash"] == cfg.budget.hash()
+    assert all(math.isfinite(r["loss"]) for r in read_log(tmp_path / "log.jsonl"))

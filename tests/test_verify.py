@@ -19,7 +19,7 @@ from stabledrl_bench.evaluation.verify import verify_record
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
-def _evaluate(results: Path, checkpoint: Path, *, limit: int = 4, force: bool = False):
+def _evaluate(results: Path, checkpoint: Path, *, limit: int = 4, force: bool = False, protocol: str = "tiny"):
     dlm = load_diffusion_lm(checkpoint)
     key = {
         "comparison": "verify",
@@ -29,7 +29,7 @@ def _evaluate(results: Path, checkpoint: Path, *, limit: int = 4, force: bool = 
         "task": "sudoku",
         "length": 128,
         "sampling": None,
-        "protocol": "tiny",
+        "protocol": protocol,
         "seed": 0,
         "model": model_record(dlm, str(checkpoint)),
     }
@@ -74,6 +74,24 @@ def test_results_are_reused_only_for_the_same_weights_and_settings(tmp_path: Pat
     record = json.loads(other.path.read_text())
     assert record["model"]["weights_sha256"] == weights_sha256(load_diffusion_lm(checkpoint).model)
     assert not _evaluate(tmp_path / "results", checkpoint, limit=3, force=True).reused
+
+
+def test_results_record_their_decoding_mode_and_older_records_stay_reusable(tmp_path: Path, checkpoint: Path):
+    fast = _evaluate(tmp_path / "results", checkpoint, protocol="tiny-fast")
+    settings = json.loads(fast.path.read_text())["settings"]
+    assert (settings["cache"], settings["strategy"], settings["stop_at_eos"]) == ("dual", "dynamic", True)
+    assert settings["protocol"]["cache"] == "dual" and settings["protocol"]["name"] == "tiny-fast"
+    exact = _evaluate(tmp_path / "results", checkpoint)
+    settings = json.loads(exact.path.read_text())["settings"]
+    assert (settings["cache"], settings["strategy"], settings["stop_at_eos"]) == ("none", "static", False)
+    # a record written before the decoding modes existed (no such fields) means exact decoding: reused
+    record = json.loads(exact.path.read_text())
+    del record["settings"]["cache"], record["settings"]["protocol"]["cache"]
+    del record["settings"]["protocol"]["stop_at_eos"]
+    exact.path.write_text(json.dumps(record))
+    assert _evaluate(tmp_path / "results", checkpoint).reused
+    # the approximate decode is reproducible from its record: re-decoding gives the stored completions
+    assert verify_record(fast.path, redecode=2)[0] == []
 
 
 def _rewrite(path: Path, edit) -> None:

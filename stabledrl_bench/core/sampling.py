@@ -6,7 +6,10 @@ step that committed it (``unmask_step``): the trajectory TraceRL trains on (docs
 
 * :func:`llada_generate` (full attention; ``ML-GSAI/LLaDA: generate.py``, docs/protocols.md#d1): every step is a full
   forward over ``[prompt | completion]``; within the current block, the top-k masked positions by confidence
-  ``c_k = softmax(l)_k[x0_k]`` are committed, ``x0 = argmax(l / tau + Gumbel)``.
+  ``c_k = softmax(l)_k[x0_k]`` are committed, ``x0 = argmax(l / tau + Gumbel)``. That is the default, exact
+  mode. Fast-dLLM's approximations (arXiv:2505.22618, ``NVlabs/Fast-dLLM: llada/generate.py``) are opt-in:
+  an approximate KV cache refreshed at every block start (``cache="prefix"|"dual"``), confidence-threshold
+  parallel decoding (``strategy="dynamic"``) and stopping rows at their first EOS (``stop_at_eos``).
 * :func:`block_diffusion_generate` (block-causal attention; SDAR's ``Gen-Verse/dLLM-RL: generate.py``,
   docs/protocols.md#tracerl-static-and-tracerl-dynamic): blocks are decoded left to right, each one against an
   exact KV cache of the prompt and the finished blocks (or, without cache, by recomputing them under
@@ -46,6 +49,8 @@ from stabledrl_bench.errors import UserError
 
 REMASKING = ("low_confidence", "random")
 STRATEGIES = ("static", "dynamic")
+FULL_STRATEGIES = (*STRATEGIES, "factor")  # Fast-dLLM's factor rule: full attention only
+CACHE_MODES = ("none", "prefix", "dual")
 
 
 class DecodeSettingsError(UserError, ValueError):
@@ -66,9 +71,12 @@ class GenerationOutput:
 class DecodeSettings:
     """Everything that defines a decode; recorded in results files.
 
-    ``block_length`` and ``remasking``/``cfg_scale`` are used by full-attention models only; ``strategy``,
-    ``threshold``, ``top_k``, ``top_p``, ``use_cache`` and ``stop_at_eos`` by block-attention models only
-    (whose block size is the model's own).
+    ``block_length``, ``remasking``, ``cfg_scale`` and ``cache`` are used by full-attention models only;
+    ``top_k``, ``top_p`` and ``use_cache`` (an exact cache) by block-attention models only (whose block size is
+    the model's own); ``strategy``/``threshold`` and ``stop_at_eos`` by both. The defaults are exact decoding:
+    for full attention, ``cache != "none"``, ``strategy="dynamic"`` and ``stop_at_eos`` are Fast-dLLM's
+    approximations (see :func:`llada_generate`), as is ``strategy="factor"`` (with ``factor``). ``cache`` and
+    ``factor`` are the last fields so that settings written before them read back as what they were.
     """
 
     gen_length: int = 256
@@ -83,6 +91,13 @@ class DecodeSettings:
     top_p: float = 1.0
     use_cache: bool = True
     stop_at_eos: bool = False
+    cache: str = "none"
+    factor: float = 1.0  # strategy="factor" (full attention)
+
+    @property
+    def approximate(self) -> bool:
+        """Whether a full-attention model decodes these settings differently from the LLaDA reference sampler."""
+        return self.cache != "none" or self.strategy != "static" or self.stop_at_eos
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +223,147 @@ def _llada_step_logits(
     return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits)
 
 
+class _FullContext:
+    """The working batch of full-attention decoding: the rows still decoding and, with a cache, their keys/values.
+
+    ``cache="none"``: every step is a full forward (exact). ``prefix`` / ``dual`` (Fast-dLLM): the first step of
+    each block is a full forward that also stores every position's keys/values; the later steps of the block
+    forward only ``[block | rest]`` (prefix) or only the block (dual) against the stored keys/values of the
+    other positions. Those were computed before this block's commits, so the logits are approximate -- except
+    at the first step, which is the exact full forward. A model whose logits at i predict token i+1 (Dream)
+    also forwards the position before the block, whose output is the block's first prediction.
+    """
+
+    def __init__(
+        self,
+        model: DiffusionLM,
+        x: torch.Tensor,
+        key_valid: torch.Tensor,
+        prompt_real: torch.Tensor,
+        cache: str,
+        cfg_scale: float,
+    ) -> None:
+        self.model = model
+        self.x = x
+        self.key_valid = key_valid
+        self.prompt_real = prompt_real
+        self.cache_mode = cache
+        self.cfg_scale = cfg_scale
+        self.positions = real_positions(key_valid)
+        self.rows = torch.arange(x.shape[0], device=x.device)
+        self.shift = int(model.shift_logits)
+        self.cache: Any = None  # the backend's own cache object, without the forwarded positions
+        self.queries = torch.arange(0)  # positions forwarded against the cache
+        self.nfe = 0
+
+    def block_logits(self, span: slice, first_step: bool) -> torch.Tensor:
+        """Logits [R, block, V] of the block at ``span`` for the working rows."""
+        x = self.x[self.rows]
+        if self.cache_mode == "none":
+            self.nfe += 2 if self.cfg_scale > 0 else 1
+            key_valid = self.key_valid[self.rows]
+            return _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale)[:, span]
+        if first_step:
+            return self._refresh(x, span)
+        mask = self._pattern(torch.cat((self._cached_positions(span), self.queries)), len(self.queries))
+        logits, _ = self.model.forward_cached(
+            x[:, self.queries], mask, self.positions[self.rows][:, self.queries], self.cache, store=False
+        )
+        self.nfe += 1
+        return logits[:, self.shift : self.shift + span.stop - span.start]
+
+    def drop(self, stopped: torch.Tensor) -> None:
+        """Remove the rows flagged in ``stopped`` [R] from the working batch and the cache."""
+        keep = ~stopped
+        self.rows = self.rows[keep]
+        if self.cache is not None:
+            self.cache = self.model.select_cache_rows(self.cache, keep)
+
+    def _refresh(self, x: torch.Tensor, span: slice) -> torch.Tensor:
+        """Full forward storing every position, then the cache keeps only the positions not forwarded later."""
+        total = x.shape[1]
+        everything = torch.arange(total, device=x.device)
+        logits, cache = self.model.forward_cached(
+            x, self._pattern(everything, total), self.positions[self.rows], None, store=True
+        )
+        self.nfe += 1
+        start = span.start - self.shift
+        self.queries = torch.arange(start, total if self.cache_mode == "prefix" else span.stop, device=x.device)
+        self.cache = self.model.select_cache_positions(cache, self._cached_positions(span))
+        return logits[:, span]
+
+    def _cached_positions(self, span: slice) -> torch.Tensor:
+        """Positions whose keys/values stay cached during the block: before it, and (dual) after it."""
+        total = self.x.shape[1]
+        before = torch.arange(span.start - self.shift, device=self.x.device)
+        if self.cache_mode == "prefix":
+            return before
+        return torch.cat((before, torch.arange(span.stop, total, device=self.x.device)))
+
+    def _pattern(self, keys: torch.Tensor, queries: int) -> torch.Tensor:
+        """Boolean [R, 1, Q, K] attention of ``queries`` rows to the ``keys`` positions: all but left padding."""
+        return self.key_valid[self.rows][:, keys][:, None, None, :].expand(-1, 1, queries, -1)
+
+
+# Named decoding modes for full-attention models: fields of DecodeSettings that differ from exact decoding.
+# The fast protocols (d1-fast, ...) and the budget's ``rollout_decode`` are built from them. "fast" is
+# Fast-dLLM's best LLaDA setting (dual cache + parallel decoding, threshold 0.9), plus the EOS stop.
+DECODE_MODES: dict[str, dict[str, Any]] = {
+    "exact": {},
+    "fast": {"cache": "dual", "strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+    "fast-prefix": {"cache": "prefix", "strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+    "parallel": {"strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+}
+
+
+def _stopped_rows(completion: torch.Tensor, stop_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """[R] rows whose text is final: a committed stop token with every position before the first one committed.
+
+    Committed tokens never change, so later steps could only change positions after that stop token, which
+    the text does not contain: stopping there keeps the text identical to decoding to the end.
+    """
+    is_stop = torch.isin(completion, stop_ids)
+    has_stop = is_stop.any(dim=1)
+    first = torch.where(has_stop, is_stop.long().argmax(dim=1), completion.shape[1])
+    columns = torch.arange(completion.shape[1], device=completion.device)[None, :]
+    undecided = ((completion == mask_id) & (columns < first[:, None])).any(dim=1)
+    return has_stop & ~undecided
+
+
+def _select_by_factor(confidence: torch.Tensor, masked: torch.Tensor, quota: int, factor: float) -> torch.Tensor:
+    """Fast-dLLM's factor rule (arXiv:2505.22618, ``get_transfer_index_dynamic``): commit the n most confident
+    masked positions, n the longest run of the ranked confidences with ``c_(i) >= 1 - factor / (i + 1)``
+    (i = 1, 2, ...): the more tokens are committed at once, the more confident each one must be. At least the
+    static quota (so a tiny ``factor`` is static decoding), at most the masked positions left.
+    """
+    confidence = confidence.masked_fill(~masked, float("-inf"))
+    ranked = confidence.sort(dim=1, descending=True).values
+    ranks = torch.arange(1, ranked.shape[1] + 1, device=ranked.device, dtype=ranked.dtype)
+    run = (ranked >= 1 - factor / (ranks + 1)).long().cumprod(dim=1).sum(dim=1)
+    count = torch.maximum(run, masked.sum(dim=1).clamp(max=quota))
+    return _top_by_confidence(confidence, count)
+
+
+def _check_full_modes(
+    model: DiffusionLM, cache: str, strategy: str, threshold: float, factor: float, remasking: str, cfg_scale: float
+) -> None:
+    _require(strategy in FULL_STRATEGIES, f"strategy must be one of {FULL_STRATEGIES}, got {strategy!r}")
+    _require(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold}")
+    _require(factor > 0, f"factor must be > 0, got {factor}")
+    _require(
+        strategy == "static" or remasking == "low_confidence",
+        f"strategy={strategy!r} uses the model's confidence; it needs remasking='low_confidence'",
+    )
+    _require(cache in CACHE_MODES, f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    if cache != "none":
+        _require(cfg_scale == 0, f"cache={cache!r} does not support classifier-free guidance (cfg_scale > 0)")
+        supported = ", ".join(model.full_cache_modes) or "none"
+        _require(
+            cache in model.full_cache_modes,
+            f"the {model.family} backend cannot decode with cache={cache!r} (its cache modes: {supported})",
+        )
+
+
 @torch.no_grad()
 def llada_generate(
     model: DiffusionLM,
@@ -221,6 +377,11 @@ def llada_generate(
     remasking: str = "low_confidence",
     cfg_scale: float = 0.0,
     generator: torch.Generator | None = None,
+    cache: str = "none",
+    strategy: str = "static",
+    threshold: float = 0.9,
+    factor: float = 1.0,
+    stop_at_eos: bool = False,
 ) -> GenerationOutput:
     """LLaDA reference sampler (semi-autoregressive blocks, low-confidence or random remasking).
 
@@ -229,6 +390,20 @@ def llada_generate(
     ``c = softmax(l)[x0]`` (untempered, float64) or ``c ~ U(0, 1)`` for ``random``; ``c = -inf`` at committed
     positions (positions outside block j are never candidates); commit the top-k_{j,i} positions of each row,
     with k from :func:`transfer_schedule` of the row's masked count at block start. ``nfe = S`` (``2S`` with CFG).
+
+    Approximate modes (Fast-dLLM), all off by default:
+
+    * ``cache``: ``prefix`` / ``dual`` KV cache refreshed at each block start (see :class:`_FullContext`); one
+      forward per step as before, so the NFE is unchanged but every forward after a block's first is shorter.
+    * ``strategy="dynamic"``: also commit every masked position of the block whose confidence exceeds
+      ``threshold`` (at least the static quota, so ``threshold=1`` is exact decoding); a block ends as soon as
+      it has no MASK left, so fewer forwards are run. ``strategy="factor"``: the same with Fast-dLLM's factor
+      rule instead of a fixed threshold (:func:`_select_by_factor`).
+    * ``stop_at_eos``: a row stops as soon as its text is final (:func:`_stopped_rows`); its remaining MASK
+      positions become EOS (``unmask_step = -1``) and it leaves the batch. The text up to the first stop token
+      is the one decoding to the end gives (greedy; sampled draws depend on the batch shape).
+
+    ``nfe`` counts the forwards run on the working batch (rows that stopped ran fewer).
     """
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "full", "llada_generate needs a full-attention model; use block_diffusion_generate")
@@ -241,32 +416,94 @@ def llada_generate(
     )
     _require(remasking in REMASKING, f"remasking must be one of {REMASKING}, got {remasking!r}")
     _require(cfg_scale >= 0, f"cfg_scale must be >= 0, got {cfg_scale}")
+    _check_full_modes(model, cache, strategy, threshold, factor, remasking, cfg_scale)
     _check_generator(generator, temperature > 0 or remasking == "random", prompt_ids.device)
+    if cache != "none" and model.pad_free and not bool(mask.all()):
+        return _by_padding(
+            model,
+            prompt_ids,
+            mask,
+            generator,
+            gen_length=gen_length,
+            block_length=block_length,
+            steps=steps,
+            temperature=temperature,
+            remasking=remasking,
+            cache=cache,
+            strategy=strategy,
+            threshold=threshold,
+            factor=factor,
+            stop_at_eos=stop_at_eos,
+        )
 
     steps_per_block = steps // num_blocks
     prompt_len = prompt_ids.shape[1]
     x, key_valid = _with_completion(prompt_ids, mask, gen_length, model.mask_id)
-    attention = None if bool(mask.all()) else key_valid
     unmask_step = torch.full((x.shape[0], gen_length), -1, dtype=torch.long, device=x.device)
+    # every row's block is all MASK at its start, so one schedule serves every row (transfer_schedule)
+    quota = transfer_schedule(torch.tensor([block_length]), steps_per_block)[0].tolist()
+    stop_ids = torch.tensor(model.stop_ids, device=x.device)
+    ctx = _FullContext(model, x, key_valid, mask, cache, cfg_scale)
     for j in range(num_blocks):
         cols = slice(j * block_length, (j + 1) * block_length)
         span = slice(prompt_len + cols.start, prompt_len + cols.stop)
-        schedule = transfer_schedule((x[:, span] == model.mask_id).sum(dim=1), steps_per_block)
         for i in range(steps_per_block):
-            logits = _block_logits64(_llada_step_logits(model, x, attention, mask, cfg_scale)[:, span], model.mask_id)
+            state = x[ctx.rows, span]
+            masked = state == model.mask_id
+            if strategy != "static" and not masked.any():
+                break  # static decoding runs (and draws noise for) every step, as the reference does
+            logits = _block_logits64(ctx.block_logits(span, first_step=i == 0), model.mask_id)
             scores = logits / temperature if temperature > 0 else logits
             tokens = _pick_tokens(scores, temperature, generator)
             if remasking == "low_confidence":
                 confidence = _token_prob(logits, tokens)
             else:
                 confidence = torch.rand(tokens.shape, generator=generator, dtype=torch.float64, device=x.device)
-            masked = x[:, span] == model.mask_id
-            selected = _top_by_confidence(confidence.masked_fill(~masked, float("-inf")), schedule[:, i])
-            x[:, span], unmask_step[:, cols] = _commit(
-                x[:, span], unmask_step[:, cols], tokens, selected, j * steps_per_block + i
+            if strategy == "factor":
+                selected = _select_by_factor(confidence, masked, quota[i], factor)
+            else:
+                selected = _select_block(confidence, masked, quota[i], strategy, threshold)
+            x[ctx.rows, span], unmask_step[ctx.rows, cols] = _commit(
+                state, unmask_step[ctx.rows, cols], tokens, selected, j * steps_per_block + i
             )
-    nfe = steps * (2 if cfg_scale > 0 else 1)
-    return GenerationOutput(sequences=x, completion_ids=x[:, prompt_len:], unmask_step=unmask_step, nfe=nfe)
+            if stop_at_eos:
+                completion = x[ctx.rows, prompt_len:]
+                stopped = _stopped_rows(completion, stop_ids, model.mask_id)
+                x[ctx.rows[stopped], prompt_len:] = completion[stopped].masked_fill(
+                    completion[stopped] == model.mask_id, model.eos_id
+                )
+                ctx.drop(stopped)
+                if len(ctx.rows) == 0:
+                    break
+        if len(ctx.rows) == 0:
+            break
+    return GenerationOutput(sequences=x, completion_ids=x[:, prompt_len:], unmask_step=unmask_step, nfe=ctx.nfe)
+
+
+def _by_padding(
+    model: DiffusionLM,
+    prompt_ids: torch.Tensor,
+    mask: torch.Tensor,
+    generator: torch.Generator | None,
+    **kwargs: Any,
+) -> GenerationOutput:
+    """Cached decoding for a model that ignores attention masks: each group of rows with equal padding alone.
+
+    Such a model must never see a pad token (:class:`DiffusionLM`), and a KV cache cannot be split per row the
+    way :meth:`DiffusionLM.logits` splits a forward, so each group is decoded unpadded and put back in place.
+    """
+    pads = (~mask).sum(dim=1)
+    sequences, _ = _with_completion(prompt_ids, mask, kwargs["gen_length"], model.mask_id)
+    unmask_step = torch.full(sequences[:, mask.shape[1] :].shape, -1, dtype=torch.long, device=sequences.device)
+    nfe = 0
+    for pad in pads.unique().tolist():
+        rows = (pads == pad).nonzero().squeeze(1)
+        out = llada_generate(model, prompt_ids[rows, pad:], None, generator=generator, **kwargs)
+        sequences[rows, pad:] = out.sequences
+        unmask_step[rows] = out.unmask_step
+        nfe = max(nfe, out.nfe)
+    prompt_len = mask.shape[1]
+    return GenerationOutput(sequences, sequences[:, prompt_len:], unmask_step, nfe)
 
 
 # ---------------------------------------------------------------------------------------------- block diffusion
@@ -482,16 +719,14 @@ def generate(
 ) -> GenerationOutput:
     """Decode with the sampler that matches the model's attention pattern.
 
-    Full attention: :func:`llada_generate` with ``settings.steps`` in total. Block attention:
+    Full attention: :func:`llada_generate` with ``settings.steps`` in total (``use_cache`` is ignored there:
+    the block models' exact cache does not exist for full attention; ``cache`` selects the approximate one).
+    Block attention:
     :func:`block_diffusion_generate` with ``steps_per_block = max(1, steps // (gen_length // block_size))``,
     the same total step budget. Settings the chosen sampler cannot honour raise instead of being ignored.
     """
     if model.attention == "full":
-        _require(
-            settings.strategy == "static" and settings.top_k == 0 and settings.top_p == 1.0,
-            "strategy/top_k/top_p apply to block-diffusion models only",
-        )
-        _require(not settings.stop_at_eos, "stop_at_eos applies to block-diffusion models only")
+        _require(settings.top_k == 0 and settings.top_p == 1.0, "top_k/top_p apply to block-diffusion models only")
         return llada_generate(
             model,
             prompt_ids,
@@ -503,10 +738,15 @@ def generate(
             remasking=settings.remasking,
             cfg_scale=settings.cfg_scale,
             generator=generator,
+            cache=settings.cache,
+            strategy=settings.strategy,
+            threshold=settings.threshold,
+            factor=settings.factor,
+            stop_at_eos=settings.stop_at_eos,
         )
     _require(
-        settings.remasking == "low_confidence" and settings.cfg_scale == 0,
-        "remasking='random' and cfg_scale apply to full-attention models only",
+        settings.remasking == "low_confidence" and settings.cfg_scale == 0 and settings.cache == "none",
+        "remasking='random', cfg_scale and cache apply to full-attention models only (block models: use_cache)",
     )
     num_blocks = max(1, settings.gen_length // int(model.block_size))
     return block_diffusion_generate(
@@ -527,6 +767,8 @@ def generate(
 
 
 __all__ = [
+    "CACHE_MODES",
+    "DECODE_MODES",
     "DecodeSettings",
     "DecodeSettingsError",
     "GenerationOutput",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.core.sampling import generate
+from stabledrl_bench.core.sampling import DecodeSettings, generate
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
 from stabledrl_bench.tasks import get_task
@@ -147,6 +147,16 @@ class Recorded(NamedTuple):
     note: str
 
 
+def _with_defaults(settings: dict[str, Any]) -> dict[str, Any]:
+    """Recorded settings with the fields added since they were written, at their defaults (exact decoding).
+
+    A result recorded before the decoding modes existed was decoded exactly, which is what those defaults mean,
+    so it stays reusable.
+    """
+    protocol = {f.name: f.default for f in fields(EvalProtocol) if f.default is not MISSING}
+    return {**DecodeSettings().to_dict(), **settings, "protocol": {**protocol, **settings.get("protocol", {})}}
+
+
 def _why_not_reusable(
     results_dir, key: dict[str, Any], settings: dict[str, Any], actual_length: int, n: int
 ) -> str | None:
@@ -159,7 +169,7 @@ def _why_not_reusable(
         return "the stored result measured other weights" if weights else "the stored result records no weights hash"
     if stored["actual_gen_length"] != actual_length:
         return f"the stored result decoded {stored['actual_gen_length']} tokens, not {actual_length}"
-    if {k: v for k, v in stored["settings"].items() if k != "model"} != settings:
+    if _with_defaults({k: v for k, v in stored["settings"].items() if k != "model"}) != settings:
         return "the stored result used other decode settings"
     if stored["metrics"]["n"] != n:
         return f"the stored result has {stored['metrics']['n']} samples, not {n}"

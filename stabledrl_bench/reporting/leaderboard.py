@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from stabledrl_bench.core.sampling import DecodeSettings
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.plots import new_figure
 from stabledrl_bench.reporting.results import (
@@ -315,6 +316,7 @@ FRAME_COLUMNS = [
     "hardware",
     "code",
     "path",
+    "approximate",
 ]
 
 
@@ -342,12 +344,27 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "hardware": hardware_label(record["environment"]),
                 "code": code_label(record["environment"]),
                 "path": record["_path"],
+                "approximate": approximate_decoding(record),
             }
         )
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)
 
 
-ROW_KEY = ["comparison", "table", "baseline", "model_key", "protocol", "preset"]
+def approximate_decoding(record: Mapping[str, Any]) -> bool:
+    """Whether a result was decoded with Fast-dLLM's approximations (``d1-fast`` & co., full attention only).
+
+    Read from the recorded settings, not the protocol's name, so a protocol added by a package is classified
+    too; settings recorded before the modes existed have none of them, i.e. exact decoding. Block models' own
+    protocols (TraceRL's dynamic threshold, EOS stop) are their reference decoders, not approximations.
+    """
+    settings = record["settings"]
+    if settings.get("protocol", {}).get("attention", record["model"].get("attention", "full")) != "full":
+        return False
+    fields = {k: v for k, v in settings.items() if k in DecodeSettings.__dataclass_fields__}
+    return DecodeSettings(**fields).approximate
+
+
+ROW_KEY = ["comparison", "approximate", "table", "baseline", "model_key", "protocol", "preset"]
 CELL_KEY = [*ROW_KEY, "task", "sub"]
 
 
@@ -526,11 +543,18 @@ def _seed_spread(start: MeasuredRow, others: list[MeasuredRow], columns: list[Co
     return caption + "\n" + markdown_table(display)
 
 
-def _caption(comparison: str, table: str, frame: pd.DataFrame) -> str:
+APPROXIMATE_NOTE = (
+    "Approximate decoding (Fast-dLLM: KV cache refreshed per block, confidence-threshold parallel decoding, EOS "
+    "stop): faster, but not the reference sampler, so these numbers are not comparable with exact-decoding rows."
+)
+
+
+def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool) -> str:
     rl = frame[~frame["baseline"].isin(REFERENCE_BASELINES)]
     budget = f"`{rl['budget_hash'].iloc[0]}`" if not rl.empty else MISSING
+    title = f"comparison `{comparison}`" + (", APPROXIMATE DECODING" if approximate else "")
     lines = [
-        f"**Measured by this code — comparison `{comparison}`** (presets: {_join_unique(frame['preset'].tolist())}; "
+        f"**Measured by this code — {title}** (presets: {_join_unique(frame['preset'].tolist())}; "
         f"protocols: {_join_unique(frame['protocol'].tolist())}; RL training budget {budget} shared by every RL row, "
         f"reference rows base/sft exempt). Each cell is accuracy % with a percentile-bootstrap 95% interval over "
         f"per-sample correctness (Sudoku: d1 cell accuracy, the per-sample score, as in the published tables); "
@@ -541,6 +565,8 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame) -> str:
         pairs = ", ".join(f"{row.length} → {row.actual}" for row in lengths.itertuples())
         noun = "generation lengths" if table == "table1" else "response limits"
         lines.append(f"Lengths are scaled by the preset: nominal {noun} → actual generated tokens: {pairs}.")
+    if approximate:
+        lines.append(APPROXIMATE_NOTE)
     return "\n".join(lines) + "\n"
 
 
@@ -626,24 +652,30 @@ def _measured_blocks(
     subset = frame[frame["table"] == table]
     if subset.empty:
         return "**Measured by this code**: no results for this table yet.\n"
-    blocks = []
-    for comparison, group in subset.groupby("comparison", sort=True):
+    blocks, trained = [], set()
+    # exact and approximate decoding never share a block (nor its change-from-start table or its plot)
+    for (comparison, approximate), group in subset.groupby(["comparison", "approximate"], sort=True):
         columns = table_columns(table, set(group["task"]))
         rows = _measured_rows(group, records, columns)
         display = pd.DataFrame(
             [row.info | {c.header: _format_measured(row.estimates[c.key]) for c in columns} for row in rows]
         )
-        block = _caption(comparison, table, group) + "\n" + markdown_table(display)
+        block = _caption(comparison, table, group, approximate) + "\n" + markdown_table(display)
         change = _change_block(rows, columns)
         if change:
             block += "\n" + change
-        training = _training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
+        training = ""
+        if comparison not in trained:  # once per comparison
+            training = _training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
+        trained.add(comparison)
         if training:
             block += "\n" + training
         if plots_dir is not None:
-            plot_path = Path(plots_dir) / f"{table}__{slugify(comparison, 80)}.png"
+            name = slugify(comparison, 80) + ("__approximate" if approximate else "")
+            plot_path = Path(plots_dir) / f"{table}__{name}.png"
+            title = f"{TABLE_TITLES[table]}: {comparison}" + (" (approximate decoding)" if approximate else "")
             actual = dict(zip(group["length"], group["actual"], strict=True)) if table == "table1" else {}
-            _plot(plot_path, f"{TABLE_TITLES[table]}: {comparison}", rows, columns, actual)
+            _plot(plot_path, title, rows, columns, actual)
             link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
             block += f"\n![{table} {comparison}]({link})\n"
         blocks.append(block)
@@ -784,7 +816,9 @@ Two kinds of numbers appear here, always in separate blocks:
   commit, `dirty` when uncommitted changes were present) and seeds are listed per row; `python -m stabledrl_bench
   verify` re-checks every record against its samples, grader and weights. Average columns are unweighted means
   over their cells. Where a comparison has a starting point (`sft`, else `base`), a second table gives each RL
-  row's change from it in percentage points, paired by test item.
+  row's change from it in percentage points, paired by test item. Results decoded approximately (Fast-dLLM's
+  cache / parallel decoding / EOS stop: protocols such as `d1-fast`) get their own block, titled APPROXIMATE
+  DECODING, never the exact-decoding block of their comparison.
 * **Published (not measured here)**: numbers copied from papers, each marked with its source grade: P = the paper's
   own text or table, C = the authors' code, S = a third-party note quoting the paper (not checked against it),
   D = derived by arithmetic from P or S numbers. Unreliable (U) values are never shown. Published numbers come from

@@ -39,6 +39,10 @@ class Budget:
     block_length: int  # rollout semi-autoregressive block (full attention)
     temperature: float  # rollout sampling temperature
     max_prompt_length: int  # prompts keep their last tokens beyond this
+    # Opt-in fast rollouts, a mode of ``DECODE_MODES`` (full attention). The only field with a default: "exact"
+    # is what every budget meant before the option existed, and it is left out of :meth:`to_dict` (so of the
+    # hash), which keeps every earlier budget hash -- hence every stored result key -- unchanged.
+    rollout_decode: str = "exact"
 
     def __post_init__(self) -> None:
         positive = (
@@ -66,6 +70,12 @@ class Budget:
             )
         if self.temperature < 0:
             raise UserError(f"budget.temperature must be >= 0, got {self.temperature}")
+        from stabledrl_bench.core.sampling import DECODE_MODES
+
+        if self.rollout_decode not in DECODE_MODES:
+            raise UserError(
+                f"budget.rollout_decode must be one of {', '.join(DECODE_MODES)}, got {self.rollout_decode!r}"
+            )
 
     @property
     def rollout_phases(self) -> int:
@@ -76,8 +86,12 @@ class Budget:
         return self.prompts_per_step * self.num_generations
 
     def decode_settings(self, *, use_cache: bool) -> DecodeSettings:
-        """How rollouts are decoded under this budget (the trainer's and every rollout made to compare with it)."""
-        from stabledrl_bench.core.sampling import DecodeSettings
+        """How rollouts are decoded under this budget (the trainer's and every rollout made to compare with it).
+
+        A fast ``rollout_decode`` changes only which tokens are sampled: the estimators still compute the old
+        policy's likelihoods of those tokens, so the losses are unchanged.
+        """
+        from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings
 
         return DecodeSettings(
             gen_length=self.max_completion_length,
@@ -85,10 +99,15 @@ class Budget:
             steps=self.diffusion_steps,
             temperature=self.temperature,
             use_cache=use_cache,
+            **DECODE_MODES[self.rollout_decode],
         )
 
     def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        """The budget as written to logs, checkpoints and results (``rollout_decode`` only when not exact)."""
+        data = dataclasses.asdict(self)
+        if self.rollout_decode == "exact":
+            del data["rollout_decode"]
+        return data
 
     def hash(self) -> str:
         return stable_hash(self.to_dict())

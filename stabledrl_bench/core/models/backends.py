@@ -83,21 +83,36 @@ class TinyBackend(Backend):
 
     model_types = (TinyDLMConfig.model_type,)
     supports_kv_cache = True
+    full_cache_modes = ("prefix", "dual")
 
 
 @MODEL_FAMILIES.register("llada")
 class LLaDABackend(Backend):
-    """LLaDA's remote code: the mask goes in as a 4-D additive ``attention_bias`` (LLaDA casts it itself)."""
+    """LLaDA's remote code: the mask goes in as a 4-D additive ``attention_bias`` (LLaDA casts it itself).
+
+    Its cache is OLMo's ``past_key_values``: the new keys are appended to the cached ones *before* RoPE and the
+    queries take the last positions (``ML-GSAI/LLaDA``'s ``modeling_llada.py``), so positions are always
+    ``0..K-1`` over cached + new keys. Only a prefix cache fits that; a dual cache would need query positions it
+    cannot take. Its bias is sliced to the last Q rows of a square [K, K] one, so the pattern is sent square.
+    """
 
     model_types = ("llada", "llada_moe")
     default_mask_id = LLADA_MASK_ID
+    full_cache_modes = ("prefix",)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
-        del position_ids, cache, store  # LLaDA numbers positions 0..T-1 itself and has no cache
-        kwargs = {}
+        del position_ids  # LLaDA numbers positions 0..K-1 itself
+        kwargs: dict[str, Any] = {}
         if attention_mask is not None:
-            kwargs["attention_bias"] = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), torch.float32)
-        return self.model(input_ids=input_ids, **kwargs).logits, None
+            pattern = as_pattern(attention_mask, input_ids.shape[1])
+            keys, queries = pattern.shape[-1], pattern.shape[-2]
+            if keys > queries:  # rows for the cached positions: never read
+                pattern = torch.cat((pattern.new_ones(pattern.shape[0], 1, keys - queries, keys), pattern), dim=2)
+            kwargs["attention_bias"] = additive_bias(pattern, torch.float32)
+        if cache is not None or store:
+            kwargs.update(past_key_values=cache, use_cache=store)
+        out = self.model(input_ids=input_ids, **kwargs)
+        return out.logits, (out.attn_key_values if store else None)
 
 
 @MODEL_FAMILIES.register("dream")
@@ -107,13 +122,23 @@ class DreamBackend(Backend):
     model_types = ("dream",)
     default_mask_id = DREAM_MASK_ID
     shift_logits = True
+    # Qwen2-style: post-RoPE keys in an HF ``DynamicCache`` and explicit position ids, so any key set can be cached.
+    full_cache_modes = ("prefix", "dual")
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
-        del cache, store
         bias = None
         if attention_mask is not None:
             bias = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), self.model.dtype)
-        return self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids).logits, None
+        kwargs: dict[str, Any] = {}
+        if cache is not None or store:
+            from transformers import DynamicCache
+
+            # Dream appends every call's keys/values to the cache it is given: give it a throwaway one, kept as
+            # plain (key, value) tuples only when asked to store
+            past = DynamicCache.from_legacy_cache(None if cache is None else tuple(cache))
+            kwargs.update(past_key_values=past, use_cache=True)
+        out = self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids, **kwargs)
+        return out.logits, (list(kwargs["past_key_values"].to_legacy_cache()) if store else None)
 
 
 @MODEL_FAMILIES.register("sdar")

@@ -56,25 +56,42 @@ class EmulatedOutput(ModelOutput):
 
     logits: torch.Tensor | None = None
     past_key_values: Any = None
+    attn_key_values: Any = None  # LLaDA's name for the returned cache
 
 
 def _min(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min
 
 
-def _llada_hub(model: TinyDLM, input_ids, attention_mask=None, attention_bias=None) -> EmulatedOutput:
+def _llada_run(model: TinyDLM, input_ids, bias, past_key_values, use_cache) -> EmulatedOutput:
+    """LLaDA's ``past_key_values``: queries sit at the last positions of ``0..K-1`` over cached + new keys.
+
+    LLaDA caches keys before RoPE and rotates them at ``0..K-1`` every call; the tiny model caches them after
+    RoPE at the positions they were computed at. Both agree exactly when the cache is a prefix of the sequence,
+    and both put the queries right after the cache (wrong for anything else, e.g. a dual cache).
+    """
+    logits, cache = model.run(input_ids, bias, None, past_key_values)
+    return EmulatedOutput(logits=logits, attn_key_values=cache if use_cache else None)
+
+
+def _llada_hub(
+    model: TinyDLM, input_ids, attention_mask=None, attention_bias=None, past_key_values=None, use_cache=False
+) -> EmulatedOutput:
     del attention_mask, attention_bias  # SDPA(attn_mask=None): nothing is masked
-    return EmulatedOutput(logits=model.run(input_ids, None, None)[0])
+    return _llada_run(model, input_ids, None, past_key_values, use_cache)
 
 
-def _llada(model: TinyDLM, input_ids, attention_mask=None, attention_bias=None) -> EmulatedOutput:
-    length = input_ids.shape[1]
+def _llada(
+    model: TinyDLM, input_ids, attention_mask=None, attention_bias=None, past_key_values=None, use_cache=False
+) -> EmulatedOutput:
+    past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+    length = past_len + input_ids.shape[1]
     padding = None
     if attention_mask is not None and bool((attention_mask == 0).any()):
         keep = attention_mask.float().view(input_ids.shape[0], -1)[:, None, None, :]
         padding = (1.0 - keep) * _min(torch.float32)
     bias = None
-    if attention_bias is not None or padding is not None:
+    if attention_bias is not None or padding is not None or past_key_values is not None:
         if attention_bias is None:  # LLaDAModel.forward: the default bias is causal
             bias = torch.triu(torch.full((length, length), _min(torch.float32)), diagonal=1)[None, None]
         elif attention_bias.dtype in (torch.bool, torch.int8):
@@ -84,18 +101,35 @@ def _llada(model: TinyDLM, input_ids, attention_mask=None, attention_bias=None) 
             bias = attention_bias.float()
         if padding is not None:
             bias = (bias + padding).clamp(min=_min(torch.float32))
-    return EmulatedOutput(logits=model.run(input_ids, bias, None)[0])
+        bias = bias[:, :, length - input_ids.shape[1] : length, :length]  # OLMo attention: the last Q rows
+    return _llada_run(model, input_ids, bias, past_key_values, use_cache)
 
 
-def _dream(model: TinyDLM, input_ids, attention_mask=None, position_ids=None, is_causal=None) -> EmulatedOutput:
+def _dream(
+    model: TinyDLM,
+    input_ids,
+    attention_mask=None,
+    position_ids=None,
+    is_causal=None,
+    past_key_values=None,
+    use_cache=None,
+) -> EmulatedOutput:
+    del use_cache
     mask = None
     if is_causal:
         length = input_ids.shape[1]
         mask = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()[None, None]
     elif isinstance(attention_mask, torch.Tensor):
         mask = attention_mask.to(model.dtype)  # added to the scores, whatever it was
-    logits = model.run(input_ids, mask, position_ids)[0]
-    return EmulatedOutput(logits=torch.cat((logits[:, 1:], logits[:, -1:]), dim=1))
+    past = None
+    if past_key_values is not None and past_key_values.get_seq_length() > 0:
+        past = [past_key_values[i] for i in range(len(past_key_values))]
+    logits, kv = model.run(input_ids, mask, position_ids, past)
+    if past_key_values is not None:  # Qwen2 attention: ``past_key_value.update`` appends every call's keys
+        past_len = past[0][0].shape[2] if past else 0
+        for i, (k, v) in enumerate(kv):
+            past_key_values.update(k[:, :, past_len:], v[:, :, past_len:], i)
+    return EmulatedOutput(logits=torch.cat((logits[:, 1:], logits[:, -1:]), dim=1), past_key_values=past_key_values)
 
 
 def _sdar(

@@ -38,7 +38,10 @@ class DiffusionLM:
 
     family: str = "generic"
     shift_logits: bool = False  # Dream predicts token i at position i-1 (AR initialisation)
-    supports_kv_cache: bool = False
+    supports_kv_cache: bool = False  # an exact cache for block attention (block_diffusion_generate)
+    # Approximate caches for full attention (llada_generate's ``cache``): "prefix" needs keys cached for a prefix
+    # of the sequence; "dual" also needs the positions after the queries cached, so explicit query positions.
+    full_cache_modes: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -153,11 +156,13 @@ class DiffusionLM:
         cache: Any,
         store: bool,
     ) -> tuple[torch.Tensor, Any]:
-        """Like :meth:`logits` but against the cached keys/values of earlier positions (exact for block attention).
+        """Like :meth:`logits` but against cached keys/values (exact for block attention, see ``full_cache_modes``).
 
-        The cache is opaque to callers: pass None first, then what the last storing call returned.
+        The cache is opaque to callers: pass None first, then what the last storing call returned (or
+        :meth:`select_cache_rows` / :meth:`select_cache_positions` of it). ``attention_mask`` is a boolean
+        [B, 1, Q, K] pattern over the cached keys followed by these ones.
         """
-        if not self.supports_kv_cache:
+        if not (self.supports_kv_cache or self.full_cache_modes):
             raise NotImplementedError(f"the {self.family} backend has no KV cache")
         logits, cache = self._forward(input_ids, attention_mask, position_ids, cache, store)
         return self._shift(logits), cache
@@ -165,6 +170,13 @@ class DiffusionLM:
     def select_cache_rows(self, cache: Any, keep: torch.Tensor) -> Any:
         """The cache restricted to the rows flagged in ``keep`` (rows that stopped decoding leave the batch)."""
         return [(k[keep], v[keep]) for k, v in cache]
+
+    def select_cache_positions(self, cache: Any, positions: torch.Tensor) -> Any:
+        """The cache restricted to the key positions listed in ``positions`` [K'] (in that order).
+
+        Full-attention decoding stores every position once per block, then keeps the ones it does not forward.
+        """
+        return [(k[:, :, positions], v[:, :, positions]) for k, v in cache]
 
     def context_attention(self, prompt_mask: torch.Tensor, completion_len: int) -> torch.Tensor:
         """Attention for ``[prompt | completion]`` rows: key padding (full models) or block-causal (block models)."""

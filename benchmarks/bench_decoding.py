@@ -1,0 +1,219 @@
+"""Full-attention decoding modes against exact decoding: tokens/s, NFE, speedup and agreement, in one process.
+
+Not a test. Each mode is one of ``DECODE_MODES`` (or a cache alone) applied to the d1 protocol's decoder (block
+32, two tokens per step); exact decoding is the LLaDA reference sampler. The variants are timed interleaved
+(exact, prefix, dual, ..., exact, prefix, ...) with a fixed thread count, so a load change on a shared machine
+hits every variant alike; the table reports median times and the load average before and after.
+
+Agreement with exact decoding (greedy, same prompts): ``rows`` is the fraction of completions whose text up to
+the first stop token is identical; ``tokens`` the fraction of positions up to exact decoding's first stop token
+that hold the same token. Random weights never emit EOS, so the EOS stop saves nothing there; pass
+``--checkpoint`` (a trained tiny model) to see it.
+
+    python benchmarks/bench_decoding.py --config 26M --gen-length 256 --batch 16 --threads 2
+    python benchmarks/bench_decoding.py --rl-step --gen-length 128   # one RL step, fast vs exact rollouts
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from stabledrl_bench.core.models import DiffusionLM, build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings, GenerationOutput, generate
+
+CONFIGS = {
+    "default": {},  # the tiny preset's size
+    "26M": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "intermediate_size": 1408},
+}
+MODES = {
+    "exact": {},
+    "prefix": {"cache": "prefix"},
+    "dual": {"cache": "dual"},
+    **{name: fields for name, fields in DECODE_MODES.items() if name != "exact"},
+}
+
+
+def _timed(fn) -> tuple[float, object]:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def agreement(model: DiffusionLM, out: GenerationOutput, exact: GenerationOutput) -> tuple[float, float]:
+    """(identical rows up to the first stop token, identical tokens up to exact decoding's first stop token)."""
+    ref = model.completion_mask(exact.completion_ids)
+    rows = [
+        a[ka].tolist() == b[kb].tolist()
+        for a, b, ka, kb in zip(
+            out.completion_ids, exact.completion_ids, model.completion_mask(out.completion_ids), ref, strict=True
+        )
+    ]
+    same = (out.completion_ids == exact.completion_ids) & ref
+    return sum(rows) / len(rows), float(same.sum() / ref.sum())
+
+
+def _model(args: argparse.Namespace) -> DiffusionLM:
+    if args.checkpoint:
+        return load_diffusion_lm(args.checkpoint)
+    return build_tiny(attention="full", seed=0, **CONFIGS[args.config])
+
+
+def _prompts(model: DiffusionLM, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts: the task's first test questions in the ``tiny`` protocol, else random tokens."""
+    if args.task:
+        from stabledrl_bench.tasks import get_task
+
+        task = get_task(args.task)
+        specs = [task.prompt(doc, "tiny") for doc in task.eval_docs(limit=args.batch)]
+        ids, mask = model.encode_prompts(
+            [spec.messages for spec in specs], chat_template=specs[0].chat_template, prefill=specs[0].prefill
+        )
+        return ids.to(args.device), mask.to(args.device)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, model.vocab_size - 10, (args.batch, args.prompt_len), generator=gen).to(args.device)
+    return ids, torch.ones_like(ids, dtype=torch.bool)
+
+
+def bench_decoding(args: argparse.Namespace) -> None:
+    model = _model(args)
+    model.model.to(args.device).eval()
+    ids, mask = _prompts(model, args)
+    base = DecodeSettings(gen_length=args.gen_length, block_length=args.block_length, steps=args.gen_length // 2)
+    names = args.modes.split(",")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    outs: dict[str, GenerationOutput] = {}
+    for name in names:  # warm-up (first-call allocations and kernel selection), untimed
+        generate(model, ids[:1], mask[:1], dataclasses.replace(base, **MODES[name]))
+    load_before = os.getloadavg()
+    for _ in range(args.repeats):
+        for name in names:  # interleaved: A B C ... A B C ...
+            settings = dataclasses.replace(base, **MODES[name])
+            seconds, outs[name] = _timed(lambda s=settings: generate(model, ids, mask, s))
+            times[name].append(seconds)
+            print(f"  {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
+    load_after = os.getloadavg()
+    params = sum(p.numel() for p in model.model.parameters())
+    source = args.checkpoint or f"random weights, config {args.config}"
+    source += f", {args.task} prompts" if args.task else ", random prompts"
+    print(
+        f"model: {source} ({params / 1e6:.1f}M parameters); L={args.gen_length} B={args.batch} "
+        f"prompt={ids.shape[1]} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
+        f"device={args.device}; median of {args.repeats} interleaved runs"
+    )
+    print(
+        f"load average (1/5/15 min) before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+        f"after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
+    )
+    print("| mode | settings | s (median) | tokens/s | NFE | vs exact | rows agree | tokens agree |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    exact_time = statistics.median(times["exact"]) if "exact" in times else None
+    for name in names:
+        seconds = statistics.median(times[name])
+        fields = ", ".join(f"{k}={v}" for k, v in MODES[name].items()) or "reference sampler"
+        ratio = f"{exact_time / seconds:.2f}x" if exact_time else "-"
+        rows, tokens = agreement(model, outs[name], outs["exact"]) if "exact" in outs else (float("nan"),) * 2
+        tok_s = args.batch * args.gen_length / seconds
+        print(
+            f"| {name} | {fields} | {seconds:.2f} | {tok_s:.0f} | {outs[name].nfe} | {ratio} | {rows:.2f} | "
+            f"{tokens:.3f} |"
+        )
+
+
+def bench_rl_step(args: argparse.Namespace) -> None:
+    """Wall time of RL steps (rollout + loss + update) with exact vs fast rollouts, interleaved."""
+    from stabledrl_bench.training.budget import Budget
+    from stabledrl_bench.training.optim import OptimConfig
+    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint
+        if not checkpoint:
+            checkpoint = str(Path(tmp) / "model")
+            save_diffusion_lm(_model(args), checkpoint)
+
+        def run(mode: str, index: int) -> float:
+            budget = Budget(
+                max_steps=1,
+                prompts_per_step=args.batch // 4,
+                num_generations=4,
+                num_iterations=1,
+                max_completion_length=args.gen_length,
+                diffusion_steps=args.gen_length // 2,
+                block_length=args.block_length,
+                temperature=0.9,
+                max_prompt_length=args.prompt_len,
+                rollout_decode=mode,
+            )
+            cfg = TrainConfig(
+                baseline="stabledrl",
+                task="countdown",
+                model=checkpoint,
+                protocol="tiny",
+                train_split="generated",
+                budget=budget,
+                optim=OptimConfig(learning_rate=1e-5),
+                per_device_prompts=budget.prompts_per_step,
+                output_dir=str(Path(tmp) / f"{mode}-{index}"),
+                progress=False,
+            )
+            trainer = RLTrainer(cfg)
+            seconds, _ = _timed(trainer.train)
+            return seconds
+
+        modes = args.rollout_modes.split(",")
+        load_before = os.getloadavg()
+        times = {mode: [] for mode in modes}
+        for index in range(args.repeats):
+            for mode in modes:
+                times[mode].append(run(mode, index))
+        load_after = os.getloadavg()
+    print(
+        f"RL step (stabledrl, countdown, {args.batch} rollouts, L={args.gen_length}, "
+        f"threads={torch.get_num_threads()}, median of {args.repeats} interleaved runs of train(): rollout, "
+        "likelihoods, update, checkpoint)"
+    )
+    print(f"load average before: {load_before[0]:.2f}, after: {load_after[0]:.2f}")
+    exact = statistics.median(times["exact"])
+    for mode in modes:
+        seconds = statistics.median(times[mode])
+        print(f"| {mode} | {seconds:.2f} s | {exact / seconds:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=tuple(CONFIGS), default="default")
+    parser.add_argument("--checkpoint", help="a trained full-attention tiny checkpoint instead of random weights")
+    parser.add_argument("--task", help="prompts from this task's test set (tiny protocol), e.g. for --checkpoint")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--gen-length", type=int, default=256)
+    parser.add_argument("--block-length", type=int, default=32)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rl-step", action="store_true", help="time RL steps with exact vs fast rollouts instead")
+    parser.add_argument("--rollout-modes", default="exact,fast", help=f"--rl-step: from {', '.join(DECODE_MODES)}")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.rl_step:
+        bench_rl_step(args)
+    else:
+        bench_decoding(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Evaluation protocols: the approximate (Fast-dLLM) ones are opt-in, named, and decode what they say."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stabledrl_bench.cli import build_parser
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.core.sampling import DecodeSettings
+from stabledrl_bench.evaluation.protocols import PROTOCOLS, get_protocol
+
+FAST = ("d1-fast", "d1-fast-prefix", "d1-parallel", "tiny-fast", "tiny-parallel")
+
+
+def test_exact_protocols_decode_exactly_and_fast_ones_are_marked() -> None:
+    assert {name for name, protocol in PROTOCOLS.items() if protocol.approximate} == set(FAST)
+    for name in FAST:
+        assert get_protocol(name).description.startswith("APPROXIMATE")
+    full = build_tiny()
+    for name, protocol in PROTOCOLS.items():
+        if protocol.attention == "full":
+            assert protocol.settings(64, full).approximate == (name in FAST)
+
+
+@pytest.mark.parametrize(
+    ("name", "base", "cache"),
+    [
+        ("d1-fast", "d1", "dual"),
+        ("tiny-fast", "tiny", "dual"),
+        ("d1-fast-prefix", "d1", "prefix"),
+        ("tiny-parallel", "tiny", "none"),
+    ],
+)
+def test_fast_protocols_keep_their_base_prompt_and_lengths(name: str, base: str, cache: str) -> None:
+    fast, exact = get_protocol(name), get_protocol(base)
+    differing = {f.name for f in dataclasses.fields(fast) if getattr(fast, f.name) != getattr(exact, f.name)}
+    assert differing == {"name", "description", "cache", "strategy", "stop_at_eos"} - (
+        {"cache"} if cache == "none" else set()
+    )
+    settings = fast.settings(256, build_tiny())
+    assert settings == dataclasses.replace(
+        exact.settings(256, build_tiny()), cache=cache, strategy="dynamic", threshold=0.9, stop_at_eos=True
+    )
+
+
+def test_approximate_decoding_is_never_the_default() -> None:
+    assert build_parser().parse_args(["eval", "--model", "tiny", "--task", "gsm8k"]).protocol == "d1"
+    assert not DecodeSettings().approximate
