@@ -92,6 +92,8 @@ def test_job_key_ignores_where_and_how_loudly_but_not_what(tmp_path):
         TrainJob(_config("other", tmp_path / "a")),
     ):
         assert other.key() != base.key()
+    fast = dataclasses.replace(BUDGET, rollout_decode="fast")
+    assert TrainJob(_config("m", tmp_path / "a", budget=fast)).key() != base.key()
     # "never clip" is a setting like any other (the self-normalisation-only ablation's threshold is inf)
     never = TrainJob(_config("m", tmp_path / "a", baseline="stabledrl_selfnorm_only"))
     assert never.key() != TrainJob(_config("m", tmp_path / "a", baseline_options={"clip_threshold": 1e308})).key()

@@ -166,7 +166,9 @@ class TrainJob:
         # the effective baseline settings instead of the options given: a changed default must not reuse runs
         # trained with the old one, and an option given at its default value is the same run
         effective = _identity(build_baseline(self.config.baseline, **self.config.baseline_options).config)
-        return {"config": _identity(self.config, "baseline_options"), "baseline_config": effective, "hook": hook}
+        config = _identity(self.config, "baseline_options")
+        config["budget"] = _hashable(self.config.budget.to_dict())  # what the budget hash covers, nothing else
+        return {"config": config, "baseline_config": effective, "hook": hook}
 
     def key(self) -> str:
         return stable_hash(self.identity())
