@@ -377,7 +377,7 @@ def test_training_changes_pair_the_last_rollouts_with_the_frozen_control() -> No
     frozen = [("frozen", step, 0.5 + 0.1 * (step % 2)) for step in range(1, 14)]  # prompts alternate in difficulty
     learner = [("learner", step, 0.5 + 0.1 * (step % 2) + (0.2 if step > 3 else 0.0)) for step in range(1, 14)]
     flat = [("flat", step, 0.5 + 0.1 * (step % 2)) for step in range(1, 14)]
-    rewards = pd.DataFrame([("sudoku", *row) for row in frozen + learner + flat], columns=TRAINING_COLUMNS)
+    rewards = pd.DataFrame([("sudoku", 0, *row) for row in frozen + learner + flat], columns=TRAINING_COLUMNS)
     changes = training_changes(rewards, window=10).set_index("run")
     assert list(changes.index) == ["learner", "flat"]
     assert changes.loc["learner", "rollouts"] == 10
@@ -387,6 +387,18 @@ def test_training_changes_pair_the_last_rollouts_with_the_frozen_control() -> No
     # Steps 4..13: rewards 0.6, 0.5, ... -> mean 0.55 for the control, + 0.2 for the learner.
     assert changes.loc["learner", "frozen"] == pytest.approx(0.55)
     assert changes.loc["learner", "reward"] == pytest.approx(0.75)
+
+
+def test_training_changes_pair_each_seed_with_its_own_control() -> None:
+    """Seed 1's control is 0.3 higher than seed 0's (other prompts): pairing across seeds would invent a change."""
+    import pandas as pd
+
+    rows = [("frozen", seed, step, 0.2 + 0.3 * seed) for seed in (0, 1) for step in (1, 3)]
+    rows += [("learner", seed, step, 0.2 + 0.3 * seed + 0.1 * (seed + 1)) for seed in (0, 1) for step in (1, 3)]
+    rewards = pd.DataFrame([("sudoku", seed, run, step, r) for run, seed, step, r in rows], columns=TRAINING_COLUMNS)
+    (change,) = training_changes(rewards).to_dict("records")
+    assert change["seeds"] == 2 and change["rollouts"] == 4
+    assert change["per_seed"] == pytest.approx([0.1, 0.2]) and change["change"].mean == pytest.approx(0.15)
 
 
 def test_training_block_is_shown_with_its_comparison(tmp_path: Path) -> None:
