@@ -32,25 +32,25 @@ def espo_loss(
     ref_elbo: torch.Tensor | None,
     advantages: torch.Tensor,
     *,
-    gen_length: int,
+    max_completion_length: int,
     epsilon: float = 0.2,
     beta: float = 1e-3,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """ESPO's sequence-level clipped loss (module docstring); all tensors [B], ``gen_length`` = L.
+    """ESPO's sequence-level clipped loss (module docstring); all tensors [B], ``max_completion_length`` = L.
 
     Computed and returned in ``compute_dtype`` of the inputs; ``conditional_clip`` keeps the clipped branch and
     A = 0 finite for any finite Delta ELBO, and rho_i A_i is -inf only where it truly exceeds the dtype's range.
     """
     dtype = compute_dtype(elbo, old_elbo, ref_elbo, advantages)
     elbo, advantages = elbo.to(dtype), advantages.to(dtype)
-    log_ratio = (elbo - old_elbo.to(dtype)) / gen_length
+    log_ratio = (elbo - old_elbo.to(dtype)) / max_completion_length
     objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
     loss = sequence_mean(-objective)
     metrics: dict[str, float] = {}
     if beta > 0:
         if ref_elbo is None:
             raise ValueError("espo with beta > 0 needs the reference ELBO")
-        kl = k2_kl(elbo - ref_elbo.to(dtype)).sum() / (elbo.numel() * gen_length)
+        kl = k2_kl(elbo - ref_elbo.to(dtype)).sum() / (elbo.numel() * max_completion_length)
         loss = loss + beta * kl
         metrics["kl"] = kl.item()
     metrics |= {
@@ -89,7 +89,7 @@ class ESPO(Baseline):
             need(inputs.old, "elbo", self.name),
             inputs.ref.elbo if inputs.ref is not None else None,
             inputs.advantages,
-            gen_length=inputs.completion_mask.shape[1],
+            max_completion_length=inputs.completion_mask.shape[1],
             epsilon=self.config.epsilon,
             beta=self.config.beta,
         )

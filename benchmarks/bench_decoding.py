@@ -10,8 +10,8 @@ the first stop token is identical; ``tokens`` the fraction of positions up to ex
 that hold the same token. Random weights never emit EOS, so the EOS stop saves nothing there; pass
 ``--checkpoint`` (a trained tiny model) to see it.
 
-    python benchmarks/bench_decoding.py --config 26M --gen-length 256 --batch 16 --threads 2
-    python benchmarks/bench_decoding.py --rl-step --gen-length 128   # one RL step, fast vs exact rollouts
+    python benchmarks/bench_decoding.py --config 26M --max-completion-length 256 --batch 16 --threads 2
+    python benchmarks/bench_decoding.py --rl-step --max-completion-length 128   # one RL step, fast vs exact rollouts
 """
 
 from __future__ import annotations
@@ -91,7 +91,11 @@ def bench_decoding(args: argparse.Namespace) -> None:
     model = _model(args)
     model.model.to(args.device).eval()
     ids, mask = _prompts(model, args)
-    base = DecodeSettings(gen_length=args.gen_length, block_length=args.block_length, steps=args.gen_length // 2)
+    base = DecodeSettings(
+        max_completion_length=args.max_completion_length,
+        block_length=args.block_length,
+        steps=args.max_completion_length // 2,
+    )
     names = args.modes.split(",")
     times: dict[str, list[float]] = {name: [] for name in names}
     outs: dict[str, GenerationOutput] = {}
@@ -109,7 +113,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
     source = args.checkpoint or f"random weights, config {args.config}"
     source += f", {args.task} prompts" if args.task else ", random prompts"
     print(
-        f"model: {source} ({params / 1e6:.1f}M parameters); L={args.gen_length} B={args.batch} "
+        f"model: {source} ({params / 1e6:.1f}M parameters); L={args.max_completion_length} B={args.batch} "
         f"prompt={ids.shape[1]} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
         f"device={args.device}; median of {args.repeats} interleaved runs"
     )
@@ -125,7 +129,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
         fields = ", ".join(f"{k}={v}" for k, v in MODES[name].items()) or "reference sampler"
         ratio = f"{exact_time / seconds:.2f}x" if exact_time else "-"
         rows, tokens = agreement(model, outs[name], outs["exact"]) if "exact" in outs else (float("nan"),) * 2
-        tok_s = args.batch * args.gen_length / seconds
+        tok_s = args.batch * args.max_completion_length / seconds
         print(
             f"| {name} | {fields} | {seconds:.2f} | {tok_s:.0f} | {outs[name].nfe} | {ratio} | {rows:.2f} | "
             f"{tokens:.3f} |"
@@ -150,8 +154,8 @@ def bench_rl_step(args: argparse.Namespace) -> None:
                 prompts_per_step=args.batch // 4,
                 num_generations=4,
                 num_iterations=1,
-                max_completion_length=args.gen_length,
-                diffusion_steps=args.gen_length // 2,
+                max_completion_length=args.max_completion_length,
+                diffusion_steps=args.max_completion_length // 2,
                 block_length=args.block_length,
                 temperature=0.9,
                 max_prompt_length=args.prompt_len,
@@ -181,7 +185,7 @@ def bench_rl_step(args: argparse.Namespace) -> None:
                 times[mode].append(run(mode, index))
         load_after = os.getloadavg()
     print(
-        f"RL step (stabledrl, countdown, {args.batch} rollouts, L={args.gen_length}, "
+        f"RL step (stabledrl, countdown, {args.batch} rollouts, L={args.max_completion_length}, "
         f"threads={torch.get_num_threads()}, median of {args.repeats} interleaved runs of train(): rollout, "
         "likelihoods, update, checkpoint)"
     )
@@ -199,7 +203,7 @@ def main() -> None:
     parser.add_argument("--task", help="prompts from this task's test set (tiny protocol), e.g. for --checkpoint")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--gen-length", type=int, default=256)
+    parser.add_argument("--max-completion-length", type=int, default=256)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     parser.add_argument("--repeats", type=int, default=3)

@@ -4,7 +4,7 @@ Not a test. Every estimator folds its Monte-Carlo samples into one forward pass;
 identical computation row by row, which is the reference here. The script checks both give the same estimates
 and prints the speed ratio measured in the same process.
 
-    python benchmarks/bench_estimators.py --batch 16 --gen-length 64 --repeats 3
+    python benchmarks/bench_estimators.py --batch 16 --max-completion-length 64 --repeats 3
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ESTIMATORS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--gen-length", type=int, default=64)
+    parser.add_argument("--max-completion-length", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
@@ -38,12 +38,17 @@ def main() -> None:
     dlm.model.to(args.device).eval()
     prompts = [f"{i} {i + 3} {2 * i + 1} -> {i + 7}" for i in range(args.batch)]
     prompt_ids, prompt_mask = dlm.encode_prompts(prompts)
-    settings = DecodeSettings(gen_length=args.gen_length, block_length=8, steps=args.gen_length // 2)
+    settings = DecodeSettings(
+        max_completion_length=args.max_completion_length, block_length=8, steps=args.max_completion_length // 2
+    )
     out = generate(dlm, prompt_ids, prompt_mask, settings)
     batch = SequenceBatch(
         prompt_ids, prompt_mask, out.completion_ids, dlm.completion_mask(out.completion_ids), out.unmask_step
     )
-    print(f"device={args.device} batch={args.batch} gen_length={args.gen_length} (best of {args.repeats})")
+    print(
+        f"device={args.device} batch={args.batch} max_completion_length={args.max_completion_length} "
+        f"(best of {args.repeats})"
+    )
     print(f"{'estimator':14s} {'batched s':>10s} {'row-by-row s':>13s} {'speed-up':>9s}  same result")
     for name, kwargs in ESTIMATORS.items():
         batched = build_estimator(name, **kwargs)

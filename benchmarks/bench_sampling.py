@@ -3,7 +3,7 @@
 Not a test. The KV cache changes cost only (each step forwards one block instead of the whole prefix), never the
 output, so the script also checks that both paths decode the same tokens.
 
-    python benchmarks/bench_sampling.py --batch 8 --prompt-len 64 --gen-length 256 --device cpu
+    python benchmarks/bench_sampling.py --batch 8 --prompt-len 64 --max-completion-length 256 --device cpu
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--gen-length", type=int, default=128)
+    parser.add_argument("--max-completion-length", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--steps-per-block", type=int, default=4)
     parser.add_argument("--strategy", choices=("static", "dynamic"), default="static")
@@ -40,14 +40,14 @@ def main() -> None:
             model,
             ids,
             mask,
-            gen_length=args.gen_length,
+            max_completion_length=args.max_completion_length,
             steps_per_block=args.steps_per_block,
             strategy=args.strategy,
             use_cache=use_cache,
         )
 
     results = {use_cache: best_time(lambda u=use_cache: decode(u), args.repeats) for use_cache in (True, False)}
-    tokens = args.batch * args.gen_length
+    tokens = args.batch * args.max_completion_length
     for use_cache, (seconds, out) in results.items():
         label = "cached  " if use_cache else "uncached"
         print(f"{label} {seconds:8.3f} s  {tokens / seconds:9.1f} tok/s  nfe/sample {out.nfe}")

@@ -45,13 +45,20 @@ def decode(dlm: DiffusionLM, prompts: list[str], *, temperature: float = 0.0, us
     generator = torch.Generator().manual_seed(seed)
     if dlm.attention == "full":
         return llada_generate(
-            dlm, ids, mask, gen_length=8, block_length=4, steps=8, temperature=temperature, generator=generator
+            dlm,
+            ids,
+            mask,
+            max_completion_length=8,
+            block_length=4,
+            steps=8,
+            temperature=temperature,
+            generator=generator,
         )
     return block_diffusion_generate(
         dlm,
         ids,
         mask,
-        gen_length=8,
+        max_completion_length=8,
         steps_per_block=2,
         temperature=temperature,
         use_cache=use_cache,
@@ -201,7 +208,7 @@ def lmeval_outputs(dlm: DiffusionLM) -> tuple[list[str], list[tuple[float, bool]
         def __init__(self, *args):
             self.args = args
 
-    lm = DiffusionEvalLM(pretrained=dlm, protocol=protocol_for(dlm), gen_length=8, mc_num=4)
+    lm = DiffusionEvalLM(pretrained=dlm, protocol=protocol_for(dlm), max_completion_length=8, mc_num=4)
     texts = lm.generate_until([Request("3+4=", {"until": ["\n"]}), Request("12 + 30 =", {})], disable_tqdm=True)
     scores = lm.loglikelihood([Request("3+4=", "7"), Request("12 + 30 =", " 42")], disable_tqdm=True)
     return texts, scores

@@ -31,7 +31,7 @@ def _request(kind: str, args: tuple, idx: int = 0) -> Instance:
 
 
 def test_generate_until_matches_native_decoding_and_cuts_stop_strings(model_dir):
-    lm = DiffusionEvalLM(pretrained=str(model_dir), protocol="d1", gen_length=16, batch_size=2)
+    lm = DiffusionEvalLM(pretrained=str(model_dir), protocol="d1", max_completion_length=16, batch_size=2)
     contexts = ["What is 2+2?", "A much longer question, to force left padding in the batch?", "Hi"]
     out = lm.generate_until([_request("generate_until", (c, {"until": []}), i) for i, c in enumerate(contexts)])
     dlm = lm.dlm
@@ -95,7 +95,7 @@ def test_simple_evaluate_with_a_model_instance(model_dir):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    lm = DiffusionEvalLM(pretrained=str(model_dir), protocol="d1", gen_length=16, batch_size=4)
+    lm = DiffusionEvalLM(pretrained=str(model_dir), protocol="d1", max_completion_length=16, batch_size=4)
     manager = TaskManager(include_path=str(LMEVAL_TASKS), include_defaults=False)
     results = simple_evaluate(
         model=lm, tasks=["dllm_countdown", "dllm_sudoku"], task_manager=manager, limit=3, bootstrap_iters=0
@@ -112,7 +112,7 @@ def test_lm_eval_command_line(model_dir, tmp_path):
     cmd = [
         str(Path(sys.executable).with_name("lm_eval")),
         "--model", "stabledrl_dllm",
-        "--model_args", f"pretrained={model_dir},protocol=d1,gen_length=16",
+        "--model_args", f"pretrained={model_dir},protocol=d1,max_completion_length=16",
         "--include_path", str(REPO / "tasks"),
         "--tasks", str(LMEVAL_TASKS / "dllm_countdown.yaml"),
         "--limit", "2",

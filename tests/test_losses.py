@@ -109,7 +109,7 @@ def test_espo_hand_values() -> None:
         torch.tensor([-10.4, -6.0, -20.0]),
         torch.tensor([-9.0, -8, -22]),
     )
-    loss, m = espo_loss(elbo, old, ref, torch.tensor([1.0, -1.0, 0.5]), gen_length=4, epsilon=0.2, beta=0.1)
+    loss, m = espo_loss(elbo, old, ref, torch.tensor([1.0, -1.0, 0.5]), max_completion_length=4, epsilon=0.2, beta=0.1)
     assert close(loss.item(), -0.2683903 + 0.1 * 0.2083333) and close(m["kl"], 0.2083333)
     assert close(m["clip_ratio"], 1 / 3) and close(m["ratio_max"], math.exp(0.1))
 
@@ -129,7 +129,7 @@ def test_espo_clip_boundaries(log_rho: float, adv: float, clipped: bool) -> None
     length = 8
     elbo = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     old = torch.tensor([-log_rho * length], dtype=torch.float64)
-    loss, m = espo_loss(elbo, old, None, torch.tensor([adv]), gen_length=length, epsilon=0.2, beta=0.0)
+    loss, m = espo_loss(elbo, old, None, torch.tensor([adv]), max_completion_length=length, epsilon=0.2, beta=0.0)
     loss.backward()
     expected = 0.0 if clipped else -adv * math.exp(log_rho) / length
     assert close(elbo.grad.item(), expected) and m["clip_ratio"] == float(clipped)

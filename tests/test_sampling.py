@@ -79,7 +79,7 @@ def ref_llada(
     ids,
     valid,
     *,
-    gen_length,
+    max_completion_length,
     block_length,
     steps,
     temperature=0.0,
@@ -93,10 +93,10 @@ def ref_llada(
     then random confidences [B, block]), and the Gumbel-max uses LLaDA's own form exp(l) / (-log u)^tau.
     """
     batch, plen = ids.shape
-    rows = [ids[r].tolist() + [model.mask_id] * gen_length for r in range(batch)]
-    keys = [valid[r].tolist() + [True] * gen_length for r in range(batch)]
-    steps_of = [[-1] * gen_length for _ in range(batch)]
-    n_blocks = gen_length // block_length
+    rows = [ids[r].tolist() + [model.mask_id] * max_completion_length for r in range(batch)]
+    keys = [valid[r].tolist() + [True] * max_completion_length for r in range(batch)]
+    steps_of = [[-1] * max_completion_length for _ in range(batch)]
+    n_blocks = max_completion_length // block_length
     n = steps // n_blocks
     for j in range(n_blocks):
         lo = plen + j * block_length
@@ -165,7 +165,7 @@ def ref_block(
     ids,
     valid,
     *,
-    gen_length,
+    max_completion_length,
     steps_per_block,
     strategy="static",
     threshold=0.9,
@@ -178,10 +178,10 @@ def ref_block(
     bs = model.block_size
     out_rows, out_steps = [], []
     for r in range(batch):
-        row = ids[r].tolist() + [model.mask_id] * gen_length
-        keys = valid[r].tolist() + [True] * gen_length
-        steps_of = [-1] * gen_length
-        for j in range(gen_length // bs):
+        row = ids[r].tolist() + [model.mask_id] * max_completion_length
+        keys = valid[r].tolist() + [True] * max_completion_length
+        steps_of = [-1] * max_completion_length
+        for j in range(max_completion_length // bs):
             lo, hi = plen + j * bs, plen + (j + 1) * bs
             quota = _schedule(bs, steps_per_block)
             for i in range(steps_per_block):
@@ -281,16 +281,28 @@ def test_filter_logits_hand_values():
 
 # ---------------------------------------------------------------------------------------------- LLaDA sampler
 @pytest.mark.parametrize(
-    ("gen_length", "block_length", "steps", "cfg_scale"),
+    ("max_completion_length", "block_length", "steps", "cfg_scale"),
     [(12, 4, 9, 0.0), (8, 8, 8, 0.0), (8, 4, 4, 0.5)],
 )
-def test_llada_greedy_matches_reference(full_model, gen_length, block_length, steps, cfg_scale):
+def test_llada_greedy_matches_reference(full_model, max_completion_length, block_length, steps, cfg_scale):
     ids, mask = _prompts(full_model)
     out = llada_generate(
-        full_model, ids, mask, gen_length=gen_length, block_length=block_length, steps=steps, cfg_scale=cfg_scale
+        full_model,
+        ids,
+        mask,
+        max_completion_length=max_completion_length,
+        block_length=block_length,
+        steps=steps,
+        cfg_scale=cfg_scale,
     )
     seq, steps_of = ref_llada(
-        full_model, ids, mask, gen_length=gen_length, block_length=block_length, steps=steps, cfg_scale=cfg_scale
+        full_model,
+        ids,
+        mask,
+        max_completion_length=max_completion_length,
+        block_length=block_length,
+        steps=steps,
+        cfg_scale=cfg_scale,
     )
     assert torch.equal(out.sequences, seq)
     assert torch.equal(out.unmask_step, steps_of)
@@ -301,7 +313,13 @@ def test_llada_greedy_matches_reference(full_model, gen_length, block_length, st
 @pytest.mark.parametrize(("temperature", "remasking"), [(2.0, "low_confidence"), (0.0, "random"), (1.3, "random")])
 def test_llada_sampled_matches_reference_with_shared_generator(full_model, temperature, remasking):
     ids, mask = _prompts(full_model)
-    kwargs = {"gen_length": 8, "block_length": 4, "steps": 6, "temperature": temperature, "remasking": remasking}
+    kwargs = {
+        "max_completion_length": 8,
+        "block_length": 4,
+        "steps": 6,
+        "temperature": temperature,
+        "remasking": remasking,
+    }
     out = llada_generate(full_model, ids, mask, generator=_gen(11), **kwargs)
     seq, steps_of = ref_llada(full_model, ids, mask, generator=_gen(11), **kwargs)
     assert torch.equal(out.sequences, seq)
@@ -311,17 +329,17 @@ def test_llada_sampled_matches_reference_with_shared_generator(full_model, tempe
 def test_llada_left_padded_batch_equals_single_rows(full_model):
     ids, mask = _prompts(full_model)
     assert not bool(mask.all()), "the batch must actually be padded"
-    out = llada_generate(full_model, ids, mask, gen_length=8, block_length=4, steps=4)
+    out = llada_generate(full_model, ids, mask, max_completion_length=8, block_length=4, steps=4)
     for r in range(ids.shape[0]):
         alone = ids[r][mask[r]][None]
-        single = llada_generate(full_model, alone, None, gen_length=8, block_length=4, steps=4)
+        single = llada_generate(full_model, alone, None, max_completion_length=8, block_length=4, steps=4)
         assert torch.equal(single.completion_ids[0], out.completion_ids[r])
         assert torch.equal(single.unmask_step[0], out.unmask_step[r])
 
 
 def test_llada_trajectory_schedule_and_replay(full_model):
     ids, mask = _prompts(full_model)
-    out = llada_generate(full_model, ids, mask, gen_length=12, block_length=4, steps=9)
+    out = llada_generate(full_model, ids, mask, max_completion_length=12, block_length=4, steps=9)
     _check_trajectory(out, steps_per_block=3, block=4)
     per_step = torch.stack([(out.unmask_step == s).sum(1) for s in range(9)], dim=1)
     assert per_step.tolist() == [[2, 1, 1] * 3] * 3
@@ -332,7 +350,7 @@ def test_llada_trajectory_schedule_and_replay(full_model):
 def test_llada_cfg_first_step_by_hand(full_model):
     ids, mask = _prompts(full_model)
     scale = 1.5
-    out = llada_generate(full_model, ids, mask, gen_length=4, block_length=4, steps=2, cfg_scale=scale)
+    out = llada_generate(full_model, ids, mask, max_completion_length=4, block_length=4, steps=2, cfg_scale=scale)
     plen = ids.shape[1]
     x = torch.cat((ids, torch.full((3, 4), full_model.mask_id)), dim=1)
     keys = torch.cat((mask, torch.ones(3, 4, dtype=torch.bool)), dim=1)
@@ -354,9 +372,9 @@ def test_llada_nfe_counts_forwards(monkeypatch):
     model = _tiny("full")
     ids, mask = _prompts(model)
     calls = _count_forwards(monkeypatch, model)
-    assert llada_generate(model, ids, mask, gen_length=8, block_length=4, steps=6).nfe == len(calls) == 6
+    assert llada_generate(model, ids, mask, max_completion_length=8, block_length=4, steps=6).nfe == len(calls) == 6
     calls.clear()
-    out = llada_generate(model, ids, mask, gen_length=8, block_length=4, steps=6, cfg_scale=0.3)
+    out = llada_generate(model, ids, mask, max_completion_length=8, block_length=4, steps=6, cfg_scale=0.3)
     assert calls == [6] * 6 and out.nfe == 12  # both CFG halves in one forward of 2B rows
 
 
@@ -374,7 +392,7 @@ def test_llada_nfe_counts_forwards(monkeypatch):
 )
 def test_block_greedy_matches_reference(block_model, strategy, steps_per_block, top_k, top_p, use_cache):
     ids, mask = _prompts(block_model)
-    kwargs = {"gen_length": 12, "steps_per_block": steps_per_block, "strategy": strategy, "threshold": 0.6}
+    kwargs = {"max_completion_length": 12, "steps_per_block": steps_per_block, "strategy": strategy, "threshold": 0.6}
     kwargs |= {"top_k": top_k, "top_p": top_p}
     out = block_diffusion_generate(block_model, ids, mask, use_cache=use_cache, **kwargs)
     seq, steps_of = ref_block(block_model, ids, mask, **kwargs)
@@ -386,21 +404,21 @@ def test_block_greedy_matches_reference(block_model, strategy, steps_per_block, 
 
 def test_block_dynamic_is_faster_and_static_follows_quota(block_model):
     ids, mask = _prompts(block_model)
-    static = block_diffusion_generate(block_model, ids, mask, gen_length=16, steps_per_block=4)
+    static = block_diffusion_generate(block_model, ids, mask, max_completion_length=16, steps_per_block=4)
     dynamic = block_diffusion_generate(
-        block_model, ids, mask, gen_length=16, steps_per_block=4, strategy="dynamic", threshold=0.6
+        block_model, ids, mask, max_completion_length=16, steps_per_block=4, strategy="dynamic", threshold=0.6
     )
     assert dynamic.nfe < static.nfe == 1 + 16 + 3
     per_step = torch.stack([(static.unmask_step == s).sum(1) for s in range(16)], dim=1)
     assert bool((per_step == 1).all())
-    uneven = block_diffusion_generate(block_model, ids, mask, gen_length=8, steps_per_block=3)
+    uneven = block_diffusion_generate(block_model, ids, mask, max_completion_length=8, steps_per_block=3)
     per_step = torch.stack([(uneven.unmask_step == s).sum(1) for s in range(6)], dim=1)
     assert per_step.tolist() == [[2, 1, 1] * 2] * 3
 
 
 def test_block_cache_equals_no_cache_when_sampling(block_model):
     ids, mask = _prompts(block_model)
-    kwargs = {"gen_length": 12, "steps_per_block": 3, "temperature": 0.8, "top_k": 20, "top_p": 0.95}
+    kwargs = {"max_completion_length": 12, "steps_per_block": 3, "temperature": 0.8, "top_k": 20, "top_p": 0.95}
     cached = block_diffusion_generate(block_model, ids, mask, use_cache=True, generator=_gen(5), **kwargs)
     plain = block_diffusion_generate(block_model, ids, mask, use_cache=False, generator=_gen(5), **kwargs)
     assert torch.equal(cached.sequences, plain.sequences)
@@ -410,10 +428,12 @@ def test_block_cache_equals_no_cache_when_sampling(block_model):
 
 def test_block_left_padded_batch_equals_single_rows(block_model):
     ids, mask = _prompts(block_model)
-    out = block_diffusion_generate(block_model, ids, mask, gen_length=8, steps_per_block=2, strategy="dynamic")
+    out = block_diffusion_generate(
+        block_model, ids, mask, max_completion_length=8, steps_per_block=2, strategy="dynamic"
+    )
     for r in range(ids.shape[0]):
         single = block_diffusion_generate(
-            block_model, ids[r][mask[r]][None], None, gen_length=8, steps_per_block=2, strategy="dynamic"
+            block_model, ids[r][mask[r]][None], None, max_completion_length=8, steps_per_block=2, strategy="dynamic"
         )
         assert torch.equal(single.completion_ids[0], out.completion_ids[r])
         assert torch.equal(single.unmask_step[0], out.unmask_step[r])
@@ -423,7 +443,7 @@ def test_block_left_padded_batch_equals_single_rows(block_model):
 def test_block_trajectory_replay(block_model, strategy):
     ids, mask = _prompts(block_model)
     out = block_diffusion_generate(
-        block_model, ids, mask, gen_length=12, steps_per_block=3, strategy=strategy, threshold=0.6
+        block_model, ids, mask, max_completion_length=12, steps_per_block=3, strategy=strategy, threshold=0.6
     )
     _replay(block_model, out, mask, ids.shape[1], block_causal=True)
 
@@ -433,7 +453,7 @@ def test_block_nfe_counts_forwards(monkeypatch, use_cache):
     model = _tiny("block")
     ids, mask = _prompts(model)
     calls = _count_forwards(monkeypatch, model)
-    out = block_diffusion_generate(model, ids, mask, gen_length=12, steps_per_block=2, use_cache=use_cache)
+    out = block_diffusion_generate(model, ids, mask, max_completion_length=12, steps_per_block=2, use_cache=use_cache)
     assert out.nfe == len(calls) == (1 + 6 + 2 if use_cache else 6)
 
 
@@ -441,7 +461,7 @@ def test_block_nfe_counts_forwards(monkeypatch, use_cache):
 def test_block_stop_at_eos(monkeypatch, use_cache):
     model = _tiny("block")
     ids, mask = _prompts(model)
-    kwargs = {"gen_length": 16, "steps_per_block": 2, "use_cache": use_cache}
+    kwargs = {"max_completion_length": 16, "steps_per_block": 2, "use_cache": use_cache}
     free = block_diffusion_generate(model, ids, mask, **kwargs)
     comp = free.completion_ids
     # a stop token that appears in row 0's second block only: row 0 stops after block 1, the others never stop
@@ -449,7 +469,7 @@ def test_block_stop_at_eos(monkeypatch, use_cache):
     stop = sorted(set(comp[0, 4:8].tolist()) - later)
     assert stop, "test setup: need a token unique to row 0's second block"
     monkeypatch.setattr(model, "stop_ids", (*model.stop_ids, stop[0]))
-    seq, steps_of = ref_block(model, ids, mask, gen_length=16, steps_per_block=2, stop_at_eos=True)
+    seq, steps_of = ref_block(model, ids, mask, max_completion_length=16, steps_per_block=2, stop_at_eos=True)
     calls = _count_forwards(monkeypatch, model)
     out = block_diffusion_generate(model, ids, mask, stop_at_eos=True, **kwargs)
     assert torch.equal(out.sequences, seq) and torch.equal(out.unmask_step, steps_of)
@@ -477,7 +497,7 @@ def test_mask_token_is_never_committed(monkeypatch, attention):
         return logits.index_add(-1, torch.tensor([model.mask_id]), torch.full_like(logits[..., :1], 100.0)), cache
 
     monkeypatch.setattr(model, "_forward", mask_loving)
-    out = generate(model, ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4))
+    out = generate(model, ids, mask, DecodeSettings(max_completion_length=8, block_length=4, steps=4))
     assert not bool((out.completion_ids == model.mask_id).any()) and bool((out.unmask_step >= 0).all())
 
 
@@ -486,25 +506,27 @@ def test_mask_token_is_never_committed(monkeypatch, attention):
 def test_sampling_is_deterministic_given_the_generator(full_model, block_model, attention):
     model = full_model if attention == "full" else block_model
     ids, mask = _prompts(model)
-    settings = DecodeSettings(gen_length=16, block_length=4, steps=8, temperature=1.0)
+    settings = DecodeSettings(max_completion_length=16, block_length=4, steps=8, temperature=1.0)
     first = generate(model, ids, mask, settings, _gen(1)).sequences
     assert torch.equal(first, generate(model, ids, mask, settings, _gen(1)).sequences)
     assert not torch.equal(first, generate(model, ids, mask, settings, _gen(2)).sequences)
-    greedy = generate(model, ids, mask, DecodeSettings(gen_length=16, block_length=4, steps=8)).sequences
+    greedy = generate(model, ids, mask, DecodeSettings(max_completion_length=16, block_length=4, steps=8)).sequences
     assert not torch.equal(first, greedy)
 
 
 # ---------------------------------------------------------------------------------------------- dispatch, errors
 def test_generate_dispatches_on_attention(full_model, block_model):
     ids, mask = _prompts(full_model)
-    settings = DecodeSettings(gen_length=8, block_length=4, steps=4, strategy="static")
+    settings = DecodeSettings(max_completion_length=8, block_length=4, steps=4, strategy="static")
     assert settings.to_dict()["steps"] == 4 and DecodeSettings(**settings.to_dict()) == settings
     full = generate(full_model, ids, mask, settings)
-    direct = llada_generate(full_model, ids, mask, gen_length=8, block_length=4, steps=4)
+    direct = llada_generate(full_model, ids, mask, max_completion_length=8, block_length=4, steps=4)
     assert torch.equal(full.sequences, direct.sequences) and full.nfe == 4
-    block = generate(block_model, ids, mask, DecodeSettings(gen_length=8, steps=6, strategy="dynamic", threshold=0.6))
+    block = generate(
+        block_model, ids, mask, DecodeSettings(max_completion_length=8, steps=6, strategy="dynamic", threshold=0.6)
+    )
     direct = block_diffusion_generate(
-        block_model, ids, mask, gen_length=8, steps_per_block=3, strategy="dynamic", threshold=0.6
+        block_model, ids, mask, max_completion_length=8, steps_per_block=3, strategy="dynamic", threshold=0.6
     )
     assert torch.equal(block.sequences, direct.sequences) and torch.equal(block.unmask_step, direct.unmask_step)
 
@@ -512,20 +534,20 @@ def test_generate_dispatches_on_attention(full_model, block_model):
 @pytest.mark.parametrize(
     ("attention", "kwargs", "message"),
     [
-        ("full", {"gen_length": 10, "block_length": 4, "steps": 4}, "divide"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 3}, "multiple of the number of blocks"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 0}, "positive"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "remasking": "entropy"}, "remasking"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "temperature": 0.5}, "Generator"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "remasking": "random"}, "Generator"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "temperature": -1.0}, "temperature"),
-        ("full", {"gen_length": 8, "block_length": 4, "steps": 4, "cfg_scale": -1.0}, "cfg_scale"),
-        ("block", {"gen_length": 10, "steps_per_block": 2}, "multiple of the block size"),
-        ("block", {"gen_length": 8, "steps_per_block": 2, "strategy": "fast"}, "strategy"),
-        ("block", {"gen_length": 8, "steps_per_block": 2, "top_p": 0.0}, "top_p"),
-        ("block", {"gen_length": 8, "steps_per_block": 2, "top_k": -1}, "top_k"),
-        ("block", {"gen_length": 8, "steps_per_block": 2, "threshold": 1.5}, "threshold"),
-        ("block", {"gen_length": 8, "steps_per_block": 2, "temperature": 1.0}, "Generator"),
+        ("full", {"max_completion_length": 10, "block_length": 4, "steps": 4}, "divide"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 3}, "multiple of the number of blocks"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 0}, "positive"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 4, "remasking": "entropy"}, "remasking"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 4, "temperature": 0.5}, "Generator"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 4, "remasking": "random"}, "Generator"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 4, "temperature": -1.0}, "temperature"),
+        ("full", {"max_completion_length": 8, "block_length": 4, "steps": 4, "cfg_scale": -1.0}, "cfg_scale"),
+        ("block", {"max_completion_length": 10, "steps_per_block": 2}, "multiple of the block size"),
+        ("block", {"max_completion_length": 8, "steps_per_block": 2, "strategy": "fast"}, "strategy"),
+        ("block", {"max_completion_length": 8, "steps_per_block": 2, "top_p": 0.0}, "top_p"),
+        ("block", {"max_completion_length": 8, "steps_per_block": 2, "top_k": -1}, "top_k"),
+        ("block", {"max_completion_length": 8, "steps_per_block": 2, "threshold": 1.5}, "threshold"),
+        ("block", {"max_completion_length": 8, "steps_per_block": 2, "temperature": 1.0}, "Generator"),
     ],
 )
 def test_bad_settings_raise(full_model, block_model, attention, kwargs, message):
@@ -540,15 +562,15 @@ def test_bad_settings_raise(full_model, block_model, attention, kwargs, message)
 def test_wrong_model_kind_and_bad_prompts_raise(full_model, block_model):
     ids, mask = _prompts(full_model)
     with pytest.raises(ValueError, match="full-attention"):
-        llada_generate(block_model, ids, mask, gen_length=8, block_length=4, steps=4)
+        llada_generate(block_model, ids, mask, max_completion_length=8, block_length=4, steps=4)
     with pytest.raises(ValueError, match="block-attention"):
-        block_diffusion_generate(full_model, ids, mask, gen_length=8, steps_per_block=2)
+        block_diffusion_generate(full_model, ids, mask, max_completion_length=8, steps_per_block=2)
     with pytest.raises(ValueError, match="left-padded"):
-        llada_generate(full_model, ids, mask.flip(1), gen_length=8, block_length=4, steps=4)
+        llada_generate(full_model, ids, mask.flip(1), max_completion_length=8, block_length=4, steps=4)
     with pytest.raises(ValueError, match="block-diffusion models only"):
-        generate(full_model, ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4, top_k=5))
+        generate(full_model, ids, mask, DecodeSettings(max_completion_length=8, block_length=4, steps=4, top_k=5))
     with pytest.raises(ValueError, match="full-attention models only"):
-        generate(block_model, ids, mask, DecodeSettings(gen_length=8, steps=4, cfg_scale=1.0))
+        generate(block_model, ids, mask, DecodeSettings(max_completion_length=8, steps=4, cfg_scale=1.0))
 
 
 # ---------------------------------------------------------------------------------------------- fast full attention
@@ -605,7 +627,7 @@ def test_cache_refreshed_every_step_equals_exact_decoding(conventions, conventio
     """With one step per block every step is a block's refresh forward: token for token the exact sampler."""
     model = conventions[convention]
     ids, mask = _prompts(model)
-    kwargs = {"gen_length": 12, "block_length": 4, "steps": 3}
+    kwargs = {"max_completion_length": 12, "block_length": 4, "steps": 3}
     exact = llada_generate(model, ids, mask, **kwargs)
     out = llada_generate(model, ids, mask, cache=cache, **kwargs)
     assert torch.equal(out.sequences, exact.sequences) and torch.equal(out.unmask_step, exact.unmask_step)
@@ -619,7 +641,7 @@ def test_cached_decoding_is_valid(monkeypatch, conventions, convention, cache):
     model = conventions[convention]
     ids, mask = _prompts(model)
     inputs = _record_inputs(monkeypatch, model)
-    out = llada_generate(model, ids, mask, gen_length=12, block_length=4, steps=9, cache=cache)
+    out = llada_generate(model, ids, mask, max_completion_length=12, block_length=4, steps=9, cache=cache)
     assert not bool((out.completion_ids == model.mask_id).any())
     _check_trajectory(out, steps_per_block=3, block=4)
     assert out.nfe == 9
@@ -637,20 +659,32 @@ def test_cached_decoding_is_valid(monkeypatch, conventions, convention, cache):
 def test_cache_dual_is_refused_for_llada_and_cfg(conventions):
     ids, mask = _prompts(conventions["llada"])
     with pytest.raises(DecodeSettingsError, match=r"llada backend cannot decode with cache='dual'") as info:
-        generate(conventions["llada"], ids, mask, DecodeSettings(gen_length=8, block_length=4, steps=4, cache="dual"))
+        generate(
+            conventions["llada"],
+            ids,
+            mask,
+            DecodeSettings(max_completion_length=8, block_length=4, steps=4, cache="dual"),
+        )
     assert "\n" not in str(info.value)
     with pytest.raises(DecodeSettingsError, match="classifier-free guidance"):
         llada_generate(
-            conventions["native"], ids, mask, gen_length=8, block_length=4, steps=4, cache="prefix", cfg_scale=1.0
+            conventions["native"],
+            ids,
+            mask,
+            max_completion_length=8,
+            block_length=4,
+            steps=4,
+            cache="prefix",
+            cfg_scale=1.0,
         )
     with pytest.raises(DecodeSettingsError, match="cache must be one of"):
-        llada_generate(conventions["native"], ids, mask, gen_length=8, block_length=4, steps=4, cache="full")
+        llada_generate(conventions["native"], ids, mask, max_completion_length=8, block_length=4, steps=4, cache="full")
     with pytest.raises(DecodeSettingsError, match="remasking='low_confidence'"):
         llada_generate(
             conventions["native"],
             ids,
             mask,
-            gen_length=8,
+            max_completion_length=8,
             block_length=4,
             steps=4,
             strategy="dynamic",
@@ -663,7 +697,7 @@ def test_cache_dual_is_refused_for_llada_and_cfg(conventions):
 def test_threshold_disabled_equals_static_decoding(full_model, temperature, cache):
     """threshold=1 never beats the quota: dynamic decoding is static decoding, draws included."""
     ids, mask = _prompts(full_model)
-    kwargs = {"gen_length": 12, "block_length": 4, "steps": 6, "temperature": temperature, "cache": cache}
+    kwargs = {"max_completion_length": 12, "block_length": 4, "steps": 6, "temperature": temperature, "cache": cache}
     static = llada_generate(full_model, ids, mask, generator=_gen(3), **kwargs)
     dynamic = llada_generate(full_model, ids, mask, generator=_gen(3), strategy="dynamic", threshold=1.0, **kwargs)
     assert torch.equal(dynamic.sequences, static.sequences) and torch.equal(dynamic.unmask_step, static.unmask_step)
@@ -674,7 +708,7 @@ def test_threshold_disabled_equals_static_decoding(full_model, temperature, cach
 
 def test_threshold_commits_confident_tokens_in_fewer_forwards(monkeypatch, full_model):
     ids, mask = _prompts(full_model)
-    kwargs = {"gen_length": 16, "block_length": 8, "steps": 16}
+    kwargs = {"max_completion_length": 16, "block_length": 8, "steps": 16}
     static = llada_generate(full_model, ids, mask, **kwargs)
     calls = _count_forwards(monkeypatch, full_model)
     dynamic = llada_generate(full_model, ids, mask, strategy="dynamic", threshold=0.6, **kwargs)
@@ -691,7 +725,7 @@ def test_threshold_commits_confident_tokens_in_fewer_forwards(monkeypatch, full_
 def test_stop_at_eos_keeps_the_text_and_skips_the_rest(monkeypatch, cache):
     model = _tiny("full")
     ids, mask = _prompts(model)
-    kwargs = {"gen_length": 16, "block_length": 4, "steps": 8, "cache": cache}
+    kwargs = {"max_completion_length": 16, "block_length": 4, "steps": 8, "cache": cache}
     free = llada_generate(model, ids, mask, **kwargs)
     comp = free.completion_ids
     # a stop token that appears in row 0's second block only: row 0 stops there, the others never stop
@@ -734,7 +768,7 @@ def test_fast_modes_left_padded_batch_equals_single_rows(conventions, convention
         mode = {**mode, "cache": "prefix"}
     ids, mask = _prompts(model)
     assert not bool(mask.all()), "the batch must actually be padded"
-    settings = DecodeSettings(gen_length=12, block_length=4, steps=6, **mode)
+    settings = DecodeSettings(max_completion_length=12, block_length=4, steps=6, **mode)
     out = generate(model, ids, mask, settings)
     for r in range(ids.shape[0]):
         single = generate(model, ids[r][mask[r]][None], None, settings)
@@ -765,7 +799,7 @@ def test_factor_rule_hand_values():
 
 def test_factor_decoding_is_valid_and_faster(full_model):
     ids, mask = _prompts(full_model)
-    kwargs = {"gen_length": 16, "block_length": 8, "steps": 16}
+    kwargs = {"max_completion_length": 16, "block_length": 8, "steps": 16}
     static = llada_generate(full_model, ids, mask, **kwargs)
     assert torch.equal(
         llada_generate(full_model, ids, mask, strategy="factor", factor=1e-9, **kwargs).sequences, static.sequences

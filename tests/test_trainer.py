@@ -456,7 +456,7 @@ def test_rollout_decode_is_opt_in_and_keeps_every_existing_budget_hash():
     assert fast.hash() != paper.hash() and fast.to_dict()["rollout_decode"] == "fast"
     assert from_dict(Budget, fast.to_dict()) == fast
     assert paper.decode_settings(use_cache=True) == DecodeSettings(
-        gen_length=paper.max_completion_length,
+        max_completion_length=paper.max_completion_length,
         block_length=paper.block_length,
         steps=paper.diffusion_steps,
         temperature=paper.temperature,

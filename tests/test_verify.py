@@ -88,8 +88,10 @@ def test_results_record_their_decoding_mode_and_older_records_stay_reusable(tmp_
     record = json.loads(exact.path.read_text())
     del record["settings"]["cache"], record["settings"]["protocol"]["cache"]
     del record["settings"]["protocol"]["stop_at_eos"]
+    record["settings"]["gen_length"] = record["settings"].pop("max_completion_length")  # the name it had then
     exact.path.write_text(json.dumps(record))
     assert _evaluate(tmp_path / "results", checkpoint).reused
+    assert verify_record(exact.path, redecode=2)[0] == []
     # the approximate decode is reproducible from its record: re-decoding gives the stored completions
     assert verify_record(fast.path, redecode=2)[0] == []
 

@@ -79,7 +79,7 @@ class DecodeSettings:
     ``factor`` are the last fields so that settings written before them read back as what they were.
     """
 
-    gen_length: int = 256
+    max_completion_length: int = 256
     block_length: int = 32
     steps: int = 128
     temperature: float = 0.0
@@ -131,8 +131,8 @@ def _check_generator(generator: torch.Generator | None, needed: bool, device: to
     )
 
 
-def _check_common(gen_length: int, steps: int, temperature: float) -> None:
-    _require(gen_length > 0, f"gen_length must be positive, got {gen_length}")
+def _check_common(max_completion_length: int, steps: int, temperature: float) -> None:
+    _require(max_completion_length > 0, f"max_completion_length must be positive, got {max_completion_length}")
     _require(steps > 0, f"the number of steps must be positive, got {steps}")
     _require(temperature >= 0, f"temperature must be >= 0, got {temperature}")
 
@@ -193,12 +193,12 @@ def _commit(
 
 
 def _with_completion(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_length: int, mask_id: int
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_completion_length: int, mask_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x = [prompt | MASK * L]`` and its key-padding mask ``[prompt_mask | True * L]``."""
     batch = prompt_ids.shape[0]
-    masks = torch.full((batch, gen_length), mask_id, dtype=prompt_ids.dtype, device=prompt_ids.device)
-    valid = torch.ones((batch, gen_length), dtype=torch.bool, device=prompt_ids.device)
+    masks = torch.full((batch, max_completion_length), mask_id, dtype=prompt_ids.dtype, device=prompt_ids.device)
+    valid = torch.ones((batch, max_completion_length), dtype=torch.bool, device=prompt_ids.device)
     return torch.cat((prompt_ids, masks), dim=1), torch.cat((prompt_mask, valid), dim=1)
 
 
@@ -370,7 +370,7 @@ def llada_generate(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor | None,
     *,
-    gen_length: int,
+    max_completion_length: int,
     block_length: int,
     steps: int,
     temperature: float = 0.0,
@@ -407,12 +407,14 @@ def llada_generate(
     """
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "full", "llada_generate needs a full-attention model; use block_diffusion_generate")
-    _check_common(gen_length, steps, temperature)
-    _require(block_length > 0 and gen_length % block_length == 0, "block_length must divide gen_length")
-    num_blocks = gen_length // block_length
+    _check_common(max_completion_length, steps, temperature)
+    _require(
+        block_length > 0 and max_completion_length % block_length == 0, "block_length must divide max_completion_length"
+    )
+    num_blocks = max_completion_length // block_length
     _require(
         steps % num_blocks == 0,
-        f"steps ({steps}) must be a multiple of the number of blocks gen_length/block_length = {num_blocks}",
+        f"steps ({steps}) must be a multiple of the number of blocks max_completion_length/block_length = {num_blocks}",
     )
     _require(remasking in REMASKING, f"remasking must be one of {REMASKING}, got {remasking!r}")
     _require(cfg_scale >= 0, f"cfg_scale must be >= 0, got {cfg_scale}")
@@ -424,7 +426,7 @@ def llada_generate(
             prompt_ids,
             mask,
             generator,
-            gen_length=gen_length,
+            max_completion_length=max_completion_length,
             block_length=block_length,
             steps=steps,
             temperature=temperature,
@@ -438,8 +440,8 @@ def llada_generate(
 
     steps_per_block = steps // num_blocks
     prompt_len = prompt_ids.shape[1]
-    x, key_valid = _with_completion(prompt_ids, mask, gen_length, model.mask_id)
-    unmask_step = torch.full((x.shape[0], gen_length), -1, dtype=torch.long, device=x.device)
+    x, key_valid = _with_completion(prompt_ids, mask, max_completion_length, model.mask_id)
+    unmask_step = torch.full((x.shape[0], max_completion_length), -1, dtype=torch.long, device=x.device)
     # every row's block is all MASK at its start, so one schedule serves every row (transfer_schedule)
     quota = transfer_schedule(torch.tensor([block_length]), steps_per_block)[0].tolist()
     stop_ids = torch.tensor(model.stop_ids, device=x.device)
@@ -493,7 +495,7 @@ def _by_padding(
     way :meth:`DiffusionLM.logits` splits a forward, so each group is decoded unpadded and put back in place.
     """
     pads = (~mask).sum(dim=1)
-    sequences, _ = _with_completion(prompt_ids, mask, kwargs["gen_length"], model.mask_id)
+    sequences, _ = _with_completion(prompt_ids, mask, kwargs["max_completion_length"], model.mask_id)
     unmask_step = torch.full(sequences[:, mask.shape[1] :].shape, -1, dtype=torch.long, device=sequences.device)
     nfe = 0
     for pad in pads.unique().tolist():
@@ -638,7 +640,7 @@ def block_diffusion_generate(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor | None,
     *,
-    gen_length: int,
+    max_completion_length: int,
     steps_per_block: int,
     strategy: str = "static",
     threshold: float = 0.9,
@@ -663,8 +665,11 @@ def block_diffusion_generate(
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "block", "block_diffusion_generate needs a block-attention model; use llada_generate")
     block = int(model.block_size)
-    _check_common(gen_length, steps_per_block, temperature)
-    _require(gen_length % block == 0, f"gen_length ({gen_length}) must be a multiple of the block size ({block})")
+    _check_common(max_completion_length, steps_per_block, temperature)
+    _require(
+        max_completion_length % block == 0,
+        f"max_completion_length ({max_completion_length}) must be a multiple of the block size ({block})",
+    )
     _require(strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     _require(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold}")
     _require(top_k >= 0, f"top_k must be >= 0, got {top_k}")
@@ -676,9 +681,9 @@ def block_diffusion_generate(
     _check_generator(generator, temperature > 0, prompt_ids.device)
 
     prompt_len = prompt_ids.shape[1]
-    num_blocks = gen_length // block
-    x, key_valid = _with_completion(prompt_ids, mask, gen_length, model.mask_id)
-    unmask_step = torch.full((x.shape[0], gen_length), -1, dtype=torch.long, device=x.device)
+    num_blocks = max_completion_length // block
+    x, key_valid = _with_completion(prompt_ids, mask, max_completion_length, model.mask_id)
+    unmask_step = torch.full((x.shape[0], max_completion_length), -1, dtype=torch.long, device=x.device)
     quota = transfer_schedule(torch.tensor([block]), steps_per_block)[0].tolist()
     stop_ids = torch.tensor(model.stop_ids, device=x.device)
     ctx = _BlockContext(model, x, key_valid, prompt_len, use_cache)
@@ -722,7 +727,7 @@ def generate(
     Full attention: :func:`llada_generate` with ``settings.steps`` in total (``use_cache`` is ignored there:
     the block models' exact cache does not exist for full attention; ``cache`` selects the approximate one).
     Block attention:
-    :func:`block_diffusion_generate` with ``steps_per_block = max(1, steps // (gen_length // block_size))``,
+    :func:`block_diffusion_generate` with ``steps_per_block = max(1, steps // (max_completion_length // block_size))``,
     the same total step budget. Settings the chosen sampler cannot honour raise instead of being ignored.
     """
     if model.attention == "full":
@@ -731,7 +736,7 @@ def generate(
             model,
             prompt_ids,
             prompt_mask,
-            gen_length=settings.gen_length,
+            max_completion_length=settings.max_completion_length,
             block_length=settings.block_length,
             steps=settings.steps,
             temperature=settings.temperature,
@@ -748,12 +753,12 @@ def generate(
         settings.remasking == "low_confidence" and settings.cfg_scale == 0 and settings.cache == "none",
         "remasking='random', cfg_scale and cache apply to full-attention models only (block models: use_cache)",
     )
-    num_blocks = max(1, settings.gen_length // int(model.block_size))
+    num_blocks = max(1, settings.max_completion_length // int(model.block_size))
     return block_diffusion_generate(
         model,
         prompt_ids,
         prompt_mask,
-        gen_length=settings.gen_length,
+        max_completion_length=settings.max_completion_length,
         steps_per_block=max(1, settings.steps // num_blocks),
         strategy=settings.strategy,
         threshold=settings.threshold,

@@ -3,12 +3,12 @@
 Registered as ``stabledrl_dllm``. From Python, pass an instance to ``lm_eval.simple_evaluate(model=...)``;
 from the command line::
 
-    lm_eval --model stabledrl_dllm --model_args pretrained=/path/to/ckpt,protocol=d1,gen_length=256 \\
+    lm_eval --model stabledrl_dllm --model_args pretrained=/path/to/ckpt,protocol=d1,max_completion_length=256 \\
         --include_path tasks/ --tasks dllm_gsm8k --limit 8
 
 (the project's task YAMLs import this module, which registers the model, before lm-eval builds it).
 
-Like every public dLLM wrapper, ``generate_until`` decodes a fixed canvas (``gen_length``; lm-eval's
+Like every public dLLM wrapper, ``generate_until`` decodes a fixed canvas (``max_completion_length``; lm-eval's
 ``max_gen_toks`` is ignored and logged once) and applies ``until`` stop strings after decoding. The task YAMLs
 emit the *user message*; the adapter applies the protocol's chat template and prefill itself, exactly as the d1
 evaluator does. ``loglikelihood`` is a Monte-Carlo ELBO (stratified mask counts with the antithetic complement,
@@ -44,7 +44,7 @@ class DiffusionEvalLM(LM):
         self,
         pretrained: str | DiffusionLM = "tiny",
         protocol: str = "d1",
-        gen_length: int = 256,
+        max_completion_length: int = 256,
         batch_size: int | str | None = 8,
         mc_num: int = 16,
         seed: int = 0,
@@ -67,7 +67,7 @@ class DiffusionEvalLM(LM):
         self.dlm = dlm
         self.dlm.model.eval()
         self.protocol = get_protocol(protocol)
-        self.settings = self.protocol.settings(int(gen_length), dlm)
+        self.settings = self.protocol.settings(int(max_completion_length), dlm)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.mc_num = int(mc_num)
         if self.mc_num < 2 or self.mc_num % 2:
@@ -166,7 +166,7 @@ class DiffusionEvalLM(LM):
         if asked and not self._warned_max_gen:
             log.warning(
                 "stabledrl_dllm decodes a fixed canvas of %d tokens (protocol %s); ignoring max_gen_toks=%s",
-                self.settings.gen_length,
+                self.settings.max_completion_length,
                 self.protocol.name,
                 sorted(asked),
             )

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from stabledrl_bench.config import RENAMED_KEYS
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import DecodeSettings, generate
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
@@ -147,14 +148,16 @@ class Recorded(NamedTuple):
     note: str
 
 
-def _with_defaults(settings: dict[str, Any]) -> dict[str, Any]:
-    """Recorded settings with the fields added since they were written, at their defaults (exact decoding).
+def stored_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Recorded settings with the fields added since they were written, at their defaults (exact decoding), and
+    the names of renamed fields brought up to date.
 
     A result recorded before the decoding modes existed was decoded exactly, which is what those defaults mean,
     so it stays reusable.
     """
     protocol = {f.name: f.default for f in fields(EvalProtocol) if f.default is not MISSING}
-    return {**DecodeSettings().to_dict(), **settings, "protocol": {**protocol, **settings.get("protocol", {})}}
+    renamed = {RENAMED_KEYS.get(key, key): value for key, value in settings.items()}  # e.g. gen_length
+    return {**DecodeSettings().to_dict(), **renamed, "protocol": {**protocol, **settings.get("protocol", {})}}
 
 
 def _why_not_reusable(
@@ -169,7 +172,7 @@ def _why_not_reusable(
         return "the stored result measured other weights" if weights else "the stored result records no weights hash"
     if stored["actual_gen_length"] != actual_length:
         return f"the stored result decoded {stored['actual_gen_length']} tokens, not {actual_length}"
-    if _with_defaults({k: v for k, v in stored["settings"].items() if k != "model"}) != settings:
+    if stored_settings({k: v for k, v in stored["settings"].items() if k != "model"}) != settings:
         return "the stored result used other decode settings"
     if stored["metrics"]["n"] != n:
         return f"the stored result has {stored['metrics']['n']} samples, not {n}"

@@ -59,7 +59,7 @@ class EvalProtocol:
         if length % block:
             raise UserError(f"protocol {self.name!r}: block {block} does not divide length {length}")
         return DecodeSettings(
-            gen_length=length,
+            max_completion_length=length,
             block_length=block,
             steps=max(1, length // self.tokens_per_step),
             temperature=self.temperature,
@@ -80,7 +80,7 @@ class EvalProtocol:
             block_size = model.block_size
             steps = (length // block_size) * max(1, block_size // self.tokens_per_step)
             return DecodeSettings(
-                gen_length=length,
+                max_completion_length=length,
                 block_length=block_size,
                 steps=steps,
                 temperature=self.temperature,

@@ -105,9 +105,10 @@ def _load_as_evaluated(record: Mapping[str, Any]):
 
 def _redecode(dlm, record: Mapping[str, Any], samples: list[dict[str, Any]], count: int) -> list[str]:
     from stabledrl_bench.core.sampling import DecodeSettings, generate
+    from stabledrl_bench.evaluation.native import stored_settings
 
-    fields = {k: v for k, v in record["settings"].items() if k in DecodeSettings.__dataclass_fields__}
-    settings = DecodeSettings(**fields)
+    stored = stored_settings(record["settings"])
+    settings = DecodeSettings(**{k: v for k, v in stored.items() if k in DecodeSettings.__dataclass_fields__})
     if settings.temperature > 0:
         return []  # sampled decodes cannot be repeated without the original batch's random stream
     problems = []

@@ -94,7 +94,7 @@ class Budget:
         from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings
 
         return DecodeSettings(
-            gen_length=self.max_completion_length,
+            max_completion_length=self.max_completion_length,
             block_length=self.block_length,
             steps=self.diffusion_steps,
             temperature=self.temperature,

@@ -92,13 +92,13 @@ class ExplodingNoise:
                 f"scale={self.scale}, probability={self.probability}"
             )
 
-    def injection(self, baseline: str, gen_length: int) -> NoiseInjection:
+    def injection(self, baseline: str, max_completion_length: int) -> NoiseInjection:
         """The trainer hook for ``baseline``: the noise lands on the estimate in the units the ratio uses.
 
         ESPO's log-ratio is Delta ELBO / L on a summed ELBO, so its ELBO noise is scaled by L to give the same
         ``scale`` on the log-ratio; every other method's estimate is already on its log-ratio scale.
         """
-        factor = gen_length if baseline == "espo" else 1
+        factor = max_completion_length if baseline == "espo" else 1
         return NoiseInjection(df=self.df, scale=self.scale * factor, probability=self.probability)
 
     def describe(self) -> str:

@@ -126,7 +126,9 @@ def updates(x: HullInputs, clip_threshold: float = 5.0) -> dict[str, torch.Tenso
         loss, _ = stabledrl_loss(elbo, eubo, old, x.advantages, x.group_ids, omega=OMEGA, **kwargs)
         out[name] = _grad(loss, theta)
     e = ESPO_LENGTH * (x.elbo_vec @ theta)
-    loss, _ = espo_loss(e, e.detach() - ESPO_LENGTH * x.log_ratio, None, x.advantages, gen_length=ESPO_LENGTH, beta=0.0)
+    loss, _ = espo_loss(
+        e, e.detach() - ESPO_LENGTH * x.log_ratio, None, x.advantages, max_completion_length=ESPO_LENGTH, beta=0.0
+    )
     out["espo"] = _grad(loss, theta)
     logp = x.token_vec @ theta
     mask = torch.ones(logp.shape, dtype=torch.bool)
