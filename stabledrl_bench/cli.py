@@ -74,7 +74,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--task", required=True)
     p.add_argument("--protocol", default="d1")
     p.add_argument("--length", type=positive_int, default=256, help="nominal generation length (128/256/512)")
-    p.add_argument("--actual-length", type=positive_int, help="tokens actually decoded (default: --length)")
+    p.add_argument("--max-completion-length", type=positive_int, help="tokens actually decoded (default: --length)")
     p.add_argument("--limit", type=positive_int)
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--seed", type=int, default=0)
@@ -203,7 +203,7 @@ def _cmd_eval(args) -> int:
     if args.table == "table1" and args.length not in TABLE1_LENGTHS:
         raise UserError(
             f"--length {args.length}: table1 reports lengths {TABLE1_LENGTHS}; give the nominal length and the "
-            "tokens really decoded with --actual-length"
+            "tokens really decoded with --max-completion-length"
         )
     if args.baseline not in ("base", "sft"):
         BASELINES.get(args.baseline)
@@ -229,7 +229,7 @@ def _cmd_eval(args) -> int:
         dlm,
         results_dir=args.results,
         key=key,
-        actual_length=args.actual_length or args.length,
+        max_completion_length=args.max_completion_length or args.length,
         budget=budget,
         limit=args.limit,
         batch_size=args.batch_size,

@@ -115,7 +115,10 @@ CASES = [
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--limit", "0"], "--limit: must be a positive"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--batch-size", "0"], "--batch-size: must be"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--batch-size", "-1"], "--batch-size: must be"),
-    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--actual-length", "0"], "--actual-length: must be"),
+    (
+        ["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--max-completion-length", "0"],
+        "--max-completion-length: must be",
+    ),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--length", "16"], "table1 reports lengths"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "nope"], "unknown task"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--protocol", "nope"], "unknown evaluation protocol"),

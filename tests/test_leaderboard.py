@@ -224,7 +224,7 @@ def test_reference_rows_are_exempt_from_the_budget_rule(tmp_path: Path) -> None:
 
 def test_measured_and_published_cells_never_mix_markers(tmp_path: Path) -> None:
     store_cells(tmp_path, {("gsm8k", 128): [1, 0], ("sudoku", 512): [1]})
-    store(tmp_path, [True], table="table2", task="aime24", sampling="dynamic", length=2000, actual_gen_length=64)
+    store(tmp_path, [True], table="table2", task="aime24", sampling="dynamic", length=2000, max_completion_length=64)
     markdown = build_leaderboard(tmp_path)
     kinds = {"measured": MEASURED_CELL, "published": PUBLISHED_CELL}
     seen = set()
@@ -291,17 +291,17 @@ def test_published_spot_values() -> None:
 
 
 def test_tiny_caption_states_scaled_lengths(tmp_path: Path) -> None:
-    store_cells(tmp_path, {("gsm8k", 128): [1]}, actual_gen_length=32)
-    store_cells(tmp_path, {("gsm8k", 256): [1]}, actual_gen_length=64)
+    store_cells(tmp_path, {("gsm8k", 128): [1]}, max_completion_length=32)
+    store_cells(tmp_path, {("gsm8k", 256): [1]}, max_completion_length=64)
     markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
     assert "actual generated tokens: 128 → 32, 256 → 64." in markdown
-    store_cells(tmp_path, {("math500", 128): [1]}, actual_gen_length=40)  # same nominal length, other actual
+    store_cells(tmp_path, {("math500", 128): [1]}, max_completion_length=40)  # same nominal length, other actual
     with pytest.raises(UserError, match="different actual lengths"):
         build_leaderboard(tmp_path, NO_PUBLISHED)
 
 
 def test_table2_shows_aime25_only_when_measured(tmp_path: Path) -> None:
-    common = {"table": "table2", "length": 2000, "actual_gen_length": 2000}
+    common = {"table": "table2", "length": 2000, "max_completion_length": 2000}
     store(tmp_path, [True, False], task="aime25", sampling="static", **common)
     store(tmp_path, [True], task="math500", sampling="dynamic", **common)
     markdown = build_leaderboard(tmp_path)
@@ -443,7 +443,7 @@ def test_approximate_decoding_gets_its_own_block(tmp_path: Path) -> None:
         task="aime24",
         sampling="dynamic",
         length=2000,
-        actual_gen_length=64,
+        max_completion_length=64,
         settings=block,
         protocol="tracerl-dynamic",
     )

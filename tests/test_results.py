@@ -60,7 +60,7 @@ def make_record(**overrides: Any) -> dict[str, Any]:
         "baseline": "test_rl_a",
         "task": "gsm8k",
         "length": 128,
-        "actual_gen_length": 32,
+        "max_completion_length": 32,
         "protocol": "d1",
         "seed": 0,
         "model": TINY,
@@ -100,13 +100,29 @@ def test_round_trip(tmp_path: Path) -> None:
     assert record["_path"] == str(path)
     assert record["metrics"] == {"accuracy": 0.75, "n": 4}
     assert record["budget_hash"] == budget_hash(BUDGET)
-    assert record["schema"] == "stabledrl-bench/result/v1" and record["kind"] == "measured"
+    assert record["schema"] == "stabledrl-bench/result/v2" and record["kind"] == "measured"
     assert record["sampling"] is None
     assert "per_sample_correct" not in json.loads(path.read_text())
     assert path.with_name(path.name.removesuffix(".json") + ".samples.jsonl").exists()
     samples = load_samples(record)
     assert [s["correct"] for s in samples] == [True, False, True, True]
     assert samples[0] == make_samples([True])[0]
+
+
+def test_a_v1_record_is_read_under_the_current_names(tmp_path: Path) -> None:
+    """Schema v1 called the decoded canvas ``actual_gen_length``; such files are read, never rewritten."""
+    path = store(tmp_path, [True, False])
+    record = json.loads(path.read_text())
+    record["schema"] = "stabledrl-bench/result/v1"
+    record["actual_gen_length"] = record.pop("max_completion_length")
+    path.write_text(json.dumps(record))
+    (loaded,) = load_results(tmp_path)
+    assert loaded["schema"] == "stabledrl-bench/result/v2" and loaded["max_completion_length"] == 32
+    assert "actual_gen_length" not in loaded and json.loads(path.read_text())["actual_gen_length"] == 32
+    record["max_completion_length"] = 32  # both names at once is no valid v1 record
+    path.write_text(json.dumps(record))
+    with pytest.raises(UserError, match="unknown key"):
+        load_results(tmp_path)
 
 
 def test_file_name_and_result_exists(tmp_path: Path) -> None:

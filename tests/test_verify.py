@@ -37,7 +37,7 @@ def _evaluate(results: Path, checkpoint: Path, *, limit: int = 4, force: bool = 
         dlm,
         results_dir=results,
         key=key,
-        actual_length=8,
+        max_completion_length=8,
         budget=None,
         limit=limit,
         skip_existing=not force,

@@ -161,7 +161,7 @@ def stored_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _why_not_reusable(
-    results_dir, key: dict[str, Any], settings: dict[str, Any], actual_length: int, n: int
+    results_dir, key: dict[str, Any], settings: dict[str, Any], max_completion_length: int, n: int
 ) -> str | None:
     """None when the stored result for ``key`` measured these weights with these settings, else the reason."""
     if not result_exists(results_dir, key):
@@ -170,8 +170,8 @@ def _why_not_reusable(
     weights = stored["model"].get("weights_sha256")
     if weights is None or weights != key["model"].get("weights_sha256"):
         return "the stored result measured other weights" if weights else "the stored result records no weights hash"
-    if stored["actual_gen_length"] != actual_length:
-        return f"the stored result decoded {stored['actual_gen_length']} tokens, not {actual_length}"
+    if stored["max_completion_length"] != max_completion_length:
+        return f"the stored result decoded {stored['max_completion_length']} tokens, not {max_completion_length}"
     if stored_settings({k: v for k, v in stored["settings"].items() if k != "model"}) != settings:
         return "the stored result used other decode settings"
     if stored["metrics"]["n"] != n:
@@ -184,7 +184,7 @@ def evaluate_and_record(
     *,
     results_dir,
     key: dict[str, Any],
-    actual_length: int,
+    max_completion_length: int,
     budget: dict[str, Any] | None,
     limit: int | None = None,
     batch_size: int = 16,
@@ -197,16 +197,16 @@ def evaluate_and_record(
     is measured again and replaces the stored result.
     """
     proto = get_protocol(key["protocol"])
-    settings = {**proto.settings(actual_length, dlm).to_dict(), "protocol": proto.to_dict()}
+    settings = {**proto.settings(max_completion_length, dlm).to_dict(), "protocol": proto.to_dict()}
     n = len(get_task(key["task"]).eval_docs(limit=limit)) * proto.repeats
-    reason = _why_not_reusable(results_dir, key, settings, actual_length, n) if skip_existing else "--force"
+    reason = _why_not_reusable(results_dir, key, settings, max_completion_length, n) if skip_existing else "--force"
     if reason is None:
         return Recorded(result_path(results_dir, key), True, "same weights and settings")
     outcome = evaluate(
         dlm,
         key["task"],
         protocol=proto,
-        length=actual_length,
+        length=max_completion_length,
         limit=limit,
         batch_size=batch_size,
         seed=key["seed"],
@@ -214,7 +214,7 @@ def evaluate_and_record(
     )
     record = {
         **key,
-        "actual_gen_length": actual_length,
+        "max_completion_length": max_completion_length,
         "budget": budget,
         "settings": {**outcome.settings, "model": dlm.config_summary()},
         "metrics": outcome.metrics,

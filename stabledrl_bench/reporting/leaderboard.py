@@ -339,7 +339,7 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "sub": record["length"] if record["table"] == "table1" else record["sampling"],
                 "seed": record["seed"],
                 "length": record["length"],
-                "actual": record["actual_gen_length"],
+                "actual": record["max_completion_length"],
                 "budget_hash": record["budget_hash"],
                 "hardware": hardware_label(record["environment"]),
                 "code": code_label(record["environment"]),

@@ -17,14 +17,15 @@ sha256, so a JSON can never silently describe samples that were overwritten late
 JSON removed before that, so an interrupted run leaves a complete result or none: a JSONL without a JSON counts as
 "not done" and is overwritten by the rerun.
 
-Record fields (schema ``stabledrl-bench/result/v1``):
+Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, see :func:`upgraded`):
 
 * ``schema``, ``kind`` (``"measured"``), ``preset`` (``tiny``/``smoke``/``paper``/custom), ``comparison`` (runs that
   must share one training budget), ``table`` (``table1`` full attention / ``table2`` block diffusion);
 * ``baseline`` (registered baseline name, or ``base``/``sft`` for reference rows), ``task``, ``length`` (the
-  protocol's nominal generation length, 128/256/512 in Table 1), ``actual_gen_length`` (tokens really generated,
-  e.g. the tiny preset scales 128 -> 32), ``sampling`` (``static``/``dynamic`` for Table 2 - TraceRL's two decoding
-  modes are two columns there - and ``null`` for Table 1), ``protocol``, ``seed``;
+  protocol's nominal generation length, 128/256/512 in Table 1), ``max_completion_length`` (tokens really
+  decoded, e.g. the tiny preset scales 128 -> 40; schema v1 called it ``actual_gen_length``), ``sampling``
+  (``static``/``dynamic`` for Table 2 - TraceRL's two decoding modes are two columns there - and ``null`` for
+  Table 1), ``protocol``, ``seed``;
 * ``model`` (``family, name, checkpoint, parameters``, and in newer records ``weights_sha256`` -- a hash of the
   evaluated weights, :func:`stabledrl_bench.evaluation.native.weights_sha256` -- and ``dtype``), ``budget`` (dict,
   required for RL rows) and
@@ -58,7 +59,9 @@ from typing import Any
 from stabledrl_bench.config import canonical_json, from_dict, stable_hash
 from stabledrl_bench.errors import UserError
 
-SCHEMA = "stabledrl-bench/result/v1"
+SCHEMA = "stabledrl-bench/result/v2"
+# v1 records (written before one name per concept) are read as v2: only the canvas field was renamed.
+SCHEMA_RENAMES = {"stabledrl-bench/result/v1": {"actual_gen_length": "max_completion_length"}}
 REFERENCE_BASELINES = ("base", "sft")
 STABILITY_DIR = "stability"
 SAMPLES_SUFFIX = ".samples.jsonl"
@@ -292,7 +295,7 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class ResultRecord:
-    """One evaluation (schema ``stabledrl-bench/result/v1``; the module docstring describes every field).
+    """One evaluation (schema ``stabledrl-bench/result/v2``; the module docstring describes every field).
 
     Types are checked by :func:`~stabledrl_bench.config.from_dict`, the loader of every typed file of this package;
     the rules that relate fields to each other are checked here.
@@ -306,7 +309,7 @@ class ResultRecord:
     baseline: str
     task: str
     length: int
-    actual_gen_length: int
+    max_completion_length: int
     sampling: str | None
     protocol: str
     seed: int
@@ -328,7 +331,7 @@ class ResultRecord:
         _require(self.table in TABLE_TASKS, f"'table' must be one of {', '.join(TABLE_TASKS)}, got {self.table!r}")
         tasks = TABLE_TASKS[self.table]
         _require(self.task in tasks, f"'task' {self.task!r} is not a column of {self.table} ({', '.join(tasks)})")
-        for key in ("length", "actual_gen_length"):
+        for key in ("length", "max_completion_length"):
             _require(getattr(self, key) > 0, f"'{key}' must be a positive integer")
         if self.table == "table1":
             _require(self.length in TABLE1_LENGTHS, f"'length' must be one of {TABLE1_LENGTHS} in table1")
@@ -365,13 +368,26 @@ class ResultRecord:
         _require(d1 is None or 0.0 <= d1 <= 1.0, "'metrics.d1_accuracy' must be a fraction in [0, 1]")
 
 
+def upgraded(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` in the current schema: an older record's renamed fields under their new names (the file on disk
+    is never rewritten; its samples' sha256 stays valid)."""
+    renames = SCHEMA_RENAMES.get(record.get("schema", ""))
+    if renames is None:
+        return dict(record)
+
+    def name(key: str) -> str:  # a record holding both names keeps the old one, which the loader then refuses
+        return renames[key] if key in renames and renames[key] not in record else key
+
+    return {"schema": SCHEMA} | {name(key): value for key, value in record.items() if key != "schema"}
+
+
 def validate_record(record: Mapping[str, Any], where: str) -> ResultRecord:
     """The typed record, or :class:`UserError` (prefixed with ``where``, usually the file) if ``record`` is invalid.
 
     Keys starting with ``_`` are in-memory annotations of a loaded record (``_path``) and are ignored.
     """
     _check(isinstance(record, Mapping), where, "a result record must be a JSON object")
-    data = {key: value for key, value in record.items() if not key.startswith("_")}
+    data = {key: value for key, value in upgraded(record).items() if not key.startswith("_")}
     try:
         return from_dict(ResultRecord, data, where=where)
     except RecordError as exc:
@@ -498,13 +514,14 @@ def _check_registered(baseline: str, where: str) -> None:
 
 
 def read_result(path: Path | str) -> dict[str, Any]:
-    """Load and validate one result JSON; the returned dict has ``_path`` set."""
+    """Load and validate one result JSON, in the current schema (:func:`upgraded`); ``_path`` is set."""
     path = Path(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: unreadable result file: {exc}") from exc
     validate_record(record, str(path))
+    record = upgraded(record)
     record["_path"] = str(path)
     return record
 
