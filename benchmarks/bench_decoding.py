@@ -22,10 +22,10 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from timing import timed
 
 from stabledrl_bench.core.models import DiffusionLM, build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings, GenerationOutput, generate
@@ -40,16 +40,6 @@ MODES = {
     "dual": {"cache": "dual"},
     **{name: fields for name, fields in DECODE_MODES.items() if name != "exact"},
 }
-
-
-def _timed(fn) -> tuple[float, object]:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
 
 
 def agreement(model: DiffusionLM, out: GenerationOutput, exact: GenerationOutput) -> tuple[float, float]:
@@ -105,7 +95,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
     for _ in range(args.repeats):
         for name in names:  # interleaved: A B C ... A B C ...
             settings = dataclasses.replace(base, **MODES[name])
-            seconds, outs[name] = _timed(lambda s=settings: generate(model, ids, mask, s))
+            seconds, outs[name] = timed(lambda s=settings: generate(model, ids, mask, s))
             times[name].append(seconds)
             print(f"  {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
@@ -174,7 +164,7 @@ def bench_rl_step(args: argparse.Namespace) -> None:
                 progress=False,
             )
             trainer = RLTrainer(cfg)
-            seconds, _ = _timed(trainer.train)
+            seconds, _ = timed(trainer.train)
             return seconds
 
         modes = args.rollout_modes.split(",")
