@@ -223,7 +223,31 @@ def _llada_step_logits(
     return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits)
 
 
-class _FullContext:
+class _WorkingBatch:
+    """The rows of a batch still decoding, their positions and (with a cache) the backend's KV cache of them.
+
+    Rows that stop (``stop_at_eos``) leave through :meth:`drop`, from the batch and the cache alike, so their
+    skipped work costs nothing. Both samplers' contexts build on it.
+    """
+
+    def __init__(self, model: DiffusionLM, x: torch.Tensor, key_valid: torch.Tensor) -> None:
+        self.model = model
+        self.x = x
+        self.key_valid = key_valid
+        self.positions = real_positions(key_valid)
+        self.rows = torch.arange(x.shape[0], device=x.device)
+        self.cache: Any = None  # the backend's own cache object
+        self.nfe = 0
+
+    def drop(self, stopped: torch.Tensor) -> None:
+        """Remove the rows flagged in ``stopped`` [R] from the working batch and the cache."""
+        keep = ~stopped
+        self.rows = self.rows[keep]
+        if self.cache is not None:
+            self.cache = self.model.select_cache_rows(self.cache, keep)
+
+
+class _FullContext(_WorkingBatch):
     """The working batch of full-attention decoding: the rows still decoding and, with a cache, their keys/values.
 
     ``cache="none"``: every step is a full forward (exact). ``prefix`` / ``dual`` (Fast-dLLM): the first step of
@@ -243,18 +267,12 @@ class _FullContext:
         cache: str,
         cfg_scale: float,
     ) -> None:
-        self.model = model
-        self.x = x
-        self.key_valid = key_valid
+        super().__init__(model, x, key_valid)  # the cache holds every position but the forwarded ones
         self.prompt_real = prompt_real
         self.cache_mode = cache
         self.cfg_scale = cfg_scale
-        self.positions = real_positions(key_valid)
-        self.rows = torch.arange(x.shape[0], device=x.device)
         self.shift = int(model.shift_logits)
-        self.cache: Any = None  # the backend's own cache object, without the forwarded positions
         self.queries = torch.arange(0)  # positions forwarded against the cache
-        self.nfe = 0
 
     def block_logits(self, span: slice, first_step: bool) -> torch.Tensor:
         """Logits [R, block, V] of the block at ``span`` for the working rows."""
@@ -271,13 +289,6 @@ class _FullContext:
         )
         self.nfe += 1
         return logits[:, self.shift : self.shift + span.stop - span.start]
-
-    def drop(self, stopped: torch.Tensor) -> None:
-        """Remove the rows flagged in ``stopped`` [R] from the working batch and the cache."""
-        keep = ~stopped
-        self.rows = self.rows[keep]
-        if self.cache is not None:
-            self.cache = self.model.select_cache_rows(self.cache, keep)
 
     def _refresh(self, x: torch.Tensor, span: slice) -> torch.Tensor:
         """Full forward storing every position, then the cache keeps only the positions not forwarded later."""
@@ -565,12 +576,8 @@ def _select_block(
     return torch.where(enough[:, None], confident, top)
 
 
-class _BlockContext:
-    """The working batch of block diffusion: the rows still decoding, and (with cache) their exact KV cache.
-
-    Only the rows in ``rows`` are forwarded; rows that stopped at a stop token are dropped from the batch and
-    from the cache, so their skipped work costs nothing.
-    """
+class _BlockContext(_WorkingBatch):
+    """The working batch of block diffusion: the rows still decoding, and (with cache) their exact KV cache."""
 
     def __init__(
         self,
@@ -580,15 +587,9 @@ class _BlockContext:
         prompt_len: int,
         use_cache: bool,
     ) -> None:
-        self.model = model
-        self.x = x
-        self.key_valid = key_valid
+        super().__init__(model, x, key_valid)
         self.prompt_len = prompt_len
         self.use_cache = use_cache
-        self.positions = real_positions(key_valid)
-        self.rows = torch.arange(x.shape[0], device=x.device)
-        self.cache: Any = None  # the backend's own cache object
-        self.nfe = 0
 
     def prefill(self) -> None:
         """Cache the prompt's keys/values under the block-causal mask (prompt blocks aligned to its end)."""
@@ -611,13 +612,6 @@ class _BlockContext:
         """Append the finished block's keys/values to the cache (exact: it never attends to later blocks)."""
         if self.use_cache:
             self._cached_forward(span, self._block_queries_mask(span), store=True)
-
-    def drop(self, stopped: torch.Tensor) -> None:
-        """Remove the rows flagged in ``stopped`` [R] from the working batch and the cache."""
-        keep = ~stopped
-        self.rows = self.rows[keep]
-        if self.cache is not None:
-            self.cache = self.model.select_cache_rows(self.cache, keep)
 
     def _block_queries_mask(self, span: slice) -> torch.Tensor:
         """The block's rows of the block-causal mask: every cached key and its own block, except left padding."""

@@ -186,13 +186,12 @@ def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
     folder, key = job.folder, job.key()
     if force:
         shutil.rmtree(folder, ignore_errors=True)
-    for name in (SUMMARY_FILE, JOB_FILE):
-        path = folder / name
-        if path.is_file() and json.loads(path.read_text()).get("key") != key:
-            raise UserError(f"{folder} holds a run with other settings; delete it or pass --force")
-    if (folder / SUMMARY_FILE).is_file():
-        return {**json.loads((folder / SUMMARY_FILE).read_text()), "cached": True}
-    if latest_checkpoint(folder) is not None and not (folder / JOB_FILE).is_file():
+    found = {name: json.loads(p.read_text()) for name in (SUMMARY_FILE, JOB_FILE) if (p := folder / name).is_file()}
+    if any(record.get("key") != key for record in found.values()):
+        raise UserError(f"{folder} holds a run with other settings; delete it or pass --force")
+    if SUMMARY_FILE in found:
+        return {**found[SUMMARY_FILE], "cached": True}
+    if latest_checkpoint(folder) is not None and JOB_FILE not in found:
         raise UserError(f"{folder} holds checkpoints of an unknown run; delete it or pass --force")
     if _is_main_process():
         folder.mkdir(parents=True, exist_ok=True)

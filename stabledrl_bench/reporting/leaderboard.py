@@ -433,11 +433,12 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
         per_seed: dict[int, dict[CellKey, dict[str, float]]] = {}
         for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
             field = HEADLINE_FIELD.get(task, "correct")
-            samples = [sample for i in runs["index"] for sample in load_samples(records[i])]
+            loaded = {i: load_samples(records[i]) for i in runs["index"]}  # each samples file is read once
+            samples = [sample for record_samples in loaded.values() for sample in record_samples]
             cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
             per_item[(task, sub)] = _item_means(samples, field)
             for seed, seed_runs in runs.groupby("seed", sort=True):
-                seed_samples = [sample for i in seed_runs["index"] for sample in load_samples(records[i])]
+                seed_samples = [sample for i in seed_runs["index"] for sample in loaded[i]]
                 per_seed.setdefault(int(seed), {})[(task, sub)] = _item_means(seed_samples, field)
         first = group.iloc[0]
         budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
