@@ -44,6 +44,9 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     out = capsys.readouterr().out
     assert "preset 'smoke'" in out and "the paper preset needs" in out
     assert "vs the frozen start on the same ones" in out
+    stages = 3 + 2 * len(TABLE_BASELINES)  # warm start, start eval, each baseline's run and eval, control
+    assert f"[stage 1/{stages} | " in out and "estimate after the first stage of each kind] sudoku seed 0" in out
+    assert f"[stage {stages}/{stages} | " in out and "left] sudoku seed 0: frozen control" in out
     _check_frozen_control(tmp_path, table, preset)
     assert "**Training reward, " in board
 

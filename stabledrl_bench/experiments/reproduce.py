@@ -35,7 +35,7 @@ from stabledrl_bench.config import configs_dir, deep_merge, from_dict, read_mapp
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
-from stabledrl_bench.errors import UserError
+from stabledrl_bench.errors import UserError, comma_list
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.experiments.runner import (
     CONTROL_BASELINE,
@@ -45,6 +45,7 @@ from stabledrl_bench.experiments.runner import (
     ensure_warm_start,
     run_training,
 )
+from stabledrl_bench.experiments.stages import Stages
 from stabledrl_bench.reporting.leaderboard import (
     CONTROL_RUN,
     TRAINING_COLUMNS,
@@ -194,15 +195,19 @@ def reproduce(args) -> None:
     table = args.table
     preset = choose_preset(table, args.preset, args.model)
     model_spec = args.model or preset.model
-    baselines = _select(args.baselines, TABLE_BASELINES, "baseline", BASELINES.entries())
-    tasks = _select(args.tasks, tuple(preset.tasks), "task", preset.tasks)
+    baselines = list(TABLE_BASELINES)
+    if args.baselines:
+        baselines = comma_list(args.baselines, "--baselines", choices=BASELINES.entries(), what="baseline")
+    tasks = comma_list(args.tasks, "--tasks", choices=preset.tasks, what="task") if args.tasks else list(preset.tasks)
     _banner(table, preset, model_spec)
     comparison = f"{table}-{preset.name}"
     runs = Path(args.runs) / comparison
     seeds = _seeds(args.seeds, preset.seeds)
+    stages = Stages(_plan(preset, tasks, seeds, baselines))
     for task in tasks:
         for seed in seeds:
-            _replicate(preset, table, comparison, task, seed, model_spec, baselines, runs / task / f"s{seed}", args)
+            replicate = (preset, table, comparison, task, seed, model_spec, baselines, runs / task / f"s{seed}")
+            _replicate(*replicate, args, stages)
         _training_summary(task, seeds, baselines, runs / task, Path(args.results), comparison)
     from stabledrl_bench.experiments.stress import stability_section
 
@@ -212,32 +217,45 @@ def reproduce(args) -> None:
     print(f"leaderboard: {path}")
 
 
-def _replicate(preset, table, comparison, task, seed, model_spec, baselines, runs: Path, args) -> None:
+def _plan(preset: Preset, tasks: list[str], seeds: tuple[int, ...], baselines: list[str]) -> list[str]:
+    """The stage kinds :func:`_replicate` runs, in order (for the overall progress line)."""
+    one = [*(["sft"] if preset.sft is not None else []), "eval", *(["train", "eval"] * len(baselines)), "train"]
+    return [f"{task}:{kind}" for task in tasks for _ in seeds for kind in one]
+
+
+def _replicate(preset, table, comparison, task, seed, model_spec, baselines, runs: Path, args, stages: Stages) -> None:
     """One training seed of one task: warm start, every baseline, the frozen control, and their evaluations."""
     recipe = preset.tasks[task]
     limit = args.limit if args.limit is not None else preset.eval_limit
+    where = f"{task} seed {seed}"
     start = model_spec
     if preset.sft is not None:
-        start = str(_warm_start(preset, task, model_spec, runs / "sft", seed, args))
+        stages.begin(f"{where}: warm start (SFT)")
+        path, built = _warm_start(preset, task, model_spec, runs / "sft", seed, args)
+        stages.end(reused=not built)
+        start = str(path)
     reference = "sft" if preset.sft is not None else "base"
-    _evaluate_all(preset, table, comparison, task, reference, start, None, seed, args, limit)
+    evaluation = (preset, table, comparison, task)
+    stages.begin(f"{where}: evaluate the start")
+    stages.end(reused=_evaluate_all(*evaluation, reference, start, None, seed, args, limit))
     for baseline in baselines:
         config = _train_config(preset, recipe, task, baseline, start, runs / baseline, seed, args)
-        final = _train(config, args)
-        _evaluate_all(preset, table, comparison, task, baseline, str(final), preset.budget.to_dict(), seed, args, limit)
+        stages.begin(f"{where}: train {baseline}")
+        final, cached = _train(config, args)
+        stages.end(reused=cached)
+        stages.begin(f"{where}: evaluate {baseline}")
+        stages.end(reused=_evaluate_all(*evaluation, baseline, str(final), preset.budget.to_dict(), seed, args, limit))
     control = _train_config(preset, recipe, task, CONTROL_BASELINE, start, runs / CONTROL_RUN, seed, args)
-    _train(control_config(control, control.output_dir), args)
+    stages.begin(f"{where}: frozen control (learning rate 0)")
+    stages.end(reused=_train(control_config(control, control.output_dir), args)[1])
 
 
 def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
     """``--seeds 0,1,2`` (default: the preset's): every seed repeats the whole pipeline, warm start included."""
     if not requested:
         return default
-    try:
-        seeds = tuple(dict.fromkeys(int(part) for part in requested.split(",") if part.strip()))
-    except ValueError:
-        raise UserError(f"--seeds: expected comma-separated integers, got {requested!r}") from None
-    if not seeds or min(seeds) < 0:
+    seeds = tuple(comma_list(requested, "--seeds", kind=int, what="seed"))
+    if min(seeds) < 0:
         raise UserError(f"--seeds: expected non-negative integers, got {requested!r}")
     return seeds
 
@@ -274,24 +292,14 @@ def _rollout_records(log: Path) -> list[dict[str, Any]]:
     return [r for r in read_log(log) if r.get("phase_iteration") == 0 and r.get("reward_mean") is not None]
 
 
-def _select(requested: str | None, default: tuple[str, ...], what: str, known) -> list[str]:
-    if not requested:
-        return list(default)
-    names = [n.strip() for n in requested.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UserError(f"unknown {what}(s) {', '.join(unknown)}; available: {', '.join(known)}")
-    return names
-
-
-def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, args) -> Path:
+def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, args) -> tuple[Path, bool]:
     recipe = preset.tasks[task]
     generator_options = (
         recipe.generator_options if recipe.sft_generator_options is None else recipe.sft_generator_options
     )
     sft = dataclasses.replace(preset.sft, task=task, model=model, seed=seed, generator_options=generator_options)
-    final, _ = ensure_warm_start(WarmStart(sft), out, force=args.force)
-    return final
+    final, info = ensure_warm_start(WarmStart(sft), out, force=args.force)
+    return final, info["built_now"]
 
 
 def _train_config(
@@ -317,8 +325,9 @@ def _train_config(
     )
 
 
-def _train(config: TrainConfig, args) -> Path:
-    """Train (or reuse, or resume) one run through the experiment runner; a run that diverged stops the job."""
+def _train(config: TrainConfig, args) -> tuple[Path, bool]:
+    """Train (or reuse, or resume) one run through the experiment runner; a run that diverged stops the job.
+    Returns the final checkpoint and whether the finished run was reused."""
     out = Path(config.output_dir)
     print(f"  [{config.task}] {out.name}: {config.budget.max_steps} steps -> {out}")
     summary = run_training(TrainJob(config), force=args.force)
@@ -326,7 +335,7 @@ def _train(config: TrainConfig, args) -> Path:
         print(f"  [{config.task}] {out.name}: trained, reused ({summary['final']})")
     if summary["final"] is None:
         raise UserError(summary["stopped"] or f"{out}: the run stopped before its last step")
-    return Path(summary["final"])
+    return Path(summary["final"]), bool(summary["cached"])
 
 
 def _eval_device() -> tuple[str | None, torch.dtype | None]:
@@ -336,7 +345,9 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
-def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, seed, args, limit) -> None:
+def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, seed, args, limit) -> bool:
+    """Evaluate one checkpoint under every protocol and length; True when every result was reused."""
+    reused = True
     device, dtype = _eval_device() if preset.bf16 else (None, None)
     dlm = load_model_spec(checkpoint, seed=seed, device=device, dtype=dtype)
     if checkpoint not in TINY_SPECS and not args.skip_model_check:
@@ -367,6 +378,7 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
                 batch_size=preset.eval_batch_size,
                 skip_existing=not args.force,
             )
+            reused = reused and recorded.reused
             acc = json.loads(recorded.path.read_text())["metrics"]
             how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
             print(
