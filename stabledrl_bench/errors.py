@@ -8,8 +8,11 @@ reports bad input the same way, before doing any work.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
+
+T = TypeVar("T")
 
 
 class UserError(Exception):
@@ -41,3 +44,32 @@ def require_folder(path: str | Path, what: str) -> None:
             raise UserError(
                 f"{what} {path} is a file" if candidate == Path(path) else f"{what} {path}: {candidate} is a file"
             )
+
+
+def comma_list(
+    text: str,
+    option: str,
+    *,
+    kind: Callable[[str], T] = str,  # type: ignore[assignment]
+    choices: Iterable[str] | None = None,
+    what: str = "value",
+) -> list[T]:
+    """An option's comma-separated values (``--seeds 0,1,2``), in order, repeats dropped; one error line for an
+    empty list, a value ``kind`` cannot parse, or a name outside ``choices``.
+
+    Why one helper: every list option of every command then reads and rejects input the same way.
+    """
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise UserError(f"{option}: no {what} given in {text!r}")
+    if choices is not None:
+        known = list(choices)
+        unknown = [part for part in parts if part not in known]
+        if unknown:
+            raise UserError(f"{option}: unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    try:
+        values = [kind(part) for part in parts]
+    except ValueError:
+        name = getattr(kind, "__name__", "value")
+        raise UserError(f"{option}: expected comma-separated {name} values, got {text!r}") from None
+    return list(dict.fromkeys(values))

@@ -14,7 +14,7 @@ import pytest
 from tqdm.auto import tqdm
 
 from stabledrl_bench.cli import main
-from stabledrl_bench.errors import UserError
+from stabledrl_bench.errors import UserError, comma_list
 
 
 @pytest.fixture
@@ -189,3 +189,30 @@ def test_a_bom_does_not_break_the_first_line_of_a_grade_input(tmp_path, capsys) 
     out = tmp_path / "out.jsonl"
     assert main(["grade", "--task", "countdown", "--input", str(path), "--output", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["correct"] is True
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "expected"),
+    [
+        ("0, 1,1 ,2,", {"kind": int}, [0, 1, 2]),
+        ("grpo,spg,grpo", {"choices": ("grpo", "spg", "espo")}, ["grpo", "spg"]),
+        ("0.5,1e-3", {"kind": float}, [0.5, 1e-3]),
+    ],
+)
+def test_comma_list_keeps_order_and_drops_repeats(text, kwargs, expected):
+    assert comma_list(text, "--opt", **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "message"),
+    [
+        (" , ", {}, "--opt: no value given in ' , '"),
+        ("1,x", {"kind": int}, "--opt: expected comma-separated int values, got '1,x'"),
+        ("grpo,nope,zap", {"choices": ("grpo", "spg"), "what": "baseline"},
+         "--opt: unknown baseline(s) nope, zap; choose from grpo, spg"),
+    ],
+)  # fmt: skip
+def test_comma_list_rejects_bad_input_in_one_line(text, kwargs, message):
+    with pytest.raises(UserError) as info:
+        comma_list(text, "--opt", **kwargs)
+    assert str(info.value) == message

@@ -241,17 +241,6 @@ def band(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": statistics.fmean(kept), "min": min(kept), "max": max(kept), "n": len(kept)}
 
 
-def parse_list(text: str, kind: type, what: str) -> list:
-    """Comma-separated values of ``kind``; one clear error on anything else."""
-    try:
-        values = [kind(item.strip()) for item in text.split(",") if item.strip()]
-    except ValueError as exc:
-        raise UserError(f"{what}: cannot parse {text!r} as a comma-separated list of {kind.__name__}") from exc
-    if not values:
-        raise UserError(f"{what}: empty list")
-    return values
-
-
 # ------------------------------------------------------------------------------------------------- records
 def stability_dir(results_dir: Path | str) -> Path:
     return Path(results_dir) / STABILITY_DIR

@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.errors import UserError, positive_int
+from stabledrl_bench.errors import UserError, comma_list, positive_int
 from stabledrl_bench.experiments.runner import control_config, sample_rollouts
 from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
@@ -61,7 +61,6 @@ from stabledrl_bench.experiments.stress.common import (
     band,
     figure,
     finite,
-    parse_list,
     save_figure,
     stability_dir,
     write_record,
@@ -295,12 +294,12 @@ def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequen
 # ----------------------------------------------------------------------------------------------- command
 def _run_drift(args: argparse.Namespace) -> Path:
     start = (time.perf_counter(), time.process_time())
-    variants = options.names(args.variants, VARIANTS, "--variants")
-    conditions = options.conditions_arg(args.conditions)
-    levels = sorted(parse_list(args.levels, float, "--levels"))
+    variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="variant")
+    conditions = comma_list(args.conditions, "--conditions", choices=CONDITIONS, what="condition")
+    levels = sorted(comma_list(args.levels, "--levels", kind=float, what="level"))
     if levels[0] < 0:
         raise UserError("--levels must be >= 0")
-    seeds = parse_list(args.seeds, int, "--seeds")
+    seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
     options.check_positive(repeats=args.repeats, rollouts=args.rollouts, spike_k=args.spike_k)
     noise = options.noise(args)
     path, info, model = options.warm_start(args)

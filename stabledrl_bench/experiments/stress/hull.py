@@ -36,13 +36,12 @@ import torch
 from stabledrl_bench.baselines.espo import espo_loss
 from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, stabledrl_loss
-from stabledrl_bench.errors import positive_int
+from stabledrl_bench.errors import comma_list, positive_int
 from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     band,
     figure,
-    parse_list,
     save_figure,
     stability_dir,
     write_record,
@@ -243,7 +242,7 @@ def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> s
 # ----------------------------------------------------------------------------------------------- command
 def _run_hull(args: argparse.Namespace) -> Path:
     start = (time.perf_counter(), time.process_time())
-    scales = parse_list(args.scales, float, "--scales")
+    scales = comma_list(args.scales, "--scales", kind=float, what="scale")
     options.check_positive(
         trials=args.trials, clip_threshold=args.clip_threshold, **{f"scale {s:g}": s for s in scales}
     )

@@ -20,7 +20,6 @@ from stabledrl_bench.core.registry import Registry
 from stabledrl_bench.errors import UserError, positive_int
 from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress.common import (
-    CONDITIONS,
     SFT_STEPS,
     Definitions,
     ExplodingNoise,
@@ -176,19 +175,3 @@ def runtime(
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Every command-line setting except where files go."""
     return {k: v for k, v in vars(args).items() if k not in ("results", "runs", "leaderboard", "no_leaderboard")}
-
-
-def names(text: str, known: Mapping[str, Any], option: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        raise UserError(f"{option}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}")
-    return names
-
-
-def conditions_arg(text: str) -> list[str]:
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = [c for c in names if c not in CONDITIONS]
-    if unknown or not names:
-        raise UserError(f"--conditions: choose from {', '.join(CONDITIONS)}; got {text!r}")
-    return names

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stabledrl_bench.errors import UserError
+from stabledrl_bench.errors import UserError, comma_list
 from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
 from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
@@ -41,7 +41,6 @@ from stabledrl_bench.experiments.stress.common import (
     collapse_step,
     figure,
     finite,
-    parse_list,
     running_mean,
     save_figure,
     seed_band,
@@ -344,8 +343,8 @@ def training_experiment(
 ) -> Path:
     """Shared body of ``exploding`` and ``clip``: labels x conditions x seeds of real runs from one warm start."""
     start = (time.perf_counter(), time.process_time())
-    conditions = options.conditions_arg(args.conditions)
-    seeds = parse_list(args.seeds, int, "--seeds")
+    conditions = comma_list(args.conditions, "--conditions", choices=CONDITIONS, what="condition")
+    seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
     definitions = options.definitions(args)
     path, info, model = options.warm_start(args)
     settings = _train_settings(args, path, info)
@@ -388,7 +387,7 @@ def method_sweep(
 ) -> Path:
     """A sweep over ``--methods`` (display name -> registered baseline and options) x conditions x seeds. SPG has
     no ratio, so its exploding row is its normal run."""
-    chosen = options.names(args.methods, methods, "--methods")
+    chosen = comma_list(args.methods, "--methods", choices=methods, what="method")
     return training_experiment(
         args,
         experiment,
@@ -405,7 +404,7 @@ def _run_exploding(args: argparse.Namespace) -> Path:
 
 
 def _run_clip(args: argparse.Namespace) -> Path:
-    thresholds = parse_list(args.thresholds, float, "--thresholds")
+    thresholds = comma_list(args.thresholds, "--thresholds", kind=float, what="threshold")
     if any(not c > 0 for c in thresholds):
         raise UserError("--thresholds must be positive")
     by_label = {f"C={c:g}": c for c in thresholds}
