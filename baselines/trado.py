@@ -14,7 +14,9 @@ with N_r = L_1, the padded response length (``normalize="length"``, TraDo). ``no
 LLaDA script instead: N_r = |P_r| for the policy term and an unnormalised sum over targets for the KL (set
 ``log_ratio_clamp=inf`` too, that script has no clamp). Defaults: eps 0.2, beta 0.01 (``configs/rl_trado.yaml``).
 The KL is against the rollout policy, so no reference model is ever loaded (``needs_ref`` is False).
-Correctness (with length >= max - 5 counted as wrong, as dLLM-RL does) comes from the task via ``correct``.
+Correctness comes from the task's grader, except that an answer of length >= L_1 - 5 tokens (L_1 the canvas,
+length counted before the first stop token) is counted as wrong: it was probably cut off (dLLM-RL
+``reward/rl_reward.py``; ``overlong_margin=None`` turns that off).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class TraDoConfig(BaselineConfig):
     log_ratio_clamp: float = 10.0  # |log rho| cap (TraDo); the LLaDA script has none (inf)
     keep_range: tuple[float, float] = (0.2, 0.8)  # groups with accuracy outside are dropped
     shrink: int = 1  # decoding steps merged into one replay step (TraDo 1, LLaDA 8)
+    overlong_margin: int | None = 5  # answers of >= canvas - margin tokens count as wrong (dLLM-RL); None: off
 
     def __post_init__(self) -> None:
         if self.normalize not in NORMALIZATIONS:
@@ -99,6 +102,8 @@ class TraDoConfig(BaselineConfig):
             raise UserError(f"keep_range must satisfy 0 <= low <= high <= 1; got {self.keep_range}")
         if self.shrink < 1:
             raise UserError(f"shrink must be >= 1; got {self.shrink}")
+        if self.overlong_margin is not None and self.overlong_margin < 0:
+            raise UserError(f"overlong_margin must be >= 0 or null; got {self.overlong_margin}")
 
 
 @register_baseline("trado")
@@ -117,6 +122,12 @@ class TraDo(Baseline):
 
     def estimator(self) -> TraceReplay:
         return TraceReplay(shrink=self.config.shrink)
+
+    def correctness(self, correct: torch.Tensor, response_lengths: torch.Tensor, canvas: int) -> torch.Tensor:
+        """The grader's flags, with answers of ``>= canvas - overlong_margin`` tokens counted as wrong."""
+        if self.config.overlong_margin is None:
+            return correct
+        return correct * (response_lengths < canvas - self.config.overlong_margin).to(correct.dtype)
 
     def advantage_options(self) -> dict[str, Any]:
         return {"keep_range": self.config.keep_range}

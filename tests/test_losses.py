@@ -162,6 +162,16 @@ def test_trado_hand_values_through_the_baseline() -> None:
     assert close(m["clip_ratio"], 0.5) and not baseline.needs_ref
 
 
+def test_trado_counts_answers_that_nearly_fill_the_canvas_as_wrong() -> None:
+    # canvas 12, margin 5 (dLLM-RL): lengths 6 and 7 pass, 7 is the boundary (>= 12 - 5), 12 = no stop token
+    correct = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0])
+    lengths = torch.tensor([0, 6, 7, 3, 12])
+    flags = build_baseline("trado").correctness(correct, lengths, canvas=12)
+    assert flags.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert build_baseline("trado", overlong_margin=None).correctness(correct, lengths, 12).tolist() == correct.tolist()
+    assert build_baseline("grpo").correctness(correct, lengths, 12) is correct  # other methods: the grader's
+
+
 def test_trado_targets_normalisation() -> None:
     # LLaDA script: policy / |P_r| = 2 per row, KL summed over targets: (0.824812 + 11.021448) / 2 rows
     adv = torch.tensor([-0.5, 1.0])
@@ -360,6 +370,8 @@ def test_loss_options_validated() -> None:
         build_baseline("spg", logp_estimation="upper")
     with pytest.raises(UserError, match="normalize"):
         build_baseline("trado", normalize="tokens")
+    with pytest.raises(UserError, match="overlong_margin"):
+        build_baseline("trado", overlong_margin=-1)
     with pytest.raises(UserError, match="correctness"):
         build_baseline("trado").advantages(torch.zeros(2), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="token_logp"):

@@ -70,6 +70,7 @@ def test_completion_mask_keeps_first_stop_token():
         [True] * 4,
         [True, False, False, False],
     ]
+    assert dlm.response_lengths(ids).tolist() == [1, 4, 0]
 
 
 def test_left_padding_does_not_change_real_logits():

@@ -89,6 +89,12 @@ class Baseline:
         """Keyword options of the advantage rule (none for most rules)."""
         return {}
 
+    def correctness(self, correct: torch.Tensor, response_lengths: torch.Tensor, canvas: int) -> torch.Tensor:
+        """The correctness flags the advantage rule sees: the grader's, unless the method overrides them (TraDo
+        counts answers that nearly fill the canvas as wrong)."""
+        del response_lengths, canvas
+        return correct
+
     def advantages(
         self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

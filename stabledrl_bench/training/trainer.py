@@ -295,7 +295,9 @@ class RLTrainer:
         micro_batches: list[MicroBatch | None] = []
         informative = 0
         for s in sampled:
-            advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, s.correct)
+            ids = s.batch.completion_ids
+            correct = self.baseline.correctness(s.correct, self.dlm.response_lengths(ids), canvas=ids.shape[1])
+            advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, correct)
             spread = s.rewards.view(-1, self.budget.num_generations)
             informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
             batch, group_ids = s.batch, s.group_ids

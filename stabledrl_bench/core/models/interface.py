@@ -260,6 +260,11 @@ class DiffusionLM:
         seen_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
         return seen_before == 0
 
+    def response_lengths(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """Tokens before the first stop token of each row (the whole canvas if there is none), [B] long."""
+        is_stop = torch.isin(completion_ids, torch.tensor(self.stop_ids, device=completion_ids.device))
+        return self.completion_mask(completion_ids).sum(dim=1) - is_stop.any(dim=1).long()
+
     def decode(self, completion_ids: torch.Tensor) -> list[str]:
         """Completion text cut at the first stop token, special tokens removed."""
         keep = self.completion_mask(completion_ids)
