@@ -314,6 +314,30 @@ def test_table2_shows_aime25_only_when_measured(tmp_path: Path) -> None:
     assert "Lengths are scaled" not in markdown  # nothing scaled here
 
 
+def test_table2_static_and_dynamic_share_a_row_and_each_pairs_with_its_own_start(tmp_path: Path) -> None:
+    common = {"table": "table2", "task": "math500", "length": 2000, "max_completion_length": 48}
+    # start: static 0 0 0 0, dynamic 1 1 1 1; RL: static 1 1 0 0 (+50), dynamic 1 1 1 0 (-25)
+    for sampling, start, rl in (("static", [0, 0, 0, 0], [1, 1, 0, 0]), ("dynamic", [1, 1, 1, 1], [1, 1, 1, 0])):
+        flags = {"sampling": sampling, "protocol": f"tiny-{sampling}", **common}
+        store(tmp_path, [bool(x) for x in start], baseline="sft", budget=None, **flags)
+        store(tmp_path, [bool(x) for x in rl], **flags)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    start, rl = measured_tables(markdown)[0]
+    assert start["Protocol"] == rl["Protocol"] == "tiny-dynamic, tiny-static"
+    assert rl["MATH500 static"].startswith("50.0 [") and rl["MATH500 dynamic"].startswith("75.0 [")
+    ((change,),) = change_tables(markdown)
+    assert change["MATH500 static"].startswith("+50.0 [") and change["MATH500 dynamic"].startswith("-25.0 [")
+
+
+def test_each_protocol_is_compared_with_the_start_under_that_protocol(tmp_path: Path) -> None:
+    for protocol, start, rl in (("d1", [False, False], [True, True]), ("tiny", [True, True], [True, False])):
+        store(tmp_path, start, baseline="sft", budget=None, protocol=protocol)
+        store(tmp_path, rl, protocol=protocol)
+    (d1, tiny), *_ = change_tables(build_leaderboard(tmp_path, NO_PUBLISHED))
+    assert (d1["Protocol"], d1["GSM8K 128"].split(" ")[0]) == ("d1", "+100.0")
+    assert (tiny["Protocol"], tiny["GSM8K 128"].split(" ")[0]) == ("tiny", "-50.0")
+
+
 def test_empty_results_directory_shows_published_blocks_only(tmp_path: Path) -> None:
     markdown = build_leaderboard(tmp_path)
     assert markdown.count("**Measured by this code**: no results for this table yet.") == 2

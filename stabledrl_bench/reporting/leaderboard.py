@@ -306,6 +306,7 @@ FRAME_COLUMNS = [
     "model_key",
     "model",
     "protocol",
+    "protocols",
     "preset",
     "task",
     "sub",
@@ -334,6 +335,7 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "model_key": json.dumps([_seed_free(model[key], record["seed"]) for key in ("name", "checkpoint")]),
                 "model": _seed_free(_model_label(model), record["seed"]),
                 "protocol": record["protocol"],
+                "protocols": _protocol_family(record),
                 "preset": record["preset"],
                 "task": record["task"],
                 "sub": record["length"] if record["table"] == "table1" else record["sampling"],
@@ -350,6 +352,15 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)
 
 
+def _protocol_family(record: Mapping[str, Any]) -> str:
+    """The protocols one row shows. Table 2's static and dynamic columns are two protocols of one family
+    (``tiny-static`` / ``tiny-dynamic`` -> ``tiny-{static,dynamic}``), so one row holds both; elsewhere, one."""
+    protocol, sampling = record["protocol"], record["sampling"]
+    if record["table"] != "table2" or not sampling or sampling not in protocol:
+        return protocol
+    return protocol.replace(sampling, "{static,dynamic}")
+
+
 def approximate_decoding(record: Mapping[str, Any]) -> bool:
     """Whether a result was decoded with Fast-dLLM's approximations (``d1-fast`` & co., full attention only).
 
@@ -364,7 +375,7 @@ def approximate_decoding(record: Mapping[str, Any]) -> bool:
     return DecodeSettings(**fields).approximate
 
 
-ROW_KEY = ["comparison", "approximate", "table", "baseline", "model_key", "protocol", "preset"]
+ROW_KEY = ["comparison", "approximate", "table", "baseline", "model_key", "protocols", "preset"]
 CELL_KEY = [*ROW_KEY, "task", "sub"]
 
 
@@ -398,7 +409,7 @@ def _check_consistency(frame: pd.DataFrame) -> None:
 def _row_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Reference rows (base, then sft) first, then RL rows alphabetically - stable across regenerations."""
     rank = frame["baseline"].map(lambda name: REFERENCE_BASELINES.index(name) if name in REFERENCE_BASELINES else 9)
-    return frame.assign(_rank=rank).sort_values(["_rank", "baseline", "model", "protocol", "preset"], kind="stable")
+    return frame.assign(_rank=rank).sort_values(["_rank", "baseline", "model", "protocols", "preset"], kind="stable")
 
 
 def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
@@ -418,6 +429,7 @@ class MeasuredRow:
     estimates: dict[CellKey, Interval | None]
     per_item: dict[CellKey, dict[str, float]]
     per_seed: dict[int, dict[CellKey, dict[str, float]]]  # the same, for each training seed on its own
+    protocols: str = ""  # the protocol (family) of the row: an RL row is compared with the start under the same
 
 
 def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: list[Column]) -> list[MeasuredRow]:
@@ -446,7 +458,7 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
             "Baseline": first["baseline"],
             "Model": first["model"],
             "Preset": first["preset"],
-            "Protocol": first["protocol"],
+            "Protocol": _join_unique(group["protocol"].tolist()),
             "Budget": ", ".join(f"`{digest}`" for digest in sorted(set(budgets))) or MISSING,
             "Hardware": "; ".join(sorted(set(group["hardware"]))),
             "Code": "; ".join(sorted(set(group["code"]))),
@@ -458,7 +470,7 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
             else None
             for column in columns
         }
-        rows.append(MeasuredRow(info, estimates, per_item, per_seed))
+        rows.append(MeasuredRow(info, estimates, per_item, per_seed, protocols=first["protocols"]))
     return rows
 
 
@@ -493,35 +505,39 @@ def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> I
 
 def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
     """Every RL row minus the comparison's starting point (``sft`` if measured, else ``base``), paired by item."""
-    references = {row.info["Baseline"]: row for row in rows if row.info["Baseline"] in REFERENCE_BASELINES}
-    start = references.get("sft") or references.get("base")
-    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES]
-    if start is None or not others:
+    starts: dict[str, MeasuredRow] = {}  # per protocol (family): the start evaluated the same way
+    for name in REFERENCE_BASELINES:  # base, then sft: sft if measured, else base
+        starts |= {row.protocols: row for row in rows if row.info["Baseline"] == name}
+    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES and row.protocols in starts]
+    if not others:
         return ""
     display = pd.DataFrame(
         [
             {"Baseline": row.info["Baseline"], "Model": row.info["Model"]}
-            | {c.header: _format_measured(paired_change(row, start, c), "+.1f") for c in columns}
+            | ({"Protocol": row.info["Protocol"]} if len(starts) > 1 else {})
+            | {c.header: _format_measured(paired_change(row, starts[row.protocols], c), "+.1f") for c in columns}
             for row in others
         ]
     )
+    start = starts[others[0].protocols]
     caption = (
         f"**Change from the starting point** (`{start.info['Baseline']}`, {start.info['Model']}), in percentage "
         "points, paired by test item, with a percentile-bootstrap 95% interval over the items. An interval above "
         "0 is a learning signal beyond the test-set sampling noise; it does not cover the spread over training "
         "seeds.\n"
     )
-    return caption + "\n" + markdown_table(display) + _seed_spread(start, others, columns)
+    return caption + "\n" + markdown_table(display) + _seed_spread(starts, others, columns)
 
 
-def _seed_spread(start: MeasuredRow, others: list[MeasuredRow], columns: list[Column]) -> str:
+def _seed_spread(starts: Mapping[str, MeasuredRow], others: list[MeasuredRow], columns: list[Column]) -> str:
     """With several training seeds: each seed's paired change from the same seed's start, as mean [min, max] over
     the seeds. This is the spread a conclusion must survive; the intervals above cover only the test items."""
-    seeds = sorted(set(start.per_seed).intersection(*(row.per_seed for row in others)))
+    rows = [(row, starts[row.protocols]) for row in others]
+    seeds = sorted(set.intersection(*(set(row.per_seed) & set(start.per_seed) for row, start in rows)))
     if len(seeds) < 2:
         return ""
 
-    def per_seed(row: MeasuredRow, column: Column) -> str:
+    def per_seed(row: MeasuredRow, start: MeasuredRow, column: Column) -> str:
         changes = []
         for seed in seeds:
             ours = MeasuredRow(row.info, {}, row.per_seed[seed], {})
@@ -533,7 +549,12 @@ def _seed_spread(start: MeasuredRow, others: list[MeasuredRow], columns: list[Co
         return f"{np.mean(changes):+.1f} [{min(changes):+.1f}, {max(changes):+.1f}]"
 
     display = pd.DataFrame(
-        [{"Baseline": row.info["Baseline"]} | {c.header: per_seed(row, c) for c in columns} for row in others]
+        [
+            {"Baseline": row.info["Baseline"]}
+            | ({"Protocol": row.info["Protocol"]} if len(starts) > 1 else {})
+            | {c.header: per_seed(row, start, c) for c in columns}
+            for row, start in rows
+        ]
     )
     caption = (
         f"\n**Change from the start over training seeds** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; each "
