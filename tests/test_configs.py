@@ -70,11 +70,8 @@ def test_defaults_are_the_stabledrl_recipe():
 @pytest.mark.parametrize("table", ["table1", "table2"])
 def test_presets_load_and_paper_presets_reuse_the_recipe(table):
     loaded = presets(table)
-    assert set(loaded) == {"paper", "tiny", "tiny-full", "smoke"}
+    assert set(loaded) == {"paper", "tiny", "smoke"}
     paper, tiny, smoke = loaded["paper"], loaded["tiny"], loaded["smoke"]
-    full = loaded["tiny-full"]  # the same comparison on three training seeds
-    assert (tiny.seeds, full.seeds) == ((0,), (0, 1, 2))
-    assert dataclasses.replace(full, name="tiny", description=tiny.description, seeds=tiny.seeds) == tiny
     recipe = read_recipe(PAPER_RECIPE)
     assert (paper.prompt_protocol, paper.reward_profile) == (recipe["protocol"], recipe["reward_profile"])
     assert paper.bf16 and paper.gradient_checkpointing and paper.save_every == recipe["save_every"]
