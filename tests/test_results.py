@@ -294,3 +294,22 @@ def test_environment_info_keys() -> None:
     commit = info["git"]["commit"]
     assert commit is None or (len(commit) == 40 and isinstance(info["git"]["dirty"], bool))
     json.dumps(info)  # stored inside every record
+
+
+def test_generated_files_do_not_make_the_tree_dirty(tmp_path: Path) -> None:
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "leaderboard.md").write_text("old\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text("{}")
+    (tmp_path / "leaderboard.md").write_text("regenerated\n")
+    assert results._git_state(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert results._git_state(tmp_path)["dirty"] is True

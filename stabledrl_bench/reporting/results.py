@@ -84,6 +84,9 @@ KEY_FIELDS = ("comparison", "table", "preset", "baseline", "task", "length", "sa
 
 
 # --------------------------------------------------------------------------------------------- environment
+GENERATED_PATHS = ("results", "leaderboard.md")
+
+
 def _git_state(directory: Path) -> dict[str, Any]:
     """Commit and dirty flag of the git work tree holding ``directory``; ``None`` values outside git."""
 
@@ -97,8 +100,9 @@ def _git_state(directory: Path) -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None}
-    # Result files written into the repository's results/ folder must not make every later run "dirty".
-    status = git("status", "--porcelain", "--", ":(top)", ":(top,exclude)results")
+    # What the commands themselves write (results/, the regenerated leaderboard.md) must not make every later run
+    # "dirty": a second `reproduce` on the same checkout would otherwise disown results of committed code.
+    status = git("status", "--porcelain", "--", ":(top)", *(f":(top,exclude){path}" for path in GENERATED_PATHS))
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
@@ -123,8 +127,8 @@ def environment_info() -> dict[str, Any]:
     """Where and with what a result was produced, so that a leaderboard row can say which hardware and code made it.
 
     The git state is that of the repository containing this package (``dirty`` when ``git status --porcelain``
-    lists anything outside ``results/``), because results from uncommitted code cannot be reproduced from the
-    commit alone.
+    lists anything but ``results/`` and ``leaderboard.md``), because results from uncommitted code cannot be
+    reproduced from the commit alone.
     """
     return {
         "python": platform.python_version(),
