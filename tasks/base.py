@@ -9,7 +9,8 @@ Conventions shared by every task (read these before calling a task from a traine
   ``SYSTEM_PROMPT + "\\n\\n" + question``, chat template, ``<reasoning>`` prefill), ``d1_train`` (d1's RL
   training prompts, ``diffu-grpo/data_utils.py``: no prefill), ``stabledrl`` (the official StableDRL code's
   prompts: the bare problem plus an instruction, chat template, no system prompt, no prefill) and ``tiny``
-  (very short prompts for a CPU character-level model, answer only: ``<answer>...</answer>``).
+  (very short prompts for a CPU character-level model, answer only: ``<answer>...</answer>``; Countdown's gold
+  completion shows its first step before the tag, see :func:`.countdown.tiny_worked_solution`).
 * **Completions** passed to :meth:`Task.reward` and :meth:`Task.grade`, and returned by
   :meth:`Task.target_completion`, are the text generated *after* the prompt and its prefill (what a sampler
   decodes). Under ``d1`` the prefill ``<reasoning>`` is therefore not part of the completion. Graders do not
@@ -88,7 +89,7 @@ def tagged_completion(reasoning: str, answer: str, protocol: str) -> str:
 
     ``d1`` continues the ``<reasoning>`` prefill; ``d1_train`` is exactly the layout d1's strict format reward
     accepts (``^<reasoning>\\n.*?\\n</reasoning>\\n<answer>\\n.*?\\n</answer>\\n$``, single-line parts);
-    ``tiny`` is the answer tag alone.
+    ``tiny`` is the answer tag alone (a task may put a short worked step before it, as Countdown does).
     """
     if protocol == "d1":
         return f"\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>"

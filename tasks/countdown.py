@@ -95,6 +95,62 @@ def solve(numbers: Sequence[int], target: int) -> str | None:
     return search(tuple(Expr.atom(n) for n in numbers)) if numbers else None
 
 
+# Search order of flat_solution: the prompt's first two numbers are tried as the first step first.
+_FLAT_ORDERS = ((0, 1, 2), (1, 0, 2), (0, 2, 1), (2, 0, 1), (1, 2, 0), (2, 1, 0))
+TINY_WIDTH = 3  # the tiny protocol's field width: every number and intermediate value right-aligned in 3 characters
+
+
+def flat_solution(numbers: Sequence[int], target: int) -> tuple[int, str, int, int, str, int] | None:
+    """``(x, op1, y, v, op2, z)`` such that ``x op1 y op2 z`` uses the three ``numbers`` once and equals ``target``
+    both read left to right and with the usual precedence, and the intermediate ``v = x op1 y`` is a positive
+    integer below 1000; None if no such solution exists (e.g. one needing ``a*(b+c)``).
+
+    Deterministic: orders of the numbers in :data:`_FLAT_ORDERS`, operators in ``+ - * /``, first match. Every
+    puzzle solvable with ``+`` and ``-`` alone has one (write its positive terms first).
+    """
+    if len(numbers) != 3:
+        return None
+    for i, j, k in _FLAT_ORDERS:
+        x, y, z = numbers[i], numbers[j], numbers[k]
+        for op1 in "+-*/":
+            if op1 == "/" and y == 0:
+                continue
+            v = _APPLY[op1](Fraction(x), Fraction(y))
+            if v.denominator != 1 or not 0 < v < 10**TINY_WIDTH:
+                continue
+            for op2 in "+-*/":
+                if op2 in "*/" and op1 in "+-":  # precedence would not read it left to right
+                    continue
+                if (op2 != "/" or z != 0) and _APPLY[op2](v, Fraction(z)) == target:
+                    return x, op1, y, int(v), op2, z
+    return None
+
+
+def tiny_worked_solution(numbers: Sequence[int], target: int) -> str | None:
+    """The ``tiny`` protocol's gold completion of a three-number puzzle: the first step, then the answer, in
+    fixed-width fields, e.g. ``" 75+ 18= 93<answer> 75+ 18- 83</answer>"`` for ``83 18 75 -> 10``.
+
+    Why (measured on the built-in 0.8M-parameter tiny model, greedy ``tiny`` protocol, the 256 cd3 test puzzles):
+    SFT on the answer alone (``<answer>75-(83-18)</answer>``) solves 2-3% after 3000 steps, and a first step of
+    variable width (``83-18=65 <answer>...``) 0%: the protocol decodes two tokens per step in parallel, and where the
+    digit count of a number is uncertain the positions garble (``"83-18=1 0 aanwe>r>"``). Right-aligning every
+    number in 3 characters gives each character a fixed position (39 characters: it fits the 40-token canvas with
+    its EOS), and the answer then copies its numbers from the step at a fixed offset: 3000 steps of 32 generated
+    three-number puzzles (constant lr 2e-3, canvas 40..64, 10 minutes on one CPU thread) solve 9.8%, 10.2% and 9.0%
+    at 40, 48 and 64 tokens, the fixed-width answer alone about 1%. The grader and the rewards read only the
+    ``<answer>`` tag, where the padding spaces are harmless, so RL can still change the chosen operations.
+
+    None when a number or ``v`` does not fit the width or the puzzle has no flat solution (:func:`flat_solution`);
+    the caller then uses the answer-only layout.
+    """
+    solution = None if any(not 0 <= n < 10**TINY_WIDTH for n in numbers) else flat_solution(numbers, target)
+    if solution is None:
+        return None
+    x, op1, y, v, op2, z = solution
+    w = TINY_WIDTH
+    return f"{x:>{w}}{op1}{y:>{w}}={v:>{w}}<answer>{x:>{w}}{op1}{y:>{w}}{op2}{z:>{w}}</answer>"
+
+
 def puzzle_key(numbers: Sequence[int], target: int) -> tuple[tuple[int, ...], int]:
     """Identity of a puzzle: the multiset of numbers and the target."""
     return tuple(sorted(numbers)), int(target)
@@ -168,6 +224,10 @@ class CountdownTask(Task):
     def _target(self, doc: Mapping[str, Any], protocol: str) -> str:
         expression = self.solution(doc)
         numbers, target = self.gold(doc)
+        if protocol == "tiny":
+            worked = tiny_worked_solution(numbers, target)
+            if worked is not None:
+                return worked
         reasoning = f"Combining {', '.join(map(str, numbers))} with + - * / gives {expression}, which equals {target}."
         answer = "\\boxed{" + expression + "}" if protocol == "d1" else expression
         return tagged_completion(reasoning, answer, protocol)

@@ -78,13 +78,14 @@ def test_sudoku_prompts() -> None:
     assert message("sudoku", SUDOKU, "tiny") == "3102200002100320"
 
 
-def test_tiny_targets_are_answer_only() -> None:
+def test_tiny_targets_are_answer_only_but_countdown_shows_a_step() -> None:
     assert get_task("gsm8k").target_completion({"question": "q", "answer": "x\n#### 1,080"}, "tiny") == (
         "<answer>1080</answer>"
     )
     assert get_task("math500").target_completion(MATH, "tiny") == "<answer>5</answer>"
+    # Countdown's tiny target adds its first step before the answer (tests/test_countdown_tiny.py)
     assert get_task("countdown").target_completion({"numbers": [3, 5, 7], "target": 22}, "tiny") == (
-        "<answer>3*5+7</answer>"
+        "  3*  5= 15<answer>  3*  5+  7</answer>"
     )
     assert get_task("sudoku").target_completion(SUDOKU, "tiny") == "<answer>3142243142131324</answer>"
 
