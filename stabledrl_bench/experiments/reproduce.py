@@ -72,6 +72,8 @@ class TaskRecipe:
     learning_rate: float = 1e-6
     generator_options: dict[str, Any] = field(default_factory=dict)
     sft_generator_options: dict[str, Any] | None = None  # None: same puzzles as RL
+    sft: dict[str, Any] = field(default_factory=dict)  # this task's changes to the preset's SFT warm start
+    default: bool = True  # run by a plain `reproduce`; False: only when named with --tasks (a costly extra column)
 
 
 @dataclass
@@ -94,6 +96,19 @@ class Preset:
     eval_batch_size: int = 64
     save_every: int = 0
     seeds: tuple[int, ...] = (0,)
+
+    def task_sft(self, task: str) -> SFTConfig | None:
+        """The warm start of ``task``: the preset's SFT with the task's own changes (its ``sft:`` entry)."""
+        recipe = self.tasks[task]
+        if self.sft is None:
+            if recipe.sft:
+                raise UserError(f"preset {self.name!r}: task {task} changes an SFT warm start the preset does not have")
+            return None
+        merged = deep_merge(dataclasses.asdict(self.sft), recipe.sft)
+        return from_dict(SFTConfig, merged, where=f"preset {self.name}: tasks.{task}.sft")
+
+    def default_tasks(self) -> list[str]:
+        return [task for task, recipe in self.tasks.items() if recipe.default]
 
 
 # What a preset takes from a GPU recipe (recipe key -> preset key). The rest of a recipe (its baseline, seed,
@@ -164,7 +179,10 @@ def _task_recipe(task: str, entry: Any, where: str) -> TaskRecipe:
 def _build_preset(name: str, data: dict[str, Any], where: str) -> Preset:
     data = dict(data)
     data["tasks"] = {task: _task_recipe(task, entry, where) for task, entry in dict(data.get("tasks") or {}).items()}
-    return from_dict(Preset, {"name": name, **data}, where=where)
+    preset = from_dict(Preset, {"name": name, **data}, where=where)
+    for task in preset.tasks:
+        preset.task_sft(task)  # a bad per-task SFT key fails when the preset is read, not an hour into the job
+    return preset
 
 
 def choose_preset(table: str, requested: str, model: str | None) -> Preset:
@@ -179,7 +197,7 @@ def choose_preset(table: str, requested: str, model: str | None) -> Preset:
     return preset
 
 
-def _banner(table: str, preset: Preset, model: str | None) -> None:
+def _banner(table: str, preset: Preset, model: str | None, tasks: list[str]) -> None:
     print(f"reproduce {table}: preset '{preset.name}' - {preset.description}")
     if preset.name != "paper":
         needs = "LLaDA-8B-Instruct" if table == "table1" else "SDAR-8B-Chat"
@@ -187,7 +205,10 @@ def _banner(table: str, preset: Preset, model: str | None) -> None:
             f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`;"
             " see README 'Reproducing on GPUs')"
         )
-    print(f"  model: {model or preset.model}; tasks: {', '.join(preset.tasks)}; budget {preset.budget.hash()}")
+    print(f"  model: {model or preset.model}; tasks: {', '.join(tasks)}; budget {preset.budget.hash()}")
+    extra = [task for task in preset.tasks if task not in tasks]
+    if extra:
+        print(f"  (also in this preset, not run now: {', '.join(extra)}; name them with --tasks)")
 
 
 def reproduce(args) -> None:
@@ -198,8 +219,10 @@ def reproduce(args) -> None:
     baselines = list(TABLE_BASELINES)
     if args.baselines:
         baselines = comma_list(args.baselines, "--baselines", choices=BASELINES.entries(), what="baseline")
-    tasks = comma_list(args.tasks, "--tasks", choices=preset.tasks, what="task") if args.tasks else list(preset.tasks)
-    _banner(table, preset, model_spec)
+    tasks = preset.default_tasks()
+    if args.tasks:
+        tasks = comma_list(args.tasks, "--tasks", choices=preset.tasks, what="task")
+    _banner(table, preset, model_spec, tasks)
     comparison = f"{table}-{preset.name}"
     runs = Path(args.runs) / comparison
     seeds = _seeds(args.seeds, preset.seeds)
@@ -297,7 +320,9 @@ def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, arg
     generator_options = (
         recipe.generator_options if recipe.sft_generator_options is None else recipe.sft_generator_options
     )
-    sft = dataclasses.replace(preset.sft, task=task, model=model, seed=seed, generator_options=generator_options)
+    task_sft = preset.task_sft(task)
+    assert task_sft is not None  # the caller checked that the preset has a warm start
+    sft = dataclasses.replace(task_sft, task=task, model=model, seed=seed, generator_options=generator_options)
     final, info = ensure_warm_start(WarmStart(sft), out, force=args.force)
     return final, info["built_now"]
 
