@@ -96,6 +96,16 @@ def _write_presets(folder, text):
     return folder
 
 
+def test_a_task_changes_the_warm_start_and_can_stay_out_of_the_default_run():
+    tiny = presets("table1")["tiny"]
+    assert tiny.default_tasks() == ["sudoku"] and not tiny.tasks["countdown"].default
+    assert tiny.task_sft("sudoku") == tiny.sft  # no changes: the preset's warm start itself
+    countdown = tiny.task_sft("countdown")
+    assert (countdown.max_steps, countdown.batch_size, countdown.min_completion_length) == (3000, 32, 40)
+    assert countdown.optim == dataclasses.replace(tiny.sft.optim, learning_rate=2e-3)  # merged key by key
+    assert presets("table1")["smoke"].task_sft("countdown").max_steps == 10  # the smoke test stays a smoke test
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -103,6 +113,16 @@ def _write_presets(folder, text):
         ("a: {base: nope}\n", "no preset 'nope'"),
         ("a: {descripton: x}\n", "unknown key"),
         ("a: {recipe: stabledrl/_base.yaml, description: x, model: tiny, tasks: {sudoku: 3}}\n", "expected a mapping"),
+        (
+            "a: {recipe: stabledrl/_base.yaml, description: x, model: tiny, sft: {}, protocols: [tiny],"
+            " lengths: {128: 40}, tasks: {sudoku: {sft: {max_stepz: 3}}}}\n",
+            r"tasks.sudoku.sft.*max_stepz",
+        ),
+        (
+            "a: {recipe: stabledrl/_base.yaml, description: x, model: tiny, protocols: [tiny], lengths: {128: 40},"
+            " tasks: {sudoku: {sft: {max_steps: 3}}}}\n",
+            "does not have",
+        ),
     ],
 )
 def test_bad_presets_are_one_line_errors(tmp_path, monkeypatch, text, message):

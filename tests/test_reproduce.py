@@ -64,7 +64,7 @@ def _check_frozen_control(tmp_path: Path, table: str, preset) -> None:
     import pandas as pd
     from safetensors.torch import load_file
 
-    for task in preset.tasks:
+    for task in preset.default_tasks():
         runs = tmp_path / "runs" / f"{table}-smoke" / task / "s0"
         start, frozen = (load_file(runs / name / "final" / "model.safetensors") for name in ("sft", "frozen"))
         assert start.keys() == frozen.keys() and all(torch.equal(start[k], frozen[k]) for k in start)
@@ -125,6 +125,17 @@ def test_seeds_are_replicates_and_the_board_shows_their_spread(tmp_path):
     first = rewards[rewards["step"] == 1].set_index(["seed", "run"])["reward_mean"]
     for seed in (0, 1):  # step 1 is before any update: every run of a seed equals its control
         assert first[(seed, "grpo")] == first[(seed, "frozen")]
+
+
+def test_a_task_outside_the_default_run_runs_when_named(tmp_path, capsys):
+    """Countdown is in the tiny presets but not their default run; named, it gets its own warm start settings."""
+    assert _run(tmp_path, "table1", "--tasks", "countdown", "--baselines", "grpo") == 0
+    assert "tasks: countdown" in capsys.readouterr().out
+    records = load_results(tmp_path / "results")
+    assert {(r["task"], r["baseline"]) for r in records} == {("countdown", "sft"), ("countdown", "grpo")}
+    spec = json.loads((tmp_path / "runs" / "table1-smoke" / "countdown" / "s0" / "sft" / "warm_start.json").read_text())
+    sft = spec["spec"]["sft"]
+    assert (sft["task"], sft["max_steps"], sft["generator_options"]["num_numbers"]) == ("countdown", 10, [3])
 
 
 @pytest.mark.parametrize(
