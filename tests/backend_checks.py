@@ -173,6 +173,8 @@ def rl_step(model: str | Path, baseline: str, out: Path, **overrides) -> dict:
         temperature=1.0,
         max_prompt_length=48,
     )
+    if baseline == "trado":  # on an 8-token canvas TraDo's overlong rule (>= canvas - 5) would mark every answer wrong
+        overrides.setdefault("baseline_options", {"overlong_margin": None})
     cfg = TrainConfig(
         baseline=baseline,
         task="sudoku",
