@@ -314,6 +314,22 @@ def test_table2_shows_aime25_only_when_measured(tmp_path: Path) -> None:
     assert "Lengths are scaled" not in markdown  # nothing scaled here
 
 
+def test_a_methods_per_task_and_per_seed_checkpoints_share_one_row(tmp_path: Path) -> None:
+    from test_results import TINY
+
+    for task, seed in (("gsm8k", 0), ("gsm8k", 1), ("sudoku", 0)):
+        for baseline in ("sft", "test_rl_a"):
+            path = f"runs/cmp/{task}/s{seed}/{baseline}/final"
+            model = {**TINY, "name": path, "checkpoint": path}
+            flags = {"baseline": baseline, "task": task, "seed": seed, "model": model}
+            store(tmp_path, [baseline != "sft", False], **flags, **({"budget": None} if baseline == "sft" else {}))
+    start, rl = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    assert rl["Model"].startswith("runs/cmp/*/*/test_rl_a/final") and rl["Seeds"] == "0, 1"
+    assert rl["GSM8K 128"].startswith("50.0 [") and rl["Sudoku 128"].startswith("50.0 [")
+    ((change,),) = change_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[:1]
+    assert change["GSM8K 128"].startswith("+50.0 [") and change["Sudoku 128"].startswith("+50.0 [")
+
+
 def test_table2_static_and_dynamic_share_a_row_and_each_pairs_with_its_own_start(tmp_path: Path) -> None:
     common = {"table": "table2", "task": "math500", "length": 2000, "max_completion_length": 48}
     # start: static 0 0 0 0, dynamic 1 1 1 1; RL: static 1 1 0 0 (+50), dynamic 1 1 1 0 (-25)

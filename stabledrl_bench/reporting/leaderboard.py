@@ -286,12 +286,14 @@ def _published_block(table: str, block: Mapping[str, Any]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- measured
-def _seed_free(path: str | None, seed: int) -> str | None:
+def _row_path(path: str | None, seed: int, task: str) -> str | None:
     """``path`` (a model's name or checkpoint) with its seed folder (``s<seed>``, the layout of ``reproduce
-    --seeds``) written ``s*``: the replicates of one method over training seeds are one row, their samples pooled."""
+    --seeds``) and its task folder written ``*``: one method's replicates over training seeds are one row (their
+    samples pooled), and so are its per-task checkpoints (``runs/<comparison>/<task>/...``), as in the papers'
+    tables, where each task column of a method's row is its own training run."""
     if not path:
         return path
-    return "/".join("s*" if part == f"s{seed}" else part for part in path.split("/"))
+    return "/".join("*" if part in (f"s{seed}", task) else part for part in path.split("/"))
 
 
 def _model_label(model: Mapping[str, Any]) -> str:
@@ -325,15 +327,15 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per record with the fields the grouping and checks need; ``index`` points into ``records``."""
     rows = []
     for index, record in enumerate(records):
-        model = record["model"]
+        model, where = record["model"], (record["seed"], record["task"])
         rows.append(
             {
                 "index": index,
                 "comparison": record["comparison"],
                 "table": record["table"],
                 "baseline": record["baseline"],
-                "model_key": json.dumps([_seed_free(model[key], record["seed"]) for key in ("name", "checkpoint")]),
-                "model": _seed_free(_model_label(model), record["seed"]),
+                "model_key": json.dumps([_row_path(model[key], *where) for key in ("name", "checkpoint")]),
+                "model": _row_path(_model_label(model), *where),
                 "protocol": record["protocol"],
                 "protocols": _protocol_family(record),
                 "preset": record["preset"],
