@@ -505,12 +505,24 @@ def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> I
     return bootstrap_mean_ci(differences)
 
 
-def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
-    """Every RL row minus the comparison's starting point (``sft`` if measured, else ``base``), paired by item."""
-    starts: dict[str, MeasuredRow] = {}  # per protocol (family): the start evaluated the same way
-    for name in REFERENCE_BASELINES:  # base, then sft: sft if measured, else base
+def _starts(rows: list[MeasuredRow]) -> dict[str, MeasuredRow]:
+    """The starting point of each protocol (family): ``sft`` if measured, else ``base``. An RL row is compared with
+    the start evaluated the same way (:attr:`MeasuredRow.protocols`)."""
+    starts: dict[str, MeasuredRow] = {}
+    for name in REFERENCE_BASELINES:  # base, then sft: a measured sft replaces base
         starts |= {row.protocols: row for row in rows if row.info["Baseline"] == name}
-    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES and row.protocols in starts]
+    return starts
+
+
+def _compared(rows: list[MeasuredRow], starts: Mapping[str, MeasuredRow]) -> list[MeasuredRow]:
+    """The RL rows that have a start to be compared with."""
+    return [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES and row.protocols in starts]
+
+
+def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
+    """Every RL row minus its starting point (:func:`_starts`), paired by item."""
+    starts = _starts(rows)
+    others = _compared(rows, starts)
     if not others:
         return ""
     display = pd.DataFrame(
@@ -631,23 +643,22 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     ``actual`` maps a column's sub-key (a nominal length) to the tokens really generated, shown under its name.
     """
     shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
-    references = {row.info["Baseline"]: row for row in rows if row.info["Baseline"] in REFERENCE_BASELINES}
-    start = references.get("sft") or references.get("base")
-    others = [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES]
+    starts = _starts(rows)
+    others = _compared(rows, starts)
     labels = [
         f"{c.header}\n({actual[c.key[1]]} tokens)" if c.key[1] in actual and actual[c.key[1]] != c.key[1] else c.header
         for c in shown
     ]
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
     colors = {row.info["Baseline"]: palette[i % len(palette)] for i, row in enumerate(rows)}
-    panels = 2 if start is not None and others else 1
+    panels = 2 if others else 1
     figure = new_figure(max(7.0, panels * (1.3 * len(shown) + 2.5) + 2.5), 4.2)
     axes = list(figure.subplots(1, panels, squeeze=False)[0])
     if panels == 2:
-        assert start is not None
-        _bars(axes[0], others, shown, lambda row, c: paired_change(row, start, c), colors)
+        _bars(axes[0], others, shown, lambda row, c: paired_change(row, starts[row.protocols], c), colors)
         axes[0].axhline(0, color="black", lw=0.8)
-        axes[0].set_ylabel(f"change from {start.info['Baseline']} (points)")
+        reference = _join_unique([start.info["Baseline"] for start in starts.values()])
+        axes[0].set_ylabel(f"change from {reference} (points)")
         axes[0].set_title("Change from the start, paired by test item", fontsize=9)
     _bars(axes[-1], rows, shown, lambda row, c: row.estimates[c.key], colors)
     axes[-1].set_ylabel("value (%)")
