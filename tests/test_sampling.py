@@ -286,24 +286,14 @@ def test_filter_logits_hand_values():
 )
 def test_llada_greedy_matches_reference(full_model, max_completion_length, block_length, steps, cfg_scale):
     ids, mask = _prompts(full_model)
-    out = llada_generate(
-        full_model,
-        ids,
-        mask,
-        max_completion_length=max_completion_length,
-        block_length=block_length,
-        steps=steps,
-        cfg_scale=cfg_scale,
-    )
-    seq, steps_of = ref_llada(
-        full_model,
-        ids,
-        mask,
-        max_completion_length=max_completion_length,
-        block_length=block_length,
-        steps=steps,
-        cfg_scale=cfg_scale,
-    )
+    kwargs = {
+        "max_completion_length": max_completion_length,
+        "block_length": block_length,
+        "steps": steps,
+        "cfg_scale": cfg_scale,
+    }
+    out = llada_generate(full_model, ids, mask, **kwargs)
+    seq, steps_of = ref_llada(full_model, ids, mask, **kwargs)
     assert torch.equal(out.sequences, seq)
     assert torch.equal(out.unmask_step, steps_of)
     assert torch.equal(out.completion_ids, seq[:, ids.shape[1] :])
