@@ -128,7 +128,7 @@ def flat_solution(numbers: Sequence[int], target: int) -> tuple[int, str, int, i
 
 def tiny_worked_solution(numbers: Sequence[int], target: int) -> str | None:
     """The ``tiny`` protocol's gold completion of a three-number puzzle: the first step, then the answer, in
-    fixed-width fields, e.g. ``" 75+ 18= 93<answer> 75+ 18- 83</answer>"`` for ``83 18 75 -> 10``.
+    fixed-width fields, e.g. ``" 75+ 18= 93<answer> 75+ 18- 83</answer>"`` for the puzzle 83 18 75 -> 10.
 
     Why (measured on the built-in 0.8M-parameter tiny model, greedy ``tiny`` protocol, the 256 cd3 test puzzles):
     SFT on the answer alone (``<answer>75-(83-18)</answer>``) solves 2-3% after 3000 steps, and a first step of
@@ -137,8 +137,10 @@ def tiny_worked_solution(numbers: Sequence[int], target: int) -> str | None:
     number in 3 characters gives each character a fixed position (39 characters: it fits the 40-token canvas with
     its EOS), and the answer then copies its numbers from the step at a fixed offset: 3000 steps of 32 generated
     three-number puzzles (constant lr 2e-3, canvas 40..64, 10 minutes on one CPU thread) solve 9.8%, 10.2% and 9.0%
-    at 40, 48 and 64 tokens, the fixed-width answer alone about 1%. The grader and the rewards read only the
-    ``<answer>`` tag, where the padding spaces are harmless, so RL can still change the chosen operations.
+    at 40, 48 and 64 tokens on training seed 0, the fixed-width answer alone about 1% (these measurements used the
+    earlier variable-width prompt; seed 1 then solved 0%, which :func:`tiny_prompt` fixed). The grader and the
+    rewards read only the ``<answer>`` tag, where the padding spaces are harmless, so RL can still change the
+    chosen operations.
 
     None when a number or ``v`` does not fit the width or the puzzle has no flat solution (:func:`flat_solution`);
     the caller then uses the answer-only layout.
@@ -149,6 +151,21 @@ def tiny_worked_solution(numbers: Sequence[int], target: int) -> str | None:
     x, op1, y, v, op2, z = solution
     w = TINY_WIDTH
     return f"{x:>{w}}{op1}{y:>{w}}={v:>{w}}<answer>{x:>{w}}{op1}{y:>{w}}{op2}{z:>{w}}</answer>"
+
+
+def tiny_prompt(numbers: Sequence[int], target: int) -> str:
+    """The ``tiny`` protocol's puzzle, every number right-aligned in a field of ``TINY_WIDTH + 1`` characters:
+    ``"  30 100  93 ->  23"`` for ``30 100 93 -> 23``.
+
+    Why: the worked solution copies the numbers into fixed-width fields, and with a fixed-width prompt every copy
+    is a fixed offset. With the plain prompt ``"30 100 93 -> 23"``, where a number's position depends on the widths
+    of the numbers before it, the SFT of :func:`tiny_worked_solution` solved 10.2% of the cd3 test puzzles at 48
+    tokens on training seed 0 and 0.0% on seed 1, whose model never learned to copy the numbers. With this prompt
+    the same SFT solved 5.5% on seed 1 and 10.9% on seed 2 (measured before it was adopted; the committed
+    ``table1-tiny`` records hold every seed's start).
+    """
+    w = TINY_WIDTH + 1
+    return "".join(f"{n:>{w}}" for n in numbers) + f" ->{target:>{w}}"
 
 
 def puzzle_key(numbers: Sequence[int], target: int) -> tuple[tuple[int, ...], int]:
@@ -211,7 +228,7 @@ class CountdownTask(Task):
                 f"Given numbers {numbers}, find an equation that equals {target}. Please put the reasoning in "
                 "<reasoning> tags and the final equation in <answer> tags, e.g. <answer> 1 + 1 </answer>."
             )
-        return " ".join(str(n) for n in numbers) + f" -> {target}"  # tiny
+        return tiny_prompt(numbers, target)
 
     def solution(self, doc: Mapping[str, Any]) -> str:
         """A solution expression: the doc's own (generated puzzles carry one) or the solver's."""

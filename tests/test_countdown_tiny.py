@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.tasks.countdown import flat_solution, tiny_worked_solution
+from stabledrl_bench.tasks.countdown import flat_solution, tiny_prompt, tiny_worked_solution
 
 HAND_CHECKED = [
     # numbers, target, completion; the step and the answer are worked out by hand in the comment
@@ -40,6 +40,17 @@ def test_tiny_completion_falls_back_to_the_answer_alone() -> None:
     assert task.target_completion({"numbers": [1, 2, 3, 4], "target": 10}, "tiny").startswith("<answer>")
     assert tiny_worked_solution([1000, 1, 1], 1000) is None  # a number wider than the field
     assert tiny_worked_solution([1, 2, 3], 7) is not None
+
+
+def test_tiny_prompt_puts_every_number_in_a_fixed_field() -> None:
+    """Every number ends at a fixed column (4, 8, 12; the target at 19), whatever the widths of the others."""
+    assert tiny_prompt([5, 100, 42], 7) == "   5 100  42 ->   7"
+    assert tiny_prompt([83, 18, 75], 10) == "  83  18  75 ->  10"
+    for numbers, target in (([1, 2, 3], 4), ([100, 100, 100], 100), ([9, 10, 99], 1)):
+        text = tiny_prompt(numbers, target)
+        assert [text[i - 4 : i].strip() for i in (4, 8, 12)] == [str(n) for n in numbers]
+        assert text[12:15] == " ->" and text[15:].strip() == str(target) and len(text) == 19
+    assert get_task("countdown").user_message({"numbers": [5, 100, 42], "target": 7}, "tiny") == "   5 100  42 ->   7"
 
 
 def test_other_protocols_keep_their_layout() -> None:

@@ -63,7 +63,7 @@ def test_countdown_prompts() -> None:
         "Given numbers [30, 100, 93], find an equation that equals 23. Please put the reasoning in <reasoning> "
         "tags and the final equation in <answer> tags, e.g. <answer> 1 + 1 </answer>."
     )
-    assert message("countdown", CD, "tiny") == "30 100 93 -> 23"
+    assert message("countdown", CD, "tiny") == "  30 100  93 ->  23"  # fixed-width fields (tiny_prompt)
 
 
 def test_sudoku_prompts() -> None:
