@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,6 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
     assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
     assert calls == [("grpo", False), ("frozen", False)]
     # Simulate a crash after the last checkpoint: no final model, and the runner never wrote the run's summary.
-    import shutil
 
     shutil.rmtree(run_dir / "final")
     (run_dir / "summary.json").unlink()
@@ -125,6 +125,23 @@ def test_seeds_are_replicates_and_the_board_shows_their_spread(tmp_path):
     first = rewards[rewards["step"] == 1].set_index(["seed", "run"])["reward_mean"]
     for seed in (0, 1):  # step 1 is before any update: every run of a seed equals its control
         assert first[(seed, "grpo")] == first[(seed, "frozen")]
+
+
+def test_a_later_seed_adds_to_the_training_rewards(tmp_path, capsys):
+    """``--seeds 1`` after ``--seeds 0`` (another runs folder, as in a fresh clone whose results/ holds seed 0)
+    keeps seed 0's rollouts in the training-reward file, as its result records stay in results/."""
+    import pandas as pd
+
+    argv = ("--baselines", "grpo", "--tasks", "sudoku")
+    path = tmp_path / "results" / "training" / "table1-smoke__sudoku.csv"
+    assert _run(tmp_path, "table1", *argv, "--seeds", "0") == 0
+    seed0 = pd.read_csv(path)
+    shutil.rmtree(tmp_path / "runs")
+    assert _run(tmp_path, "table1", *argv, "--seeds", "1") == 0
+    rewards = pd.read_csv(path)
+    assert "(rollouts of seeds 0, 1 pooled)" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(rewards[rewards["seed"] == 0].reset_index(drop=True), seed0)
+    assert set(rewards[rewards["seed"] == 1]["run"]) == {"grpo", "frozen"}
 
 
 def test_a_task_outside_the_default_run_runs_when_named(tmp_path, capsys):

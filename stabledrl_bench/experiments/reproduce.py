@@ -50,6 +50,7 @@ from stabledrl_bench.reporting.leaderboard import (
     CONTROL_RUN,
     TRAINING_COLUMNS,
     TRAINING_WINDOW,
+    read_training,
     training_changes,
     training_path,
     write_leaderboard,
@@ -302,9 +303,14 @@ def _training_summary(
     ]
     rewards = pd.DataFrame(rows, columns=list(TRAINING_COLUMNS))
     path = training_path(results_dir, comparison, task)
+    if path.is_file():  # a seed trained earlier (e.g. `--seeds 2` after `--seeds 0,1`) keeps its rollouts
+        earlier = read_training(path)
+        rewards = pd.concat([earlier[~earlier["seed"].isin(rewards["seed"])], rewards], ignore_index=True)
+        rewards = rewards.sort_values("seed", kind="stable", ignore_index=True)
     atomic_write_text(path, rewards.to_csv(index=False))
+    pooled = ", ".join(map(str, sorted(rewards["seed"].unique())))
     print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones")
-    print(f"  (rollouts of seeds {', '.join(map(str, seeds))} pooled):")
+    print(f"  (rollouts of seeds {pooled} pooled):")
     for row in training_changes(rewards).itertuples():
         print(f"    {row.run:<12} {row.reward:.3f} vs {row.frozen:.3f}: {row.change.text('+.3f', scale=1.0)}")
     print(f"  [{task}] training rewards: {path} (the leaderboard plots them)")
