@@ -111,6 +111,11 @@ def require_positive(**values: int | None) -> None:
             raise UserError(f"{name} must be positive, got {value}")
 
 
+# Settings that say where and how verbosely a run goes, not what it computes: never part of a run's identity
+# (the key that decides whether a finished or checkpointed run may be reused or resumed).
+NOT_IDENTITY = ("output_dir", "progress", "check_model", "save_every")
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: equal data, equal text (the input of :func:`stable_hash`)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -34,7 +34,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from stabledrl_bench.config import stable_hash, to_dict
+from stabledrl_bench.config import NOT_IDENTITY, stable_hash, to_dict
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting.results import atomic_write_text
 from stabledrl_bench.training.checkpoint import latest_checkpoint
@@ -45,8 +45,6 @@ from stabledrl_bench.training.trainer import OldEstimateHook, TrainConfig
 WARM_START_FILE = "warm_start.json"
 JOB_FILE = "job.json"  # a run folder's identity, written before training starts
 SUMMARY_FILE = "summary.json"  # written when the run has finished (or stopped on non-finite steps)
-# Settings that say where and how verbosely a run goes, not what it computes: never part of an identity.
-NOT_IDENTITY = ("output_dir", "progress", "check_model", "save_every")
 # The frozen control trains with learning rate 0, so the loss it computes is irrelevant; GRPO is the cheapest
 # estimator-driven loss that every task supports.
 CONTROL_BASELINE = "grpo"

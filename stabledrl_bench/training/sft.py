@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from stabledrl_bench.config import from_dict, read_mapping, require_positive, stable_hash, to_dict
+from stabledrl_bench.config import NOT_IDENTITY, from_dict, read_mapping, require_positive, stable_hash, to_dict
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
@@ -154,7 +154,7 @@ def sft_loss(
 
 def _identity_hash(cfg: SFTConfig) -> str:
     """What a checkpoint must share with the run resuming it (where it goes, how often it saves: not that)."""
-    return stable_hash({k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "save_every", "progress")})
+    return stable_hash({k: v for k, v in to_dict(cfg).items() if k not in NOT_IDENTITY})
 
 
 def run_sft(cfg: SFTConfig) -> Path:
