@@ -286,14 +286,19 @@ def _published_block(table: str, block: Mapping[str, Any]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- measured
-def _row_path(path: str | None, seed: int, task: str) -> str | None:
+def _row_path(path: str | None, seed: int, task: str, comparison: str) -> str | None:
     """``path`` (a model's name or checkpoint) with its seed folder (``s<seed>``, the layout of ``reproduce
     --seeds``) and its task folder written ``*``: one method's replicates over training seeds are one row (their
     samples pooled), and so are its per-task checkpoints (``runs/<comparison>/<task>/...``), as in the papers'
-    tables, where each task column of a method's row is its own training run."""
+    tables, where each task column of a method's row is its own training run. The folders above the comparison's
+    own folder are written ``*`` as well: where a seed's runs were kept (``--runs``, another machine's scratch disk)
+    does not make it another method."""
     if not path:
         return path
-    return "/".join("*" if part in (f"s{seed}", task) else part for part in path.split("/"))
+    parts = path.split("/")
+    if comparison in parts[1:]:
+        parts = ["*", *parts[parts.index(comparison, 1) :]]
+    return "/".join("*" if part in (f"s{seed}", task) else part for part in parts)
 
 
 def _model_label(model: Mapping[str, Any]) -> str:
@@ -327,7 +332,7 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per record with the fields the grouping and checks need; ``index`` points into ``records``."""
     rows = []
     for index, record in enumerate(records):
-        model, where = record["model"], (record["seed"], record["task"])
+        model, where = record["model"], (record["seed"], record["task"], record["comparison"])
         rows.append(
             {
                 "index": index,
