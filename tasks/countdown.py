@@ -161,8 +161,8 @@ def tiny_prompt(numbers: Sequence[int], target: int) -> str:
     is a fixed offset. With the plain prompt ``"30 100 93 -> 23"``, where a number's position depends on the widths
     of the numbers before it, the SFT of :func:`tiny_worked_solution` solved 10.2% of the cd3 test puzzles at 48
     tokens on training seed 0 and 0.0% on seed 1, whose model never learned to copy the numbers. With this prompt
-    the same SFT solved 5.5% on seed 1 and 10.9% on seed 2 (measured before it was adopted; the committed
-    ``table1-tiny`` records hold every seed's start).
+    the same SFT solved 10.9%, 5.5% and 10.9% on seeds 0, 1 and 2 (the starts of the committed ``table1-tiny``
+    records).
     """
     w = TINY_WIDTH + 1
     return "".join(f"{n:>{w}}" for n in numbers) + f" ->{target:>{w}}"
