@@ -311,5 +311,15 @@ def test_generated_files_do_not_make_the_tree_dirty(tmp_path: Path) -> None:
     (tmp_path / "results" / "r.json").write_text("{}")
     (tmp_path / "leaderboard.md").write_text("regenerated\n")
     assert results._git_state(tmp_path)["dirty"] is False
+    (tmp_path / "runs2" / "s0").mkdir(parents=True)  # a second runs folder, a scratch note: not code
+    (tmp_path / "runs2" / "s0" / "log.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("scratch\n")
+    assert results._git_state(tmp_path)["dirty"] is False
+    (tmp_path / "runs2" / "s0" / "plugin.py").write_text("x = 3\n")  # untracked code can change what runs
+    assert results._git_state(tmp_path)["dirty"] is True
+    (tmp_path / "runs2" / "s0" / "plugin.py").unlink()
+    (tmp_path / "recipe.yaml").write_text("lr: 1\n")
+    assert results._git_state(tmp_path)["dirty"] is True
+    (tmp_path / "recipe.yaml").unlink()
     (tmp_path / "code.py").write_text("x = 2\n")
     assert results._git_state(tmp_path)["dirty"] is True

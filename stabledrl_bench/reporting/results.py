@@ -102,8 +102,23 @@ def _git_state(directory: Path) -> dict[str, Any]:
         return {"commit": None, "dirty": None}
     # What the commands themselves write (results/, the regenerated leaderboard.md) must not make every later run
     # "dirty": a second `reproduce` on the same checkout would otherwise disown results of committed code.
-    status = git("status", "--porcelain", "--", ":(top)", *(f":(top,exclude){path}" for path in GENERATED_PATHS))
-    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+    excluded = (f":(top,exclude){path}" for path in GENERATED_PATHS)
+    status = git("status", "--porcelain", "--untracked-files=all", "--", ":(top)", *excluded)
+    if status is None:
+        return {"commit": commit.strip(), "dirty": None}
+    return {"commit": commit.strip(), "dirty": any(_changes_code(line) for line in status.splitlines())}
+
+
+# An untracked file makes the tree dirty only if it can change what runs: a second runs folder (`--runs runs2`),
+# a scratch log or a downloaded checkpoint does not.
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg")
+
+
+def _changes_code(status_line: str) -> bool:
+    """One ``git status --porcelain`` line: any change to a tracked file, or an untracked code or config file."""
+    if status_line.startswith("?? "):
+        return status_line[3:].strip().strip('"').endswith(CODE_SUFFIXES)
+    return bool(status_line.strip())
 
 
 def _gpu_names() -> list[str]:
@@ -127,8 +142,8 @@ def environment_info() -> dict[str, Any]:
     """Where and with what a result was produced, so that a leaderboard row can say which hardware and code made it.
 
     The git state is that of the repository containing this package (``dirty`` when ``git status --porcelain``
-    lists anything but ``results/`` and ``leaderboard.md``), because results from uncommitted code cannot be
-    reproduced from the commit alone.
+    lists a change outside ``results/`` and ``leaderboard.md`` that can change what runs, see :func:`_changes_code`),
+    because results from uncommitted code cannot be reproduced from the commit alone.
     """
     return {
         "python": platform.python_version(),
@@ -157,7 +172,9 @@ def hardware_label(environment: Mapping[str, Any]) -> str:
 def code_label(environment: Mapping[str, Any]) -> str:
     """The code that produced a result, for a table cell: ``"00ef291"``, ``"00ef291 dirty"`` or ``"unknown"``.
 
-    ``dirty`` means uncommitted changes (outside ``results/``) were present: that code cannot be checked out.
+    ``dirty`` means uncommitted changes (outside ``results/``) to tracked files, or untracked code or config files
+    (:data:`CODE_SUFFIXES`), were present: that code cannot be checked out. Records written before untracked
+    files were sorted this way call a tree dirty for any untracked file, e.g. a second runs folder.
     """
     git = environment.get("git") or {}
     commit = git.get("commit")
