@@ -1,4 +1,4 @@
-"""Benchmark tasks: GSM8K, MATH500, AIME 2024/2025, Countdown and 4x4 Sudoku.
+"""Benchmark tasks: GSM8K, MATH500, AIME 2024/2025, Countdown and 4x4 Sudoku (also on harder generated puzzles).
 
 Each task loads its shipped data (``data/``, see ``data/README.md``), builds prompts per protocol (``d1``,
 ``d1_train``, ``stabledrl``, ``tiny``), computes rewards per profile (``d1``, ``stabledrl``), grades completions
@@ -14,12 +14,12 @@ from .base import REWARD_PROFILES, GradeResult, PromptSpec, RewardResult, Task
 from .countdown import CountdownTask
 from .gsm8k import GSM8KTask
 from .math500 import Math500Task
-from .sudoku import SudokuTask
+from .sudoku import SudokuHardTask, SudokuTask
 
 # Packages add tasks through the ``stabledrl_bench.tasks`` entry-point group (a Task subclass, or a module that
 # registers one with ``TASKS.register``).
 TASKS: Registry[type[Task]] = Registry("task", "tasks", check=subclass_check(Task))
-for _cls in (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task):
+for _cls in (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task, SudokuHardTask):
     TASKS.register(_cls.name, _cls)
 
 

@@ -168,6 +168,9 @@ class Task(ABC):
     name: ClassVar[str]
     splits: ClassVar[tuple[str, ...]]
     eval_split: ClassVar[str] = "test"  # what the d1 protocol evaluates
+    # The per-sample field a table cell averages: the fraction of ``correct`` answers, or the grade's ``score``
+    # where the papers report a partial-credit metric (Sudoku's cell accuracy).
+    headline_field: ClassVar[str] = "correct"
     protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
 
     # ------------------------------------------------------------------------------------------ data

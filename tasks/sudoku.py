@@ -5,6 +5,11 @@ np.random.choice(500, 256, replace=False)``, stored once in ``data/sudoku/d1_tes
 ``train`` (288 uniquely solvable puzzles, one per valid grid; a stand-in for d1's unavailable 1M-row training
 set). Note that 124 of the 500 test puzzles have several solutions; see :mod:`.graders.sudoku` for how each
 verdict treats them. :meth:`SudokuTask.generate` makes new puzzles procedurally.
+
+``sudoku_hard`` (:class:`SudokuHardTask`) is the same task evaluated on 256 generated, uniquely solvable
+12-blank puzzles (``data/sudoku/generated_12blank_test.csv``) instead of d1's 8-blank test. Why it exists: a
+small model that has learned the answer format already fills 94-97% of d1's blank cells, so d1's test has no
+room to show a gain in solving; with 12 blanks the same model fills about 77%.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ Your step-by-step solving process
 """  # noqa: E501 - the prompt's lines are kept verbatim
 SUDOKU_REASONING = "Fill each empty cell so that every row, column and 2x2 box contains the digits 1-4 once."
 _TEST_FILE, _SUBSET_FILE = "sudoku/4x4_test_sudoku.csv", "sudoku/d1_test_subset_seed42.json"
+_HARD_TEST_FILE = "sudoku/generated_12blank_test.csv"
+# How the hard test was made (tests/test_tasks_data.py regenerates it): SudokuTask().generate(**HARD_TEST_RECIPE)
+HARD_TEST_RECIPE = {"n": 256, "seed": 1212, "num_blanks": 12}
 
 
 class SudokuTask(Task):
@@ -48,13 +56,14 @@ class SudokuTask(Task):
     name = "sudoku"
     splits = ("train", "test", "test_d1")
     eval_split = "test_d1"
+    headline_field = "score"  # d1 reports Sudoku as cell accuracy (the grade's score)
+    held_out = ("test",)  # splits whose puzzles :meth:`generate` never produces
 
     def _read(self, split: str) -> list[dict[str, Any]]:
+        if split == "test_hard":
+            return [{"puzzle": r["Puzzle"], "solution": r["Solution"]} for r in _read_grids(_HARD_TEST_FILE)]
         file = "sudoku/4x4_sudoku_unique_solution_288.csv" if split == "train" else _TEST_FILE
-        rows = [
-            {"puzzle": r["Puzzle"], "solution": r["Solution"]}
-            for r in read_data_file(file, string_columns=("Puzzle", "Solution"))
-        ]
+        rows = [{"puzzle": r["Puzzle"], "solution": r["Solution"]} for r in _read_grids(file)]
         if split != "test_d1":
             return rows
         indices = json.loads((DATA_DIR / _SUBSET_FILE).read_text())["indices"]
@@ -101,7 +110,7 @@ class SudokuTask(Task):
         return grade_sudoku(completion, puzzle, solution)
 
     def generate(self, n: int, seed: int, *, num_blanks: int = 8, require_unique: bool = True) -> list[dict[str, Any]]:
-        """``n`` distinct puzzles, none in the test set: a uniformly drawn valid grid with ``num_blanks`` cells
+        """``n`` distinct puzzles, none in a held-out test split: a uniformly drawn valid grid with ``num_blanks`` cells
         blanked uniformly at random.
 
         Every puzzle's solutions are counted exactly over the 288 grids; ``num_solutions`` and ``unique`` are
@@ -114,7 +123,7 @@ class SudokuTask(Task):
             raise UserError(f"num_blanks must be between 1 and 16, got {num_blanks!r}")
         rng = data_rng(seed)
         grids = all_grids()
-        excluded = {doc["puzzle"] for doc in self.load("test")}
+        excluded = {doc["puzzle"] for split in self.held_out for doc in self.load(split)}
         docs: list[dict[str, Any]] = []
         attempts = 1000 * n + 10_000
         for _ in range(attempts):
@@ -131,7 +140,7 @@ class SudokuTask(Task):
             excluded.add(puzzle)
             docs.append(
                 {
-                    "doc_id": f"sudoku/generated-{seed}/{len(docs)}",
+                    "doc_id": f"{self.name}/generated-{seed}/{len(docs)}",
                     "task": self.name,
                     "puzzle": puzzle,
                     "solution": grid,
@@ -142,3 +151,17 @@ class SudokuTask(Task):
         if len(docs) < n:
             raise UserError(f"could only generate {len(docs)} of {n} sudoku puzzles in {attempts} attempts")
         return docs
+
+
+class SudokuHardTask(SudokuTask):
+    """Sudoku 4x4 evaluated on generated 12-blank puzzles, where a format-perfect small model still has cells to
+    learn (see the module docstring). Training data come from :meth:`generate`, which never produces these."""
+
+    name = "sudoku_hard"
+    splits = ("train", "test", "test_d1", "test_hard")
+    eval_split = "test_hard"
+    held_out = ("test", "test_hard")
+
+
+def _read_grids(file: str) -> list[dict[str, Any]]:
+    return read_data_file(file, string_columns=("Puzzle", "Solution"))

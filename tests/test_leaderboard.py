@@ -125,6 +125,26 @@ def test_overall_average_is_mean_of_twelve_cells(tmp_path: Path) -> None:
     assert row["Overall avg"].startswith("41.7 [")  # 20/48
 
 
+def test_hard_sudoku_is_an_extra_column_outside_the_overall_average(tmp_path: Path) -> None:
+    """Sudoku 12-blank is not in the paper: its columns appear only when measured and the overall average stays
+    the mean of the paper's twelve cells."""
+    every = {
+        (task, length): [1, 1, 0, 0]
+        for task in ("gsm8k", "math500", "countdown", "sudoku")
+        for length in (128, 256, 512)
+    }
+    store_cells(tmp_path, every)  # 50% everywhere
+    (row,) = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    assert list(row) == [*ROW_COLUMNS, *TABLE1_HEADERS] and row["Overall avg"].startswith("50.0 [")
+    store_cells(tmp_path, {("sudoku_hard", length): [1, 1, 1, 1] for length in (128, 256, 512)})
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    (row,) = measured_tables(markdown)[0]
+    hard = [f"Sudoku 12-blank {sub}" for sub in ("128", "256", "512", "avg")]
+    assert list(row) == [*ROW_COLUMNS, *TABLE1_HEADERS[:-1], *hard, "Overall avg"]
+    assert row["Sudoku 12-blank avg"].startswith("100.0 [") and row["Overall avg"].startswith("50.0 [")
+    assert "Sudoku 12-blank is not a column of the paper" in markdown
+
+
 def test_bootstrap_deterministic_contains_mean_and_narrows() -> None:
     small = np.array([1.0] * 6 + [0.0] * 4)
     large = np.tile(small, 40)

@@ -13,7 +13,15 @@ import stabledrl_bench.tasks
 from stabledrl_bench.tasks import get_task
 
 LMEVAL_DIR = Path(stabledrl_bench.tasks.__file__).resolve().parent / "lmeval"
-TASKS = ["dllm_gsm8k", "dllm_math500", "dllm_countdown", "dllm_sudoku", "dllm_aime24", "dllm_aime25"]
+TASKS = [
+    "dllm_gsm8k",
+    "dllm_math500",
+    "dllm_countdown",
+    "dllm_sudoku",
+    "dllm_aime24",
+    "dllm_aime25",
+    "dllm_sudoku_hard",
+]
 
 
 class GoldLM(LM):
@@ -50,6 +58,7 @@ def test_yamls_load(manager: TaskManager) -> None:
         "dllm_sudoku": 256,
         "dllm_aime24": 30,
         "dllm_aime25": 30,
+        "dllm_sudoku_hard": 256,
     }
     config = loaded["dllm_sudoku"].config
     assert config.metadata["prefill"] == "<reasoning>" and config.metadata["chat_template"] is True
@@ -71,9 +80,9 @@ def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
     )["results"]
     for name in TASKS:
         metrics = {k.split(",")[0]: v for k, v in results[name].items() if k.endswith(",none")}
-        expected = ["acc", "cell_acc", "exact_match"] if name == "dllm_sudoku" else ["acc", "acc_d1"]
+        expected = ["acc", "cell_acc", "exact_match"] if "sudoku" in name else ["acc", "acc_d1"]
         assert {m: metrics[m] for m in expected} == dict.fromkeys(expected, 1.0), name
-    assert len(model.requests) == 18
+    assert len(model.requests) == 3 * len(TASKS)
     for request in model.requests:  # the context is exactly the d1 user message of the doc
         doc = request.doc
         assert request.args[0] == get_task(doc["task"]).prompt(doc, "d1").messages[0]["content"]

@@ -13,6 +13,8 @@ import pytest
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import TASKS, get_task, list_tasks
 from stabledrl_bench.tasks.base import DATA_DIR, read_data_file
+from stabledrl_bench.tasks.graders.sudoku import count_solutions
+from stabledrl_bench.tasks.sudoku import HARD_TEST_RECIPE, SudokuTask
 
 README_ROW = re.compile(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|$", re.MULTILINE)
 
@@ -20,7 +22,7 @@ README_ROW = re.compile(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|$", re.MULTILI
 def test_readme_lists_every_file_with_its_sha256() -> None:
     listed = dict(README_ROW.findall((DATA_DIR / "README.md").read_text()))
     shipped = {str(p.relative_to(DATA_DIR)) for p in DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert set(listed) == shipped and len(listed) == 12
+    assert set(listed) == shipped and len(listed) == 13
     for relative, digest in listed.items():
         assert hashlib.sha256((DATA_DIR / relative).read_bytes()).hexdigest() == digest, relative
     assert sum((DATA_DIR / r).stat().st_size for r in listed) < 15 * 2**20
@@ -42,6 +44,7 @@ def test_readme_lists_every_file_with_its_sha256() -> None:
         ("sudoku", "test", 500),
         ("sudoku", "test_d1", 256),
         ("sudoku", "train", 288),
+        ("sudoku_hard", "test_hard", 256),
     ],
 )
 def test_split_sizes_and_doc_ids(task: str, split: str, rows: int) -> None:
@@ -53,8 +56,26 @@ def test_split_sizes_and_doc_ids(task: str, split: str, rows: int) -> None:
 
 def test_eval_docs_are_the_d1_evaluation_sets() -> None:
     sizes = {name: len(get_task(name).eval_docs()) for name in list_tasks()}
-    assert sizes == {"gsm8k": 1319, "math500": 500, "countdown": 256, "sudoku": 256, "aime24": 30, "aime25": 30}
+    assert sizes == {
+        **{"gsm8k": 1319, "math500": 500, "countdown": 256, "sudoku": 256, "aime24": 30, "aime25": 30},
+        "sudoku_hard": 256,  # not a d1 set: generated 12-blank puzzles
+    }
     assert get_task("sudoku").eval_docs(limit=2) == get_task("sudoku").load("test_d1", limit=2)
+    assert get_task("sudoku_hard").eval_docs(limit=2) == get_task("sudoku_hard").load("test_hard", limit=2)
+
+
+def test_hard_sudoku_test_is_its_recipe_and_held_out_from_training() -> None:
+    """The shipped 12-blank test is what its documented recipe generates; the task's generator, which makes its
+    SFT and RL puzzles, never produces one of them (without the exclusion 28 of 3000 12-blank puzzles would be)."""
+    hard = get_task("sudoku_hard").load("test_hard")
+    made = SudokuTask().generate(**HARD_TEST_RECIPE)
+    assert [(d["puzzle"], d["solution"]) for d in hard] == [(d["puzzle"], d["solution"]) for d in made]
+    assert all(d["puzzle"].count("0") == 12 and count_solutions(d["puzzle"]) == 1 for d in hard)
+    assert all(p == "0" or p == s for d in hard for p, s in zip(d["puzzle"], d["solution"], strict=True))
+    held_out = {d["puzzle"] for d in hard} | {d["puzzle"] for d in get_task("sudoku").load("test")}
+    training = get_task("sudoku_hard").generate(3000, seed=0, num_blanks=12)
+    assert not held_out & {d["puzzle"] for d in training}
+    assert training[0]["doc_id"] == "sudoku_hard/generated-0/0" and training[0]["task"] == "sudoku_hard"
 
 
 def test_d1_sudoku_subset_is_numpy_seed_42() -> None:
@@ -94,7 +115,8 @@ def test_load_returns_independent_copies_and_checks_arguments() -> None:
 
 
 def test_registry() -> None:
-    assert list_tasks() == ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25"] == list(TASKS)
+    expected = ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25", "sudoku_hard"]
+    assert list_tasks() == expected == list(TASKS)
     with pytest.raises(UserError, match=r"unknown task 'mbpp'; known: gsm8k, math500"):
         get_task("mbpp")
 

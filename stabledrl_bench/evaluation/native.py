@@ -108,8 +108,8 @@ def evaluate(
     d1_flags = [s["details"]["d1"] for s in rows if isinstance(s["details"].get("d1"), bool)]
     if len(d1_flags) == len(rows):
         metrics["d1_accuracy"] = sum(d1_flags) / len(rows)
-    if task_name == "sudoku":
-        metrics["d1_accuracy"] = metrics["score_mean"]  # d1 reports cell accuracy for Sudoku
+    if task.headline_field == "score":
+        metrics["d1_accuracy"] = metrics["score_mean"]  # d1 reports Sudoku as cell accuracy, the grade's score
     return EvalOutcome(metrics=metrics, samples=rows, settings={**settings.to_dict(), "protocol": proto.to_dict()})
 
 

@@ -9,7 +9,8 @@ cell is ``value (grade)`` and never carries an interval.
 Layout:
 
 * **Table 1** (full attention, LLaDA layout): GSM8K, MATH500, Countdown, Sudoku x 128/256/512, a per-task average
-  over the lengths and an overall average (mean of the twelve cells).
+  over the lengths and an overall average (mean of the twelve cells). Where measured, Sudoku on generated 12-blank
+  puzzles follows as an extra column group, outside the overall average (it is not in the paper).
 * **Table 2** (block diffusion, TraceRL layout): MATH500, AIME 2024, GSM8K (and AIME 2025 when measured), each
   under static and dynamic sampling.
 
@@ -59,9 +60,9 @@ from stabledrl_bench.core.sampling import DecodeSettings
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.plots import new_figure
 from stabledrl_bench.reporting.results import (
-    HEADLINE_FIELD,
     REFERENCE_BASELINES,
     SAMPLING_MODES,
+    TABLE1_EXTRA,
     TABLE1_LENGTHS,
     TABLE1_TASKS,
     TABLE2_OPTIONAL,
@@ -75,6 +76,7 @@ from stabledrl_bench.reporting.results import (
     model_short_name,
     slugify,
 )
+from stabledrl_bench.tasks import get_task
 
 PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
 DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown
@@ -94,6 +96,7 @@ TASK_LABELS = {
     "math500": "MATH500",
     "countdown": "Countdown",
     "sudoku": "Sudoku",
+    "sudoku_hard": "Sudoku 12-blank",
     "aime24": "AIME 2024",
     "aime25": "AIME 2025",
 }
@@ -161,14 +164,15 @@ class Column:
 
 def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
     """Column layout of ``table``; Table 2's optional tasks (AIME 2025, and the Countdown / Sudoku columns of the
-    tiny block-diffusion preset) are shown only when they are in ``present``."""
+    tiny block-diffusion preset) and Table 1's extra tasks are shown only when they are in ``present``."""
     if table == "table1":
         columns: list[Column] = []
-        for task in TABLE1_TASKS:
+        for task in (*TABLE1_TASKS, *(task for task in TABLE1_EXTRA if task in present)):
             cells = tuple((task, length) for length in TABLE1_LENGTHS)
             columns += [Column(cell, f"{TASK_LABELS[task]} {cell[1]}", (cell,)) for cell in cells]
             columns.append(Column((task, AVG), f"{TASK_LABELS[task]} avg", cells))
-        every = tuple(part for column in columns if column.key[1] != AVG for part in column.parts)
+        paper = [column for column in columns if column.key[1] != AVG and column.key[0] in TABLE1_TASKS]
+        every = tuple(part for column in paper for part in column.parts)
         return [*columns, Column((OVERALL, ""), "Overall avg", every)]
     tasks = [task for task in TABLE2_TASKS if task not in TABLE2_OPTIONAL or task in present]
     return [
@@ -451,7 +455,7 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
         per_item: dict[CellKey, dict[str, float]] = {}
         per_seed: dict[int, dict[CellKey, dict[str, float]]] = {}
         for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
-            field = HEADLINE_FIELD.get(task, "correct")
+            field = get_task(task).headline_field
             loaded = {i: load_samples(records[i]) for i in runs["index"]}  # each samples file is read once
             samples = [sample for record_samples in loaded.values() for sample in record_samples]
             cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
@@ -590,6 +594,13 @@ APPROXIMATE_NOTE = (
 )
 
 
+EXTRA_NOTE = (
+    "Sudoku 12-blank is not a column of the paper: 256 generated, uniquely solvable puzzles with 12 of 16 cells blank "
+    "(`tasks/data/sudoku/generated_12blank_test.csv`; no RL or SFT puzzle is one of them), scored like Sudoku (d1 "
+    "cell accuracy). It is not in the overall average."
+)
+
+
 def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool) -> str:
     rl = frame[~frame["baseline"].isin(REFERENCE_BASELINES)]
     budget = f"`{rl['budget_hash'].iloc[0]}`" if not rl.empty else MISSING
@@ -606,6 +617,8 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool
         pairs = ", ".join(f"{row.length} → {row.actual}" for row in lengths.itertuples())
         noun = "generation lengths" if table == "table1" else "response limits"
         lines.append(f"Lengths are scaled by the preset: nominal {noun} → actual generated tokens: {pairs}.")
+    if table == "table1" and set(TABLE1_EXTRA) & set(frame["task"]):
+        lines.append(EXTRA_NOTE)
     if approximate:
         lines.append(APPROXIMATE_NOTE)
     return "\n".join(lines) + "\n"
@@ -617,7 +630,7 @@ METRIC_NAMES = {"correct": "accuracy", "score": "d1 cell accuracy"}
 def _metric_text(columns: Sequence[Column]) -> str:
     """What the plotted numbers are, per task: e.g. ``Sudoku: d1 cell accuracy``."""
     tasks = dict.fromkeys(part[0] for column in columns for part in column.parts)
-    return "; ".join(f"{TASK_LABELS[t]}: {METRIC_NAMES[HEADLINE_FIELD.get(t, 'correct')]}" for t in tasks)
+    return "; ".join(f"{TASK_LABELS[t]}: {METRIC_NAMES[get_task(t).headline_field]}" for t in tasks)
 
 
 def _bars(

@@ -1,9 +1,10 @@
 """lm-eval glue for the harness's tasks (``lm_eval --include_path tasks/`` or ``TaskManager(include_path=...)``).
 
 The YAMLs next to this file implement the d1 evaluation protocol (docs/protocols.md#d1): zero-shot,
-GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025. Data come from
-the package's shipped files (resolved relative to the package, never the working directory), so nothing is
-downloaded. ``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies
+GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025 and Sudoku on 256
+generated 12-blank puzzles (``dllm_sudoku_hard``, not a d1 test set; see ``stabledrl_bench.tasks.sudoku``). Data
+come from the package's shipped files (resolved relative to the package, never the working directory), so nothing
+is downloaded. ``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies
 the chat template and the ``<reasoning>`` prefill named in each YAML's ``metadata``. ``process_results`` grades
 with the harness's graders and reports both the robust verdict (``acc``) and d1's (``acc_d1``).
 """
@@ -18,6 +19,7 @@ import datasets
 import stabledrl_bench.evaluation.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import Task, get_task
+from stabledrl_bench.tasks.sudoku import SudokuTask
 
 PROTOCOL = "d1"
 
@@ -51,6 +53,10 @@ def load_sudoku(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("sudoku", metadata)
 
 
+def load_sudoku_hard(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("sudoku_hard", metadata)
+
+
 def load_aime24(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("aime24", metadata)
 
@@ -71,7 +77,7 @@ def doc_to_target(doc: dict[str, Any]) -> str:
         return doc["gold"]
     if name == "countdown":
         return str(doc["target"])
-    if name == "sudoku":
+    if isinstance(_task(name), SudokuTask):
         return doc["solution"]
     return doc["answer"]
 
@@ -86,7 +92,7 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
     """
     grade = _task(doc["task"]).grade(results[0], doc)
     metrics = {"acc": float(grade.correct)}
-    if doc["task"] == "sudoku":
+    if isinstance(_task(doc["task"]), SudokuTask):
         return {**metrics, "cell_acc": grade.score, "exact_match": float(grade.details["exact_match"])}
     metrics["acc_d1"] = float(grade.details["d1"])
     if "timed_out" in grade.details:
