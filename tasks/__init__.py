@@ -1,4 +1,5 @@
-"""Benchmark tasks: GSM8K, MATH500, AIME 2024/2025, Countdown and 4x4 Sudoku (also on harder generated puzzles).
+"""Benchmark tasks: GSM8K, MATH500, AIME 2024/2025, Countdown and 4x4 Sudoku (also on larger or harder
+generated test sets).
 
 Each task loads its shipped data (``data/``, see ``data/README.md``), builds prompts per protocol (``d1``,
 ``d1_train``, ``stabledrl``, ``tiny``), computes rewards per profile (``d1``, ``stabledrl``), grades completions
@@ -11,7 +12,7 @@ from __future__ import annotations
 from ..core.registry import Registry, subclass_check
 from .aime import Aime24Task, Aime25Task
 from .base import REWARD_PROFILES, GradeResult, PromptSpec, RewardResult, Task
-from .countdown import CountdownTask
+from .countdown import CountdownLargeTask, CountdownTask
 from .gsm8k import GSM8KTask
 from .math500 import Math500Task
 from .sudoku import SudokuHardTask, SudokuTask
@@ -19,7 +20,8 @@ from .sudoku import SudokuHardTask, SudokuTask
 # Packages add tasks through the ``stabledrl_bench.tasks`` entry-point group (a Task subclass, or a module that
 # registers one with ``TASKS.register``).
 TASKS: Registry[type[Task]] = Registry("task", "tasks", check=subclass_check(Task))
-for _cls in (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task, SudokuHardTask):
+_PAPER = (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task)
+for _cls in (*_PAPER, CountdownLargeTask, SudokuHardTask):  # the paper's test sets, then larger/harder generated ones
     TASKS.register(_cls.name, _cls)
 
 

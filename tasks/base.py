@@ -171,6 +171,8 @@ class Task(ABC):
     # The per-sample field a table cell averages: the fraction of ``correct`` answers, or the grade's ``score``
     # where the papers report a partial-credit metric (Sudoku's cell accuracy).
     headline_field: ClassVar[str] = "correct"
+    # Splits a task's puzzle generator and training splits never contain (the evaluation sets).
+    held_out: ClassVar[tuple[str, ...]] = ("test",)
     protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
 
     # ------------------------------------------------------------------------------------------ data

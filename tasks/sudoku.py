@@ -57,7 +57,6 @@ class SudokuTask(Task):
     splits = ("train", "test", "test_d1")
     eval_split = "test_d1"
     headline_field = "score"  # d1 reports Sudoku as cell accuracy (the grade's score)
-    held_out = ("test",)  # splits whose puzzles :meth:`generate` never produces
 
     def _read(self, split: str) -> list[dict[str, Any]]:
         if split == "test_hard":

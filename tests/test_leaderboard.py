@@ -125,9 +125,9 @@ def test_overall_average_is_mean_of_twelve_cells(tmp_path: Path) -> None:
     assert row["Overall avg"].startswith("41.7 [")  # 20/48
 
 
-def test_hard_sudoku_is_an_extra_column_outside_the_overall_average(tmp_path: Path) -> None:
-    """Sudoku 12-blank is not in the paper: its columns appear only when measured and the overall average stays
-    the mean of the paper's twelve cells."""
+def test_generated_test_sets_are_extra_columns_outside_the_overall_average(tmp_path: Path) -> None:
+    """Sudoku 12-blank and Countdown 1024 are not in the paper: their columns appear only when measured, and the
+    overall average stays the mean of the paper's twelve cells."""
     every = {
         (task, length): [1, 1, 0, 0]
         for task in ("gsm8k", "math500", "countdown", "sudoku")
@@ -142,7 +142,12 @@ def test_hard_sudoku_is_an_extra_column_outside_the_overall_average(tmp_path: Pa
     hard = [f"Sudoku 12-blank {sub}" for sub in ("128", "256", "512", "avg")]
     assert list(row) == [*ROW_COLUMNS, *TABLE1_HEADERS[:-1], *hard, "Overall avg"]
     assert row["Sudoku 12-blank avg"].startswith("100.0 [") and row["Overall avg"].startswith("50.0 [")
-    assert "Sudoku 12-blank is not a column of the paper" in markdown
+    assert "Sudoku 12-blank is not a column of the paper" in markdown and "Countdown 1024" not in markdown
+    store_cells(tmp_path, {("countdown_large", length): [0, 0, 0, 0] for length in (128, 256, 512)})
+    (row,) = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))[0]
+    large = [f"Countdown 1024 {sub}" for sub in ("128", "256", "512", "avg")]
+    assert list(row) == [*ROW_COLUMNS, *TABLE1_HEADERS[:-1], *large, *hard, "Overall avg"]
+    assert row["Countdown 1024 avg"].startswith("0.0 [") and row["Overall avg"].startswith("50.0 [")
 
 
 def test_bootstrap_deterministic_contains_mean_and_narrows() -> None:

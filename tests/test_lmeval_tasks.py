@@ -20,6 +20,7 @@ TASKS = [
     "dllm_sudoku",
     "dllm_aime24",
     "dllm_aime25",
+    "dllm_countdown_large",  # generated sets, not d1's
     "dllm_sudoku_hard",
 ]
 
@@ -58,6 +59,7 @@ def test_yamls_load(manager: TaskManager) -> None:
         "dllm_sudoku": 256,
         "dllm_aime24": 30,
         "dllm_aime25": 30,
+        "dllm_countdown_large": 1024,
         "dllm_sudoku_hard": 256,
     }
     config = loaded["dllm_sudoku"].config

@@ -13,6 +13,7 @@ import pytest
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import TASKS, get_task, list_tasks
 from stabledrl_bench.tasks.base import DATA_DIR, read_data_file
+from stabledrl_bench.tasks.countdown import LARGE_TEST_RECIPE, CountdownTask, puzzle_key, solve
 from stabledrl_bench.tasks.graders.sudoku import count_solutions
 from stabledrl_bench.tasks.sudoku import HARD_TEST_RECIPE, SudokuTask
 
@@ -22,7 +23,7 @@ README_ROW = re.compile(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|$", re.MULTILI
 def test_readme_lists_every_file_with_its_sha256() -> None:
     listed = dict(README_ROW.findall((DATA_DIR / "README.md").read_text()))
     shipped = {str(p.relative_to(DATA_DIR)) for p in DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert set(listed) == shipped and len(listed) == 13
+    assert set(listed) == shipped and len(listed) == 14
     for relative, digest in listed.items():
         assert hashlib.sha256((DATA_DIR / relative).read_bytes()).hexdigest() == digest, relative
     assert sum((DATA_DIR / r).stat().st_size for r in listed) < 15 * 2**20
@@ -45,6 +46,8 @@ def test_readme_lists_every_file_with_its_sha256() -> None:
         ("sudoku", "test_d1", 256),
         ("sudoku", "train", 288),
         ("sudoku_hard", "test_hard", 256),
+        ("countdown_large", "test_large", 1024),
+        ("countdown_large", "train", 10_232),  # the train split also drops the 6 rows that are large-test puzzles
     ],
 )
 def test_split_sizes_and_doc_ids(task: str, split: str, rows: int) -> None:
@@ -58,7 +61,7 @@ def test_eval_docs_are_the_d1_evaluation_sets() -> None:
     sizes = {name: len(get_task(name).eval_docs()) for name in list_tasks()}
     assert sizes == {
         **{"gsm8k": 1319, "math500": 500, "countdown": 256, "sudoku": 256, "aime24": 30, "aime25": 30},
-        "sudoku_hard": 256,  # not a d1 set: generated 12-blank puzzles
+        **{"countdown_large": 1024, "sudoku_hard": 256},  # not d1 sets: generated puzzles
     }
     assert get_task("sudoku").eval_docs(limit=2) == get_task("sudoku").load("test_d1", limit=2)
     assert get_task("sudoku_hard").eval_docs(limit=2) == get_task("sudoku_hard").load("test_hard", limit=2)
@@ -76,6 +79,23 @@ def test_hard_sudoku_test_is_its_recipe_and_held_out_from_training() -> None:
     training = get_task("sudoku_hard").generate(3000, seed=0, num_blanks=12)
     assert not held_out & {d["puzzle"] for d in training}
     assert training[0]["doc_id"] == "sudoku_hard/generated-0/0" and training[0]["task"] == "sudoku_hard"
+
+
+def test_large_countdown_test_is_its_recipe_and_held_out_from_training() -> None:
+    """The shipped 1,024-puzzle test is what its documented recipe generates, every puzzle solvable with three
+    numbers in 1-100; ``countdown_large``'s generator and train split never contain one (without the exclusion,
+    the plain generator repeats one of them in 2,000 puzzles and the train file holds 6)."""
+    large = get_task("countdown_large").load("test_large")
+    made = CountdownTask().generate(**LARGE_TEST_RECIPE)
+    assert [(d["numbers"], d["target"]) for d in large] == [(d["numbers"], d["target"]) for d in made]
+    assert all(len(d["numbers"]) == 3 and all(1 <= n <= 100 for n in d["numbers"]) for d in large)
+    assert all(solve(d["numbers"], d["target"]) is not None for d in large[:64])
+    cd3 = get_task("countdown").load("test")
+    held_out = {puzzle_key(d["numbers"], d["target"]) for d in large + cd3}
+    options = {key: LARGE_TEST_RECIPE[key] for key in ("num_numbers", "number_range", "target_range")}
+    task = get_task("countdown_large")
+    for docs in (task.generate(2000, seed=0, **options), task.load("train")):
+        assert not held_out & {puzzle_key(d["numbers"], d["target"]) for d in docs}
 
 
 def test_d1_sudoku_subset_is_numpy_seed_42() -> None:
@@ -115,7 +135,7 @@ def test_load_returns_independent_copies_and_checks_arguments() -> None:
 
 
 def test_registry() -> None:
-    expected = ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25", "sudoku_hard"]
+    expected = ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25", "countdown_large", "sudoku_hard"]
     assert list_tasks() == expected == list(TASKS)
     with pytest.raises(UserError, match=r"unknown task 'mbpp'; known: gsm8k, math500"):
         get_task("mbpp")

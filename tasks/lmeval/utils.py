@@ -1,12 +1,13 @@
 """lm-eval glue for the harness's tasks (``lm_eval --include_path tasks/`` or ``TaskManager(include_path=...)``).
 
-The YAMLs next to this file implement the d1 evaluation protocol (docs/protocols.md#d1): zero-shot,
-GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025 and Sudoku on 256
-generated 12-blank puzzles (``dllm_sudoku_hard``, not a d1 test set; see ``stabledrl_bench.tasks.sudoku``). Data
-come from the package's shipped files (resolved relative to the package, never the working directory), so nothing
-is downloaded. ``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies
-the chat template and the ``<reasoning>`` prefill named in each YAML's ``metadata``. ``process_results`` grades
-with the harness's graders and reports both the robust verdict (``acc``) and d1's (``acc_d1``).
+The YAMLs next to this file implement the d1 evaluation protocol (docs/protocols.md#d1): zero-shot, GSM8K 1,319,
+MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025, and two generated sets that are not
+d1's: Countdown on 1,024 cd3-like puzzles (``dllm_countdown_large``) and Sudoku on 256 12-blank puzzles
+(``dllm_sudoku_hard``; see ``stabledrl_bench.tasks.countdown`` and ``.sudoku``). Data come from the package's
+shipped files (resolved relative to the package, never the working directory), so nothing is downloaded.
+``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies the chat
+template and the ``<reasoning>`` prefill named in each YAML's ``metadata``. ``process_results`` grades with the
+harness's graders and reports both the robust verdict (``acc``) and d1's (``acc_d1``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datasets
 import stabledrl_bench.evaluation.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import Task, get_task
+from stabledrl_bench.tasks.countdown import CountdownTask
 from stabledrl_bench.tasks.sudoku import SudokuTask
 
 PROTOCOL = "d1"
@@ -53,6 +55,10 @@ def load_sudoku(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("sudoku", metadata)
 
 
+def load_countdown_large(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("countdown_large", metadata)
+
+
 def load_sudoku_hard(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("sudoku_hard", metadata)
 
@@ -75,7 +81,7 @@ def doc_to_target(doc: dict[str, Any]) -> str:
     name = doc["task"]
     if name == "gsm8k":
         return doc["gold"]
-    if name == "countdown":
+    if isinstance(_task(name), CountdownTask):
         return str(doc["target"])
     if isinstance(_task(name), SudokuTask):
         return doc["solution"]
