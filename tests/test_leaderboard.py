@@ -430,6 +430,25 @@ def test_write_leaderboard_with_plots(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[16:24]  # the IHDR chunk: width, height as big-endian 32-bit integers
+    return int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+
+
+def test_plot_has_one_row_of_panels_per_task(tmp_path: Path) -> None:
+    """Each task gets its own row (and its own change scale): a second task makes the figure taller, not wider."""
+    for baseline, budget in (("sft", None), ("grpo", BUDGET)):
+        store(tmp_path / "results", [True, False], baseline=baseline, budget=budget, task="countdown")
+    plot = tmp_path / "plots" / "table1__cmp.png"
+    write_leaderboard(tmp_path / "results", tmp_path / "board.md", plots_dir=plot.parent, published=NO_PUBLISHED)
+    one_task = png_size(plot)
+    for baseline, budget in (("sft", None), ("grpo", BUDGET)):
+        store(tmp_path / "results", [True, True], baseline=baseline, budget=budget, task="sudoku")
+    write_leaderboard(tmp_path / "results", tmp_path / "board.md", plots_dir=plot.parent, published=NO_PUBLISHED)
+    two_tasks = png_size(plot)
+    assert two_tasks[0] == one_task[0] and two_tasks[1] > 1.6 * one_task[1]
+
+
 def _training_csv(results_dir: Path, rows: list[tuple[str, int, float]], comparison: str = "cmp") -> Path:
     path = training_path(results_dir, comparison, "sudoku")
     path.parent.mkdir(parents=True, exist_ok=True)

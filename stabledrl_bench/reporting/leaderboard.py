@@ -664,37 +664,44 @@ def _bars(
 
 
 def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column], actual: Mapping[Any, int]) -> None:
-    """Two panels over the measured cell columns: the change of every RL row from the starting point (paired by
-    test item, the comparison that shows a learning signal) and every row's own value; legend beside the panels.
+    """Per task one row of two panels over its measured cell columns: the change of every RL row from the starting
+    point (paired by test item, the comparison that shows a learning signal) and every row's own value; legend
+    beside the panels. Each task's change panel has its own scale, so a large change in one task does not flatten
+    the others.
 
     ``actual`` maps a column's sub-key (a nominal length) to the tokens really generated, shown under its name.
     """
     shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
+    tasks = list(dict.fromkeys(c.key[0] for c in shown))
     starts = _starts(rows)
     others = _compared(rows, starts)
-    labels = [
-        f"{c.header}\n({actual[c.key[1]]} tokens)" if c.key[1] in actual and actual[c.key[1]] != c.key[1] else c.header
-        for c in shown
-    ]
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
     colors = {row.info["Baseline"]: palette[i % len(palette)] for i, row in enumerate(rows)}
     panels = 2 if others else 1
-    figure = new_figure(max(7.0, panels * (1.3 * len(shown) + 2.5) + 2.5), 4.2)
-    axes = list(figure.subplots(1, panels, squeeze=False)[0])
+    width = max(len([c for c in shown if c.key[0] == task]) for task in tasks)
+    figure = new_figure(max(7.0, panels * (1.3 * width + 2.5) + 2.5), 2.8 * len(tasks) + 0.8)
+    grid = figure.subplots(len(tasks), panels, squeeze=False)
+    for task, axes in zip(tasks, grid, strict=True):
+        cells = [c for c in shown if c.key[0] == task]
+        if panels == 2:
+            _bars(axes[0], others, cells, lambda row, c: paired_change(row, starts[row.protocols], c), colors)
+            axes[0].axhline(0, color="black", lw=0.8)
+            reference = _join_unique([start.info["Baseline"] for start in starts.values()])
+            axes[0].set_ylabel(f"change from {reference} (points)", fontsize=8)
+        _bars(axes[-1], rows, cells, lambda row, c: row.estimates[c.key], colors)
+        axes[-1].set_ylabel("value (%)", fontsize=8)
+        axes[-1].set_ylim(0, 100)
+        labels = [
+            f"{c.header}\n({actual[c.key[1]]} tokens)" if actual.get(c.key[1], c.key[1]) != c.key[1] else c.header
+            for c in cells
+        ]
+        for ax in axes:
+            ax.set_xticks(np.arange(len(cells)), labels, fontsize=8)
+            ax.tick_params(axis="y", labelsize=8)
     if panels == 2:
-        _bars(axes[0], others, shown, lambda row, c: paired_change(row, starts[row.protocols], c), colors)
-        axes[0].axhline(0, color="black", lw=0.8)
-        reference = _join_unique([start.info["Baseline"] for start in starts.values()])
-        axes[0].set_ylabel(f"change from {reference} (points)")
-        axes[0].set_title("Change from the start, paired by test item", fontsize=9)
-    _bars(axes[-1], rows, shown, lambda row, c: row.estimates[c.key], colors)
-    axes[-1].set_ylabel("value (%)")
-    axes[-1].set_ylim(0, 100)
-    axes[-1].set_title("Value of each row", fontsize=9)
-    for ax in axes:
-        ax.set_xticks(np.arange(len(shown)), labels, fontsize=8)
-        ax.tick_params(axis="y", labelsize=8)
-    handles, names = axes[-1].get_legend_handles_labels()
+        grid[0][0].set_title("Change from the start, paired by test item", fontsize=9)
+    grid[0][-1].set_title("Value of each row", fontsize=9)
+    handles, names = grid[0][-1].get_legend_handles_labels()
     figure.legend(handles, names, loc="center left", bbox_to_anchor=(0.88, 0.5), fontsize="small", frameon=False)
     figure.suptitle(f"{title}\n{_metric_text(shown)}; bars: mean, whiskers: 95% bootstrap interval", fontsize=9)
     figure.tight_layout(rect=(0, 0, 0.88, 1))
