@@ -317,8 +317,10 @@ class CountdownTask(Task):
 
 
 class CountdownLargeTask(CountdownTask):
-    """Countdown evaluated on 1,024 generated cd3-like puzzles, four times d1's test (see the module docstring).
-    Its generator and training splits never contain them."""
+    """Countdown scored on 1,024 generated cd3-like puzzles (four times d1's test), for narrower intervals.
+
+    Its generator and training splits never contain them (see the module docstring).
+    """
 
     name = "countdown_large"
     splits = ("train", "train_cd3", "test", "test_large")

@@ -154,8 +154,10 @@ class SudokuTask(Task):
 
 
 class SudokuHardTask(SudokuTask):
-    """Sudoku 4x4 evaluated on generated 12-blank puzzles, where a format-perfect small model still has cells to
-    learn (see the module docstring). Training data come from :meth:`generate`, which never produces these."""
+    """Sudoku 4x4 scored on 256 generated 12-blank puzzles, where a format-perfect small model has room to gain.
+
+    Its training puzzles come from :meth:`generate`, which never produces these (see the module docstring).
+    """
 
     name = "sudoku_hard"
     splits = ("train", "test", "test_d1", "test_hard")
