@@ -62,6 +62,8 @@ def test_yamls_load(manager: TaskManager) -> None:
         "dllm_countdown_large": 1024,
         "dllm_sudoku_hard": 256,
     }
+    d1_sets = [name for name in TASKS if name not in ("dllm_countdown_large", "dllm_sudoku_hard")]
+    assert sorted(manager.load(["dllm_d1"])["tasks"]) == sorted(d1_sets)  # the generated sets are not d1's
     config = loaded["dllm_sudoku"].config
     assert config.metadata["prefill"] == "<reasoning>" and config.metadata["chat_template"] is True
     assert config.num_fewshot == 0 and config.output_type == "generate_until"

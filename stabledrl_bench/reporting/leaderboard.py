@@ -672,21 +672,22 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     ``actual`` maps a column's sub-key (a nominal length) to the tokens really generated, shown under its name.
     """
     shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
-    tasks = list(dict.fromkeys(c.key[0] for c in shown))
+    by_task: dict[str, list[Column]] = {}
+    for column in shown:
+        by_task.setdefault(column.key[0], []).append(column)
     starts = _starts(rows)
     others = _compared(rows, starts)
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
     colors = {row.info["Baseline"]: palette[i % len(palette)] for i, row in enumerate(rows)}
     panels = 2 if others else 1
-    width = max(len([c for c in shown if c.key[0] == task]) for task in tasks)
-    figure = new_figure(max(7.0, panels * (1.3 * width + 2.5) + 2.5), 2.8 * len(tasks) + 0.8)
-    grid = figure.subplots(len(tasks), panels, squeeze=False)
-    for task, axes in zip(tasks, grid, strict=True):
-        cells = [c for c in shown if c.key[0] == task]
+    width = max(len(cells) for cells in by_task.values())
+    figure = new_figure(max(7.0, panels * (1.3 * width + 2.5) + 2.5), 2.8 * len(by_task) + 0.8)
+    grid = figure.subplots(len(by_task), panels, squeeze=False)
+    reference = _join_unique([start.info["Baseline"] for start in starts.values()])
+    for cells, axes in zip(by_task.values(), grid, strict=True):
         if panels == 2:
             _bars(axes[0], others, cells, lambda row, c: paired_change(row, starts[row.protocols], c), colors)
             axes[0].axhline(0, color="black", lw=0.8)
-            reference = _join_unique([start.info["Baseline"] for start in starts.values()])
             axes[0].set_ylabel(f"change from {reference} (points)", fontsize=8)
         _bars(axes[-1], rows, cells, lambda row, c: row.estimates[c.key], colors)
         axes[-1].set_ylabel("value (%)", fontsize=8)
