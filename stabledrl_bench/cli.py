@@ -7,8 +7,10 @@ printed as one ``error: ...`` line with exit status 2; interrupted commands can 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -93,7 +95,13 @@ def _add_check_model(sub) -> None:
     p.add_argument("--family", help="backend family instead of the one read from the config: tiny, llada, dream, sdar")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="load the weights in this dtype")
     p.add_argument("--device", help="e.g. cuda:0 (default: where the weights load, the CPU)")
-    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs assumed by the paper-preset memory estimate")
+    p.add_argument("--processes", type=positive_int, default=8, help="GPUs the plan is for (default 8)")
+    p.add_argument("--preset", default="paper", help="the reproduce preset the plan is for (default paper)")
+    p.add_argument("--table", choices=("table1", "table2"), help="default: table2 for block-diffusion models")
+    p.add_argument("--baseline", default="stabledrl", help="the method the plan is for (default stabledrl)")
+    p.add_argument(
+        "--tflops", type=float, default=400.0, help="sustained TFLOP/s per GPU the time estimate assumes (400)"
+    )
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
@@ -244,16 +252,30 @@ def _cmd_eval(args) -> int:
 def _cmd_check_model(args) -> int:
     import torch
 
+    from stabledrl_bench.core.baseline import BASELINES
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.core.models.probes import model_facts, run_probes
+    from stabledrl_bench.experiments.plan import format_plan, plan
+    from stabledrl_bench.experiments.reproduce import presets
 
-    if args.gpus < 1:
-        raise UserError(f"--gpus must be at least 1, got {args.gpus}")
+    if not (args.tflops > 0 and math.isfinite(args.tflops)):
+        raise UserError(f"--tflops must be a positive number, got {args.tflops}")
+    BASELINES.get(args.baseline)  # an unknown name fails before the model loads
     dtype = getattr(torch, args.dtype) if args.dtype else None
     dlm = load_model_spec(args.model, family=args.family, dtype=dtype, device=args.device)
-    facts, probes = model_facts(dlm, args.gpus), run_probes(dlm)
+    table = args.table or ("table2" if dlm.attention == "block" else "table1")
+    available = presets(table)
+    if args.preset not in available:
+        raise UserError(f"--preset {args.preset!r}: {table} has {', '.join(available)}")
+    facts, probes = model_facts(dlm), run_probes(dlm, checkpointing=True)
+    blocks_found = next(p.passed for p in probes if p.name == "decoder blocks")
+    report = None
+    if blocks_found:
+        preset = available[args.preset]
+        report = plan(dlm, preset, processes=args.processes, baseline=args.baseline, tflops=args.tflops)
     if args.json:
-        print(json.dumps({"model": args.model, "facts": facts, "probes": [p.to_dict() for p in probes]}, indent=2))
+        found = {"model": args.model, "facts": facts, "probes": [p.to_dict() for p in probes], "plan": report}
+        print(json.dumps(found, indent=2))
     else:
         print(f"check-model {args.model}")
         for key, value in facts.items():
@@ -262,6 +284,9 @@ def _cmd_check_model(args) -> int:
             print(f"  [{probe.status:4s}] {probe.name:30s} {probe.measured}")
             if probe.meaning:
                 print(f"  {'':6s} {'':30s} -> {probe.meaning}")
+        if report is not None:
+            print(f"  {table} preset {args.preset!r} on {args.processes} GPU(s):")
+            print("\n".join("  " + line for line in format_plan(report)))
     failed = [p.name for p in probes if not p.passed]
     if failed:
         raise UserError(f"check-model: {len(failed)} convention(s) failed: {', '.join(failed)}")
@@ -344,6 +369,18 @@ def _close_progress_bars() -> None:
         bar.close()
 
 
+@contextlib.contextmanager
+def _quiet_unless_main():
+    """Under ``accelerate launch`` only the main process prints (the others run the same lines); errors still show."""
+    from stabledrl_bench.processes import is_main_process, launched
+
+    if not launched() or is_main_process():
+        yield
+        return
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -352,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return stress_main(argv[1:])
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
+        with _quiet_unless_main():
+            return COMMANDS[args.command](args)
     except UserError as exc:
         _close_progress_bars()
         print(f"error: {exc}", file=sys.stderr)

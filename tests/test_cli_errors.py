@@ -137,7 +137,7 @@ CASES = [
     (["reproduce", "table3"], "invalid choice"),
     # check-model, leaderboard, grade, list, unknown commands
     (["check-model", "--model", "DAMAGED_TOKENIZER"], "cannot load the tokenizer"),
-    (["check-model", "--model", "CKPT", "--gpus", "0"], "--gpus: must be a positive"),
+    (["check-model", "--model", "CKPT", "--processes", "0"], "--processes: must be a positive"),
     (["leaderboard", "--out", "DIR"], "--out DIR is a directory"),
     (["leaderboard", "--results", "FILE"], "--results FILE is a file"),
     (["grade", "--task", "countdown", "--input", "MISSING"], "not found"),

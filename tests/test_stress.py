@@ -181,7 +181,7 @@ def _random_rollout(dlm, generator, groups=2, size=4, prompt=8, length=16) -> Sa
     )
     rewards = torch.rand(rows, generator=generator)
     group_ids = torch.arange(groups).repeat_interleave(size)
-    return SampledBatch(batch, rewards, (rewards > 0.5).float(), group_ids, components={}, nfe=0)
+    return SampledBatch(batch, rewards, (rewards > 0.5).float(), group_ids, components={}, nfe=0, unit=0)
 
 
 def test_ci_regression_stabledrl_gradient_within_analytic_bound_on_tiny_model():

@@ -117,7 +117,7 @@ def test_lora_training_uses_the_adapter_free_model_as_reference(small_models, tm
 
     cfg = _config(small_models["full"], tmp_path, "grpo", lora=LoraSettings(r=4, alpha=8, target_modules=["qkv"]))
     trainer = RLTrainer(cfg)
-    assert trainer.ref_model is None  # the reference is the base model with the adapter disabled
+    assert trainer.ref_dlm is None  # the reference is the base model with the adapter disabled
     trainable = sum(p.numel() for p in trainer.dlm.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.dlm.model.parameters())
     assert 0 < trainable < total
@@ -480,3 +480,23 @@ def test_trainer_decodes_rollouts_with_the_budgets_mode(small_models, tmp_path, 
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["budget"]["rollout_decode"] == "fast" and info["budget_hash"] == cfg.budget.hash()
     assert all(math.isfinite(r["loss"]) for r in read_log(tmp_path / "log.jsonl"))
+
+
+def test_tensorboard_logging_writes_events_and_leaves_the_run_log_alone(small_models, tmp_path):
+    RLTrainer(_config(small_models["full"], tmp_path / "plain")).train()
+    RLTrainer(_config(small_models["full"], tmp_path / "tracked", log_with=["tensorboard"])).train()
+    drop = ("seconds",)
+    plain, tracked = (
+        [{k: v for k, v in r.items() if k not in drop} for r in read_log(tmp_path / run / "log.jsonl")]
+        for run in ("plain", "tracked")
+    )
+    assert plain == tracked
+    assert list((tmp_path / "tracked").rglob("events.out.tfevents*"))
+
+
+def test_a_tracker_that_is_not_installed_stops_the_run(small_models, tmp_path, monkeypatch):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "is_wandb_available", lambda: False)
+    with pytest.raises(UserError, match=r"log_with \['wandb'\]: not installed; pip install wandb"):
+        RLTrainer(_config(small_models["full"], tmp_path, log_with=["wandb"]))

@@ -269,13 +269,20 @@ class Estimator(ABC):
         """log p(targets) [R, L] read from logits at positions read_start .. read_start+L of each row."""
         rows, length = targets.shape
         step = self.micro_batch_size or max(rows, 1)
+        starts = list(range(0, rows, step))
         out = []
-        for lo in range(0, rows, step):
+        # under FSDP every process makes the same number of passes (DiffusionLM.agreed_passes): extras count 0
+        for i in range(model.agreed_passes(len(starts))):
+            lo = starts[min(i, len(starts) - 1)]
             hi = min(lo + step, rows)
             pos = None if position_ids is None else position_ids[lo:hi]
             logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos)[:, read_start : read_start + length]
             logp = torch.log_softmax(logits.to(_log_prob_dtype(logits.dtype)), dim=-1)
-            out.append(logp.gather(-1, targets[lo:hi].unsqueeze(-1)).squeeze(-1))
+            chunk = logp.gather(-1, targets[lo:hi].unsqueeze(-1)).squeeze(-1)
+            if i < len(starts):
+                out.append(chunk)
+            else:
+                out[-1] = out[-1] + 0 * chunk.sum()
         return torch.cat(out, dim=0)
 
 

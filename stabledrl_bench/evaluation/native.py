@@ -21,6 +21,7 @@ from stabledrl_bench.config import RENAMED_KEYS
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import DecodeSettings, generate
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
+from stabledrl_bench.processes import barrier, gather_lists, is_main_process, keyed_generator, my_share
 from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
 from stabledrl_bench.tasks import get_task
 
@@ -47,12 +48,15 @@ def evaluate(
 
     Accuracy is the mean of the task grader's ``correct`` verdicts; for Sudoku the d1 cell accuracy goes into
     ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side).
+
+    Under a launch of N processes each decodes every N-th batch and all of them return the whole outcome, equal to
+    one process's: the batches are the same (prompts sorted by length), and a protocol that samples draws each
+    batch's noise from a generator keyed by the seed and the batch's index (``seeding`` in the settings).
     """
     proto = get_protocol(protocol) if isinstance(protocol, str) else protocol
     task = get_task(task_name)
     docs = task.eval_docs(limit=limit)
     settings = proto.settings(length, dlm)
-    generator = torch.Generator().manual_seed(seed)
     dlm.model.eval()
     specs = [task.prompt(doc, proto.prompt_protocol) for doc in docs]
     chat = proto.chat_template
@@ -61,14 +65,18 @@ def evaluate(
     # restored to document order. Padding never changes a result (see DiffusionLM), only the work.
     tokens = [len(dlm.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered]
     order = sorted(range(len(docs)), key=lambda i: tokens[i])
+    batches = [order[lo : lo + batch_size] for lo in range(0, len(order), batch_size)]
     rows_by_doc: dict[int, list[dict[str, Any]]] = {}
     nfe = 0
     generated_tokens = 0
     start = time.perf_counter()
-    bar = tqdm(total=len(docs) * proto.repeats, desc=f"eval {task_name}@{length}", disable=not progress)
+    mine = my_share(len(batches))
+    share = sum(len(batches[b]) for b in mine) * proto.repeats
+    bar = tqdm(total=share, desc=f"eval {task_name}@{length}", disable=not (progress and is_main_process()))
     with torch.no_grad():
-        for lo in range(0, len(order), batch_size):
-            idx = order[lo : lo + batch_size]
+        for b in mine:
+            idx = batches[b]
+            generator = keyed_generator(seed, "eval", b)
             prompts = [specs[i].messages for i in idx]
             prompt_ids, prompt_mask = dlm.encode_prompts(prompts, chat_template=chat, prefill=specs[idx[0]].prefill)
             for repeat in range(proto.repeats):
@@ -95,7 +103,11 @@ def evaluate(
                     )
                 bar.update(len(idx))
     bar.close()
-    wall = time.perf_counter() - start
+    shares = gather_lists([(rows_by_doc, nfe, generated_tokens, time.perf_counter() - start)])
+    rows_by_doc = {i: rows for share_rows, *_ in shares for i, rows in share_rows.items()}
+    nfe = sum(share[1] for share in shares)
+    generated_tokens = sum(share[2] for share in shares)
+    wall = max(share[3] for share in shares)
     rows = [row for i in range(len(docs)) for row in rows_by_doc[i]]
     metrics: dict[str, Any] = {
         "accuracy": sum(s["correct"] for s in rows) / len(rows),
@@ -110,7 +122,15 @@ def evaluate(
         metrics["d1_accuracy"] = sum(d1_flags) / len(rows)
     if task.headline_field == "score":
         metrics["d1_accuracy"] = metrics["score_mean"]  # d1 reports Sudoku as cell accuracy, the grade's score
-    return EvalOutcome(metrics=metrics, samples=rows, settings={**settings.to_dict(), "protocol": proto.to_dict()})
+    return EvalOutcome(metrics=metrics, samples=rows, settings=recorded_settings(proto, settings))
+
+
+def recorded_settings(proto: EvalProtocol, settings: DecodeSettings) -> dict[str, Any]:
+    """What a result records of how it was decoded (and what a stored result must match to be reused)."""
+    recorded = {**settings.to_dict(), "protocol": proto.to_dict()}
+    if settings.temperature > 0 or settings.remasking == "random":
+        recorded["seeding"] = "per-batch"  # a record of the single stream this replaced is decoded again
+    return recorded
 
 
 def weights_sha256(model: nn.Module) -> str:
@@ -194,10 +214,11 @@ def evaluate_and_record(
     """Evaluate and write one result, or reuse the stored one when it measured the same weights (resumable).
 
     Reuse needs the same weights hash, decode settings, generated length and number of samples; anything else
-    is measured again and replaces the stored result.
+    is measured again and replaces the stored result. Under a launch every process decodes its share and the
+    main process writes the one record (the others return its path once it is written).
     """
     proto = get_protocol(key["protocol"])
-    settings = {**proto.settings(max_completion_length, dlm).to_dict(), "protocol": proto.to_dict()}
+    settings = recorded_settings(proto, proto.settings(max_completion_length, dlm))
     n = len(get_task(key["task"]).eval_docs(limit=limit)) * proto.repeats
     reason = _why_not_reusable(results_dir, key, settings, max_completion_length, n) if skip_existing else "--force"
     if reason is None:
@@ -219,4 +240,7 @@ def evaluate_and_record(
         "settings": {**outcome.settings, "model": dlm.config_summary()},
         "metrics": outcome.metrics,
     }
-    return Recorded(write_result(results_dir, record, outcome.samples), False, reason)
+    if is_main_process():
+        write_result(results_dir, record, outcome.samples)
+    barrier()
+    return Recorded(result_path(results_dir, key), False, reason)

@@ -46,6 +46,7 @@ from stabledrl_bench.experiments.runner import (
     run_training,
 )
 from stabledrl_bench.experiments.stages import Stages
+from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.leaderboard import (
     CONTROL_RUN,
     TRAINING_COLUMNS,
@@ -235,10 +236,12 @@ def reproduce(args) -> None:
         _training_summary(task, seeds, baselines, runs / task, Path(args.results), comparison)
     from stabledrl_bench.experiments.stress import stability_section
 
-    path = write_leaderboard(
-        args.results, args.leaderboard, plots_dir=Path(args.results) / "plots", extra_sections=[stability_section]
-    )
-    print(f"leaderboard: {path}")
+    if is_main_process():
+        path = write_leaderboard(
+            args.results, args.leaderboard, plots_dir=Path(args.results) / "plots", extra_sections=[stability_section]
+        )
+        print(f"leaderboard: {path}")
+    barrier()
 
 
 def _plan(preset: Preset, tasks: list[str], seeds: tuple[int, ...], baselines: list[str]) -> list[str]:
@@ -307,7 +310,9 @@ def _training_summary(
         earlier = read_training(path)
         rewards = pd.concat([earlier[~earlier["seed"].isin(rewards["seed"])], rewards], ignore_index=True)
         rewards = rewards.sort_values("seed", kind="stable", ignore_index=True)
-    atomic_write_text(path, rewards.to_csv(index=False))
+    if is_main_process():
+        atomic_write_text(path, rewards.to_csv(index=False))
+    barrier()
     pooled = ", ".join(map(str, sorted(rewards["seed"].unique())))
     print(f"  [{task}] training reward of the last {TRAINING_WINDOW} rollouts vs the frozen start on the same ones")
     print(f"  (rollouts of seeds {pooled} pooled):")

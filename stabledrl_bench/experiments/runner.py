@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from stabledrl_bench.config import NOT_IDENTITY, stable_hash, to_dict
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.results import atomic_write_text
 from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.runlog import read_log
@@ -64,12 +65,6 @@ def _hashable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
-
-
-def _is_main_process() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
 
 
 # ------------------------------------------------------------------------------------------------ warm start
@@ -109,7 +104,8 @@ def ensure_warm_start(
     final, info_path = folder / "final", folder / WARM_START_FILE
     info = {"path": str(final), "source": "built", "spec": spec.identity(), "spec_hash": spec.hash()}
     if force:
-        shutil.rmtree(folder, ignore_errors=True)
+        if is_main_process():
+            shutil.rmtree(folder, ignore_errors=True)
     elif folder.is_dir() and any(folder.iterdir()):
         cached = json.loads(info_path.read_text()) if info_path.is_file() else {}
         if cached.get("spec_hash") != spec.hash():
@@ -121,6 +117,7 @@ def ensure_warm_start(
             print(f"warm start: done ({final})")
             cost = {k: cached.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}
             return final, {**info, **cost, "built_now": False}
+    barrier()  # every process has looked at the folder before the main process writes into it
     return final, {**info, **_build_warm_start(spec, folder), "built_now": True}
 
 
@@ -130,19 +127,23 @@ def _build_warm_start(spec: WarmStart, folder: Path) -> dict[str, float]:
     from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
     from stabledrl_bench.training.sft import run_sft
 
-    folder.mkdir(parents=True, exist_ok=True)
     record = {"spec": spec.identity(), "spec_hash": spec.hash()}
-    atomic_write_text(folder / WARM_START_FILE, json.dumps(record))  # first: a half-built folder is still ours
+    if is_main_process():
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / WARM_START_FILE, json.dumps(record))  # first: a half-built folder is still ours
+        if spec.init is not None and not (folder / "init" / "config.json").is_file():
+            save_diffusion_lm(build_tiny(**spec.init), folder / "init")
+    barrier()
     sft = dataclasses.replace(spec.sft, output_dir=str(folder))
     if spec.init is not None:
-        if not (folder / "init" / "config.json").is_file():
-            save_diffusion_lm(build_tiny(**spec.init), folder / "init")
         sft = dataclasses.replace(sft, model=str(folder / "init"))
     print(f"warm start: {sft.max_steps} SFT steps on {sft.task} -> {folder / 'final'}")
     start, cpu_start = time.perf_counter(), time.process_time()
     run_sft(sft)
     cost = {"sft_seconds": time.perf_counter() - start, "sft_cpu_seconds": time.process_time() - cpu_start}
-    atomic_write_text(folder / WARM_START_FILE, json.dumps({**record, **cost}))
+    if is_main_process():
+        atomic_write_text(folder / WARM_START_FILE, json.dumps({**record, **cost}))
+    barrier()
     return cost
 
 
@@ -182,8 +183,9 @@ def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
     from stabledrl_bench.training.trainer import RLTrainer, TrainingDiverged
 
     folder, key = job.folder, job.key()
-    if force:
+    if force and is_main_process():
         shutil.rmtree(folder, ignore_errors=True)
+    barrier()
     found = {name: json.loads(p.read_text()) for name in (SUMMARY_FILE, JOB_FILE) if (p := folder / name).is_file()}
     if any(record.get("key") != key for record in found.values()):
         raise UserError(f"{folder} holds a run with other settings; delete it or pass --force")
@@ -191,7 +193,7 @@ def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
         return {**found[SUMMARY_FILE], "cached": True}
     if latest_checkpoint(folder) is not None and JOB_FILE not in found:
         raise UserError(f"{folder} holds checkpoints of an unknown run; delete it or pass --force")
-    if _is_main_process():
+    if is_main_process():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / JOB_FILE, json.dumps({"key": key, "identity": job.identity()}, default=str))
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -212,7 +214,7 @@ def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
         "seconds": time.perf_counter() - start,
         "cpu_seconds": time.process_time() - cpu_start,
     }
-    if _is_main_process():
+    if is_main_process():
         atomic_write_text(folder / SUMMARY_FILE, json.dumps(summary))
     return {**summary, "cached": False}
 

@@ -1,15 +1,16 @@
 """Checkpoints that make a resumed run identical to an uninterrupted one, on one CPU or under DDP/FSDP/DeepSpeed.
 
-A checkpoint folder holds:
+A checkpoint folder holds only what resuming needs:
 
 * ``accelerate/`` - model, optimizer and scheduler state written by ``Accelerator.save_state`` (which knows how
-  to gather or shard them for every distributed backend);
-* ``model/`` - the full model in ``save_pretrained`` format, loadable on its own for evaluation;
-* ``state.pt`` - the trainer's own state: step, position in the prompt stream, and every random generator of
-  every process.
+  to gather or shard them for every distributed backend: under FSDP each process writes its own shard);
+* ``state.pt`` - the trainer's own state: step, position in the prompt stream, the number of processes (and
+  SFT's mask generator). Plain tensors and containers only, read with ``weights_only=True``: a checkpoint from
+  elsewhere cannot run code when it is resumed.
 
 It is written to a temporary folder and renamed into place, so a run killed mid-save leaves the previous
-checkpoint intact and never a half-written one.
+checkpoint intact and never a half-written one. The model to evaluate is the run's ``final/`` export
+(:func:`export_model`), written once, in the dtype training computed in.
 """
 
 from __future__ import annotations
@@ -43,46 +44,51 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return max(complete)[1] if complete else None
 
 
-def export_model(accelerator, model: torch.nn.Module, dlm: DiffusionLM, path: str | Path) -> None:
+def export_model(
+    accelerator, model: torch.nn.Module, dlm: DiffusionLM, path: str | Path, dtype: torch.dtype | None = None
+) -> None:
     """Write the full model + tokenizer in ``save_pretrained`` format (collective: call on every process).
 
+    ``dtype`` casts the floating-point weights (a bf16 run's export in bf16: half the disk of fp32 masters).
     LoRA models are exported merged (adapter folded into the base weights), so every exported folder loads with
-    ``load_diffusion_lm`` and evaluates without peft.
+    ``load_diffusion_lm`` and evaluates without peft; the merge is made from ``dlm.model``, which must be an
+    unsharded module holding the current weights (the trainer's rollout module).
     """
     unwrapped = accelerator.unwrap_model(model)
     if hasattr(unwrapped, "merge_and_unload"):
         if accelerator.is_main_process:
-            copy.deepcopy(unwrapped).merge_and_unload().save_pretrained(path)
+            merged = copy.deepcopy(dlm.model).merge_and_unload()
+            merged.save_pretrained(path, state_dict=_cast(merged.state_dict(), dtype))
             dlm.tokenizer.save_pretrained(path)
         return
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        unwrapped.save_pretrained(path, state_dict=state_dict)
+        unwrapped.save_pretrained(path, state_dict=_cast(state_dict, dtype))
         dlm.tokenizer.save_pretrained(path)
 
 
+def _cast(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    if dtype is None:
+        return state_dict
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+
+
 def save_checkpoint(
-    accelerator,
-    output_dir: str | Path,
-    step: int,
-    model: torch.nn.Module,
-    dlm: DiffusionLM,
-    state: dict[str, Any],
-    rank_states: list[dict[str, Any]],
-    keep_last: int = 2,
+    accelerator, output_dir: str | Path, step: int, state: dict[str, Any], *, keep_last: int = 2
 ) -> Path:
-    """Save everything needed to resume at ``step`` (collective: every process calls it)."""
+    """Save everything needed to resume at ``step`` (collective: every process calls it); keep the newest
+    ``keep_last`` checkpoints (0: all)."""
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     if accelerator.is_main_process:
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        (tmp / "accelerate").mkdir(parents=True)  # before any process writes its shard into it
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp / "accelerate"))
-    export_model(accelerator, model, dlm, tmp / "model")
+    accelerator.wait_for_everyone()  # every process has written its files before the folder is renamed
     if accelerator.is_main_process:
-        torch.save({"state": state, "rank_states": rank_states}, tmp / "state.pt")
+        torch.save({"state": state}, tmp / "state.pt")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -91,14 +97,15 @@ def save_checkpoint(
     return final
 
 
-def read_checkpoint_state(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The trainer state and the per-process states of a checkpoint, without touching any model (so that, e.g.,
-    its budget can be checked before anything is restored)."""
+def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
+    """The trainer state of a checkpoint, without touching any model (so that, e.g., its budget can be checked
+    before anything is restored). Loaded with ``weights_only=True``: tensors and plain containers, no code."""
     try:
-        blob = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
-        return blob["state"], blob["rank_states"]
-    except (OSError, RuntimeError, EOFError, KeyError) as exc:
-        raise UserError(f"cannot read checkpoint {path}: {exc}") from exc
+        blob = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=True)
+        return blob["state"]
+    except (OSError, RuntimeError, EOFError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"cannot read checkpoint {path}: {type(exc).__name__}: {first}") from exc
 
 
 def load_checkpoint(accelerator, path: str | Path) -> None:

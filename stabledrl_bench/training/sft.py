@@ -13,6 +13,7 @@ per block (BD3-LM / SDAR training), so each block is learned given the clean ear
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from stabledrl_bench.training.checkpoint import (
     save_checkpoint,
 )
 from stabledrl_bench.training.data import PromptStream, training_docs
+from stabledrl_bench.training.distributed import configure_deepspeed, declare_fsdp_blocks, make_accelerator
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
 from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
 
@@ -97,12 +99,12 @@ def _resume(acc, cfg: SFTConfig, stream: PromptStream, generator: torch.Generato
     path = latest_checkpoint(cfg.output_dir)
     if path is None:
         return 0, 0
-    state, rank_states = read_checkpoint_state(path)
+    state = read_checkpoint_state(path)
     if state.get("config_hash") != _identity_hash(cfg):
         raise UserError(f"{cfg.output_dir} holds checkpoints of an SFT run with other settings; use another folder")
     load_checkpoint(acc, path)
     stream.load_state_dict(state["prompts"])
-    generator.set_state(rank_states[acc.process_index]["generator"])
+    generator.set_state(state["generator"])  # every process draws the same masks (same shapes, same seed)
     print(f"sft: resuming {cfg.task} at step {state['step']} of {cfg.max_steps} ({path})")
     return int(state["step"]), int(state["truncated"])
 
@@ -126,16 +128,26 @@ def sft_loss(
     target_ids: torch.Tensor,
     generator: torch.Generator,
     eps: float = 1e-3,
+    *,
+    rows: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """LLaDA SFT loss: sum over masked response tokens of CE / p, divided by (batch * response length)."""
+    """LLaDA SFT loss: sum over masked response tokens of CE / p, divided by (batch * response length).
+
+    ``rows=(first, total)``: the noise is drawn for ``total`` rows (a step's whole batch, alike on every process)
+    and rows ``first ..`` of it are this batch's, so N processes that each take a contiguous share compute what one
+    process computes for the whole batch.
+    """
     batch, length = target_ids.shape
+    first, total = rows or (0, batch)
+    mine = slice(first, first + batch)
     if dlm.attention == "block":
         n_blocks = -(-length // dlm.block_size)
-        t = torch.rand(batch, n_blocks, generator=generator).repeat_interleave(dlm.block_size, dim=1)[:, :length]
+        t = torch.rand(total, n_blocks, generator=generator)[mine].repeat_interleave(dlm.block_size, dim=1)
+        t = t[:, :length]
     else:
-        t = torch.rand(batch, 1, generator=generator).expand(batch, length)
+        t = torch.rand(total, 1, generator=generator)[mine].expand(batch, length)
     p_mask = ((1 - eps) * t + eps).to(target_ids.device)
-    masked = torch.rand(batch, length, generator=generator).to(target_ids.device) < p_mask
+    masked = torch.rand(total, length, generator=generator)[mine].to(target_ids.device) < p_mask
     noisy = torch.where(masked, torch.full_like(target_ids, dlm.mask_id), target_ids)
     if dlm.attention == "block":
         ids = torch.cat((prompt_ids, target_ids, noisy), dim=1)
@@ -164,19 +176,19 @@ def run_sft(cfg: SFTConfig) -> Path:
     generator; a run started on a folder holding a checkpoint of the same settings continues from it and ends
     with the same weights as an uninterrupted run.
     """
-    from accelerate import Accelerator
-
     require_folder(cfg.output_dir, "output_dir")
     task = get_task(cfg.task)
-    acc = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision="bf16" if cfg.bf16 else "no",
-        step_scheduler_with_optimizer=False,  # one schedule step per optimizer step, whatever the process count
-    )
+    acc = make_accelerator(bf16=cfg.bf16)
+    if cfg.batch_size % acc.num_processes:
+        raise UserError(f"SFT batch_size={cfg.batch_size} must split evenly over {acc.num_processes} processes")
+    share = cfg.batch_size // acc.num_processes
     dlm = load_model_spec(cfg.model, seed=cfg.seed)
     model = dlm.model.train()
+    if acc.is_fsdp2:
+        declare_fsdp_blocks(model, dlm.decoder_blocks())
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.optim)
+    configure_deepspeed(acc, micro_batch_rows=share, max_grad_norm=cfg.optim.max_grad_norm)
     model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
     train_dlm = dlm.with_model(model)
     docs = training_docs(task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options)
@@ -197,9 +209,10 @@ def run_sft(cfg: SFTConfig) -> Path:
         disable=not (main and cfg.progress),
         dynamic_ncols=True,
     )
+    first_row = acc.process_index * share
     for step in bar:
         start = time.perf_counter()
-        chunk = stream.next(cfg.batch_size)[acc.process_index :: acc.num_processes]
+        chunk = stream.next(cfg.batch_size)[first_row : first_row + share]
         specs = [task.prompt(doc, cfg.protocol) for doc in chunk]
         prompt_ids, prompt_mask = dlm.encode_prompts(
             [s.messages for s in specs],
@@ -215,28 +228,30 @@ def run_sft(cfg: SFTConfig) -> Path:
         targets, truncated = encode_targets(dlm, [task.target_completion(doc, cfg.protocol) for doc in chunk], canvas)
         truncated_total += truncated
         with acc.autocast():
-            loss = sft_loss(train_dlm, prompt_ids, prompt_mask, targets, generator)
-        if not torch.isfinite(loss):
+            loss = sft_loss(train_dlm, prompt_ids, prompt_mask, targets, generator, rows=(first_row, cfg.batch_size))
+        mean_loss = float(acc.reduce(loss.detach(), "mean"))  # the whole batch's, as one process computes it
+        if not math.isfinite(mean_loss):  # every process sees the same value, so all of them stop
             raise UserError(f"SFT on {cfg.task}: non-finite loss at step {step + 1}; lower the learning rate")
         acc.backward(loss)
-        grad_norm = float(acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm))
+        norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        grad_norm = math.nan if norm is None else float(norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         log.write(
             {
                 "step": step + 1,
-                "loss": float(loss.detach()),
+                "loss": mean_loss,
                 "grad_norm": grad_norm,
                 "learning_rate": scheduler.get_last_lr()[0],
                 "seconds": time.perf_counter() - start,
             }
         )
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}")
+        bar.set_postfix(loss=f"{mean_loss:.3f}")
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.max_steps:
             state = {"step": step + 1, "config_hash": _identity_hash(cfg), "prompts": stream.state_dict()}
-            state["truncated"] = truncated_total
-            save_checkpoint(acc, out_dir, step + 1, model, dlm, state, [{"generator": generator.get_state()}])
+            state.update(truncated=truncated_total, generator=generator.get_state())
+            save_checkpoint(acc, out_dir, step + 1, state)
     if truncated_total:
         canvases = (
             f"{cfg.min_completion_length}..{cfg.max_completion_length}"

@@ -10,13 +10,19 @@ Per rollout phase (every ``num_iterations`` optimizer steps):
    likelihood (same masks as the rollout estimate when the baseline is coupled, fresh masks otherwise), call
    the baseline's pure loss, backpropagate; clip the gradient norm (logged *before* clipping), AdamW, LR step.
 
-Runs on ``accelerate`` (CPU, one GPU, DDP, FSDP, DeepSpeed through accelerate configs), checkpoints at rollout
-boundaries, resumes bit-identically, logs every step to ``log.jsonl`` and plots the curves to ``curves.png``.
+Runs on ``accelerate`` (CPU, one GPU, DDP, FSDP2, DeepSpeed ZeRO-2 through the configs in
+``configs/accelerate/``; what differs between them is in :mod:`.distributed`), checkpoints at rollout boundaries,
+resumes bit-identically, logs every step to ``log.jsonl`` and plots the curves to ``curves.png``.
+
+Every random number comes from a generator keyed by what it is for (the seed, the purpose, the rollout phase, the
+micro-batch's place in the step: :func:`~stabledrl_bench.processes.keyed_generator`), never from a per-process
+stream. Each process takes a
+contiguous share of the step's prompts in the same micro-batches as one process would, so the rollouts, masks and
+losses of a run do not depend on how many processes share it (tested against one process).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -32,10 +38,12 @@ from tqdm.auto import tqdm
 from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
 from stabledrl_bench.core.baseline import LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, SequenceBatch
-from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
+from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, load_model_spec
+from stabledrl_bench.core.models.checkpointing import enable_activation_checkpointing
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import UserError, require_folder
+from stabledrl_bench.processes import keyed_generator, process_state
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.checkpoint import (
@@ -46,6 +54,15 @@ from stabledrl_bench.training.checkpoint import (
     save_checkpoint,
 )
 from stabledrl_bench.training.data import PromptStream, training_docs
+from stabledrl_bench.training.distributed import (
+    UnshardedReplica,
+    configure_deepspeed,
+    declare_fsdp_blocks,
+    frozen_copy,
+    make_accelerator,
+    ram_efficient_loading,
+    uses_deepspeed,
+)
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
 from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
 
@@ -60,6 +77,10 @@ class LoraSettings:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out"]
     )
+
+
+TRAIN_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TRACKERS = ("tensorboard", "wandb")
 
 
 @dataclass
@@ -79,11 +100,14 @@ class TrainConfig:
     per_device_prompts: int = 1  # prompts per micro-batch on one process (memory knob, not budget)
     estimator_micro_batch: int | None = None  # rows per forward inside an estimator (memory knob)
     seed: int = 0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
+    dtype: str = "float32"  # the trained (master) weights; bf16 below is the compute precision
+    bf16: bool = False  # bf16 mixed precision (autocast; FSDP2: bf16 compute over float32 masters)
+    gradient_checkpointing: bool = False  # recompute each decoder block in backward (any model file)
     lora: LoraSettings | None = None
     output_dir: str = "runs/train"
     save_every: int = 0  # optimizer steps between checkpoints (rounded to rollout boundaries); 0 = end only
+    keep_checkpoints: int = 2  # the newest checkpoints kept on disk (0 = all)
+    log_with: list[str] = field(default_factory=list)  # accelerate trackers: "tensorboard", "wandb" (off: [])
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
     check_model: bool = True  # probe a loaded checkpoint's conventions first (models/probes.py)
     progress: bool = True
@@ -96,6 +120,13 @@ class TrainConfig:
         )
         if self.save_every < 0:
             raise UserError(f"save_every must be >= 0 (0 = a checkpoint at the end only), got {self.save_every}")
+        if self.keep_checkpoints < 0:
+            raise UserError(f"keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
+        if self.dtype not in TRAIN_DTYPES:
+            raise UserError(f"dtype must be one of {', '.join(TRAIN_DTYPES)}, got {self.dtype!r}")
+        unknown = sorted(set(self.log_with) - set(TRACKERS))
+        if unknown:
+            raise UserError(f"log_with: unknown tracker(s) {unknown}; use any of {', '.join(TRACKERS)}")
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
@@ -109,7 +140,12 @@ class TrainConfig:
 
 @dataclass
 class MicroBatch:
-    """One micro-batch of a rollout with everything the inner iterations need."""
+    """One micro-batch of a rollout with everything the inner iterations need.
+
+    ``weight`` 0 marks a micro-batch whose every group the baseline dropped (TraDo keeps only groups of medium
+    accuracy): it still runs its forward and backward, with loss x 0, so that every process makes the same
+    collective calls (a process skipping them leaves the others waiting forever under DDP, FSDP or DeepSpeed).
+    """
 
     batch: SequenceBatch
     advantages: torch.Tensor
@@ -117,6 +153,8 @@ class MicroBatch:
     noises: list[Any]  # per inner iteration (coupled) or [] (fresh masks every time)
     old: list[Estimate | None]  # per inner iteration; None at iteration 0 of a coupled baseline
     ref: list[Estimate | None]
+    generators: dict[str, torch.Generator]  # this micro-batch's "mask" and "noise" streams
+    weight: float = 1.0
 
 
 @dataclass
@@ -126,9 +164,10 @@ class SampledBatch:
     batch: SequenceBatch
     rewards: torch.Tensor  # [rows] the reward profile's total
     correct: torch.Tensor  # [rows] 1.0 where the task's grader accepts the answer
-    group_ids: torch.Tensor  # [rows] one id per prompt, unique over every process
+    group_ids: torch.Tensor  # [rows] one id per prompt: its place in the step's prompts
     components: dict[str, list[float]]  # the reward profile's parts, per row
     nfe: int
+    unit: int  # the micro-batch's place in the step (the key of its random streams)
 
 
 # Called on every rollout-policy estimate before the loss sees it, with the trainer's private "noise" generator:
@@ -140,22 +179,10 @@ class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
 
-def _no_gpu() -> bool:
-    return not torch.cuda.is_available()
-
-
-def _rank_generators(seed: int, rank: int) -> dict[str, torch.Generator]:
-    """Private random streams of one process: sampling, estimator masks, stress noise."""
-    base = 1_000_003 * seed + 7919 * rank
-    return {name: torch.Generator().manual_seed(base + i) for i, name in enumerate(("rollout", "mask", "noise"))}
-
-
 class RLTrainer:
     """Trains ``cfg.model`` on ``cfg.task`` with baseline ``cfg.baseline`` under ``cfg.budget``."""
 
-    def __init__(self, cfg: TrainConfig, accelerator=None, old_estimate_hook: OldEstimateHook | None = None) -> None:
-        from accelerate import Accelerator, PartialState
-
+    def __init__(self, cfg: TrainConfig, old_estimate_hook: OldEstimateHook | None = None) -> None:
         self.cfg = cfg
         self.old_estimate_hook = old_estimate_hook
         self.budget = cfg.budget
@@ -164,7 +191,7 @@ class RLTrainer:
         self.task = get_task(cfg.task)
         REWARD_PROFILES.get(cfg.reward_profile)  # an unknown profile fails here, not at the first reward
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
-        world = accelerator.num_processes if accelerator is not None else PartialState(cpu=_no_gpu()).num_processes
+        world = process_state().num_processes
         per_process = cfg.budget.prompts_per_step / world
         if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
             raise UserError(
@@ -172,47 +199,52 @@ class RLTrainer:
                 f"in micro-batches of per_device_prompts={cfg.per_device_prompts}"
             )
         self.grad_accum = int(per_process) // cfg.per_device_prompts
-        # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed); the scheduler is stepped
-        # exactly once per optimizer step, not once per process as accelerate does by default.
-        self.acc = accelerator or Accelerator(
-            cpu=_no_gpu(),
-            mixed_precision="bf16" if cfg.bf16 else "no",
-            gradient_accumulation_steps=self.grad_accum,
-            step_scheduler_with_optimizer=False,
+        # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed)
+        self.acc = make_accelerator(
+            grad_accum=self.grad_accum, bf16=cfg.bf16, log_with=cfg.log_with or None, project_dir=cfg.output_dir
         )
         self.output_dir = Path(cfg.output_dir)
 
-        dlm = load_model_spec(cfg.model, seed=cfg.seed)
+        rank0_weights = ram_efficient_loading(self.acc)
+        dlm = load_model_spec(cfg.model, seed=cfg.seed, dtype=TRAIN_DTYPES[cfg.dtype], rank0_weights=rank0_weights)
         self.estimator = training_estimator(
             self.baseline, dlm, block_length=cfg.budget.block_length, micro_batch_size=cfg.estimator_micro_batch
         )
         model = dlm.model
-        if cfg.gradient_checkpointing:
-            # transformers 5 renamed the switch; older releases (>=4.51 is supported) only have the old name.
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable()
+        blocks = dlm.decoder_blocks() if cfg.gradient_checkpointing or self.acc.is_fsdp2 else []
+        if self.acc.is_fsdp2:
+            declare_fsdp_blocks(model, blocks)
         if cfg.lora is not None:
-            model = _apply_lora(model, cfg.lora)
-        self.ref_model = None
+            model = _apply_lora(model, cfg.lora, seed=cfg.seed)
+        ref_model = None
         if self.baseline.needs_ref and cfg.lora is None:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            ref_model = frozen_copy(self.acc, model)
+        replica = UnshardedReplica(self.acc, model) if self.acc.is_fsdp2 else None
+        if cfg.gradient_checkpointing:
+            enable_activation_checkpointing(blocks)
         model.train()
         optimizer = build_optimizer(model, cfg.optim)
         scheduler = build_scheduler(optimizer, cfg.budget.max_steps, cfg.optim)
+        rows = cfg.per_device_prompts * cfg.budget.num_generations
+        configure_deepspeed(self.acc, micro_batch_rows=rows, max_grad_norm=cfg.optim.max_grad_norm)
         model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
-        self.train_dlm = dlm.with_model(model)  # may be DDP-wrapped: used for gradient passes
-        self.dlm = dlm.with_model(self.acc.unwrap_model(model))  # plain module: generation, estimates, saving
-        self.ref_dlm = dlm.with_model(self.ref_model) if self.ref_model is not None else None
+        self.train_dlm = dlm.with_model(model)  # may be DDP/FSDP/DeepSpeed-wrapped: used for gradient passes
+        if rank0_weights:  # every process holds rank 0's weights only now
+            self.train_dlm.pad_free = detect_pad_free(self.train_dlm).pad_free
+        # The plain module rollouts and no-grad estimates run on; under FSDP a replica refreshed every rollout.
+        self.replica = replica
+        self.dlm = self.train_dlm.with_model(self.acc.unwrap_model(model) if replica is None else replica.module)
+        self.ref_dlm = self.train_dlm.with_model(ref_model) if ref_model is not None else None
         if cfg.check_model and cfg.model not in TINY_SPECS:
             # on the prepared model, so every process probes the same way (collectives stay in step)
             require_conventions(self.train_dlm, cfg.model)
 
-        self.generators = _rank_generators(cfg.seed, self.acc.process_index)
         self.prompts = PromptStream(
             training_docs(self.task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options),
             seed=cfg.seed,
         )
         self.step = 0
+        self.phase = 0  # rollout phases drawn so far (the key of their random streams)
         self.nfe_total = 0
         self._nonfinite = 0
         self.decode = cfg.budget.decode_settings(use_cache=dlm.supports_kv_cache)
@@ -227,6 +259,8 @@ class RLTrainer:
             "estimator": type(self.estimator).name,
             "model": self.dlm.config_summary(),
             "world_size": self.acc.num_processes,
+            "distributed": str(self.acc.distributed_type).rsplit(".", 1)[-1],
+            "mixed_precision": self.acc.mixed_precision,
             "grad_accum": self.grad_accum,
             "old_estimate_hook": None if self.old_estimate_hook is None else repr(self.old_estimate_hook),
         }
@@ -234,19 +268,27 @@ class RLTrainer:
     # ------------------------------------------------------------------ rollout
     @torch.no_grad()
     def sample_rollout(self) -> list[SampledBatch]:
-        """Draw the next ``prompts_per_step`` prompts (this process's slice) and sample and score their completions,
+        """Draw the next ``prompts_per_step`` prompts (this process's share) and sample and score their completions,
         one :class:`SampledBatch` per micro-batch. The only place rollouts are made, for training and for every
-        experiment that needs rollouts of a policy (they get the trainer's prompts and random streams)."""
+        experiment that needs rollouts of a policy (they get the trainer's prompts and random streams).
+
+        Process r takes the r-th contiguous share, in the micro-batches one process would make, each sampled with
+        its own keyed generator: the rollouts do not depend on the number of processes.
+        """
         cfg, budget = self.cfg, self.budget
         docs = self.prompts.next(budget.prompts_per_step)
-        rank, world = self.acc.process_index, self.acc.num_processes
-        local = docs[rank::world]
-        group_offset = rank * len(local)
+        share = len(docs) // self.acc.num_processes
+        first = self.acc.process_index * share
+        if self.replica is not None:
+            self.replica.refresh(self.train_dlm.model)  # the policy as the last optimizer step left it
+        phase, self.phase = self.phase, self.phase + 1
         was_training = self.dlm.model.training
         self.dlm.model.eval()
         sampled = []
-        for start in range(0, len(local), cfg.per_device_prompts):
-            chunk = local[start : start + cfg.per_device_prompts]
+        for start in range(first, first + share, cfg.per_device_prompts):
+            chunk = docs[start : start + cfg.per_device_prompts]
+            unit = start // cfg.per_device_prompts
+            rollout_gen = keyed_generator(cfg.seed, "rollout", phase, unit)
             specs = [self.task.prompt(doc, cfg.protocol) for doc in chunk]
             repeated = [s.messages for s in specs for _ in range(budget.num_generations)]
             prompt_ids, prompt_mask = self.dlm.encode_prompts(
@@ -256,7 +298,7 @@ class RLTrainer:
                 max_prompt_length=budget.max_prompt_length,
             )
             with self.acc.autocast():
-                out = generate(self.dlm, prompt_ids, prompt_mask, self.decode, generator=self.generators["rollout"])
+                out = generate(self.dlm, prompt_ids, prompt_mask, self.decode, generator=rollout_gen)
             texts = self.dlm.decode(out.completion_ids)
             doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
             # the whole chunk at once: math tasks check it concurrently on every math-verify worker
@@ -279,35 +321,42 @@ class RLTrainer:
                     correct=torch.tensor(
                         [float(grade.correct) for grade in self.task.grade_many(texts, doc_rows)], dtype=torch.float32
                     ),
-                    group_ids=torch.arange(len(chunk)).repeat_interleave(budget.num_generations) + group_offset + start,
+                    group_ids=torch.arange(len(chunk)).repeat_interleave(budget.num_generations) + start,
                     components=components,
                     nfe=out.nfe,
+                    unit=unit,
                 )
             )
         self.dlm.model.train(was_training)
         return sampled
 
     @torch.no_grad()
-    def rollout(self) -> tuple[list[MicroBatch | None], dict[str, float]]:
+    def rollout(self) -> tuple[list[MicroBatch], dict[str, float]]:
         """Sample, score and pre-estimate one rollout batch; returns micro-batches and rollout metrics."""
         self.dlm.model.eval()  # the rollout-policy estimates too, as the samples were drawn
+        phase = self.phase
         sampled = self.sample_rollout()
-        micro_batches: list[MicroBatch | None] = []
+        micro_batches: list[MicroBatch] = []
         informative = 0
+        kept = 0
         for s in sampled:
             ids = s.batch.completion_ids
             correct = self.baseline.correctness(s.correct, self.dlm.response_lengths(ids), canvas=ids.shape[1])
             advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, correct)
             spread = s.rewards.view(-1, self.budget.num_generations)
             informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
-            batch, group_ids = s.batch, s.group_ids
-            if not bool(keep.all()):
+            batch, group_ids, weight = s.batch, s.group_ids, 1.0
+            if not bool(keep.any()):  # nothing to learn from, but the same forward/backward as every process
+                advantages, weight = torch.zeros_like(advantages), 0.0
+            elif not bool(keep.all()):
                 batch = _select_rows(batch, keep)
                 advantages, group_ids = advantages[keep], group_ids[keep]
-            if batch.completion_ids.shape[0] == 0:
-                micro_batches.append(None)
-                continue
-            micro_batches.append(self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids))
+            kept += int(keep.sum())
+            generators = {name: keyed_generator(self.cfg.seed, name, phase, s.unit) for name in ("mask", "noise")}
+            with self.acc.autocast():  # as the gradient passes run, so old and new estimates agree
+                micro_batches.append(
+                    self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids, generators, weight)
+                )
         self.dlm.model.train()
         rewards = torch.cat([s.rewards for s in sampled])
         components: dict[str, list[float]] = {}
@@ -322,17 +371,26 @@ class RLTrainer:
             # groups whose completions got different rewards: the only ones any of the baselines learns from
             "informative_groups": informative
             / max(1, sum(len(s.rewards) for s in sampled) // self.budget.num_generations),
-            "kept_fraction": sum(mb.batch.completion_ids.shape[0] for mb in micro_batches if mb) / rewards.numel(),
+            "kept_fraction": kept / rewards.numel(),
         }
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in components.items()})
         return micro_batches, self._gather_means(metrics)
 
-    def _pre_estimate(self, batch: SequenceBatch, advantages, group_ids) -> MicroBatch:
-        """Rollout-policy (and reference) likelihoods for every inner iteration, under no_grad."""
+    def _pre_estimate(
+        self, batch: SequenceBatch, advantages, group_ids, generators: dict[str, torch.Generator], weight: float
+    ) -> MicroBatch:
+        """Rollout-policy (and reference) likelihoods for every inner iteration, under no_grad.
+
+        A zero-weighted micro-batch needs none: its loss compares the policy with itself (``_micro_loss``).
+        """
         mu = self.budget.num_iterations
         coupled = self.baseline.config.coupled
-        mask_gen = self.generators["mask"]
-        noises, old, ref = [], [], []
+        mask_gen = generators["mask"]
+        noises: list[Any] = []
+        old: list[Estimate | None] = []
+        ref: list[Estimate | None] = []
+        if weight == 0:
+            return MicroBatch(batch, advantages, group_ids, noises, [None] * mu, [None] * mu, generators, weight)
         if coupled:
             noises = [self.estimator.draw(batch, mask_gen) for _ in range(mu)]
         for it in range(mu):
@@ -348,7 +406,7 @@ class RLTrainer:
             if self.ref_dlm is not None or (self.baseline.needs_ref and self.cfg.lora is not None):
                 ref_noise = noises[it] if coupled else self.estimator.draw(batch, mask_gen)
                 ref.append(self._reference_estimate(batch, ref_noise))
-        return MicroBatch(batch, advantages, group_ids, noises, old, ref)
+        return MicroBatch(batch, advantages, group_ids, noises, old, ref, generators, weight)
 
     def _reference_estimate(self, batch: SequenceBatch, noise) -> Estimate:
         if self.ref_dlm is not None:
@@ -357,11 +415,13 @@ class RLTrainer:
             return self.estimator.evaluate(self.dlm, batch, noise).detach()
 
     # ------------------------------------------------------------------ optimisation
-    def optimizer_step(self, micro_batches: list[MicroBatch | None], iteration: int) -> dict[str, float]:
+    def optimizer_step(self, micro_batches: list[MicroBatch], iteration: int) -> dict[str, float]:
         """One optimizer step over all micro-batches of the current rollout (gradient accumulation).
 
         A step whose gradient norm is not finite (after the all-reduce, so every process agrees) is skipped:
-        no parameter changes, the schedule still advances, and ``skipped`` is logged.
+        no parameter changes, the schedule still advances, and ``skipped`` is logged. (DeepSpeed applies the step
+        inside ``backward``, before the norm is known: there the run stops instead, see :meth:`train`.)
+        The logged loss and metrics are over the micro-batches of every process, as one process would log them.
         """
         if len(micro_batches) != self.acc.gradient_accumulation_steps:
             raise RuntimeError(f"{len(micro_batches)} micro-batches for {self.acc.gradient_accumulation_steps} steps")
@@ -372,15 +432,12 @@ class RLTrainer:
         for mb in micro_batches:
             with self.acc.accumulate(model):
                 with self.acc.autocast():
-                    if mb is None:  # every group of this micro-batch was filtered out: contribute zero gradient
-                        loss = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-                        metrics = {}
-                    else:
-                        loss, metrics = self._micro_loss(mb, iteration)
+                    loss, metrics = self._micro_loss(mb, iteration)
                 self.acc.backward(loss)  # accelerate divides by the number of accumulation steps
                 if self.acc.sync_gradients:
                     params = [p for p in model.parameters() if p.requires_grad]
-                    grad_norm = float(self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
+                    norm = self.acc.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+                    grad_norm = math.nan if norm is None else float(norm)
                     if math.isfinite(grad_norm):
                         self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
@@ -389,27 +446,42 @@ class RLTrainer:
         finite = math.isfinite(grad_norm)
         self._nonfinite = 0 if finite else self._nonfinite + 1
         self.scheduler.step()
+        if self.acc.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            gathered = gather_object([(losses, per_mb)])
+            losses = [value for part, _ in gathered for value in part]
+            per_mb = [metrics for _, part in gathered for metrics in part]
         metrics = _merge_metrics(per_mb)
         metrics.update({"loss": sum(losses) / len(losses), "grad_norm": grad_norm, "skipped": not finite})
         return metrics
 
-    def _micro_loss(self, mb: MicroBatch, iteration: int):
-        noise = mb.noises[iteration] if mb.noises else self.estimator.draw(mb.batch, self.generators["mask"])
+    def _micro_loss(self, mb: MicroBatch, iteration: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """The baseline's loss on one micro-batch at inner iteration ``iteration`` (x 0, with no metrics, for a
+        micro-batch of dropped groups: it compares the policy with itself)."""
+        mask_gen = mb.generators["mask"]
+        noise = mb.noises[iteration] if mb.noises else self.estimator.draw(mb.batch, mask_gen)
         new = self.estimator.evaluate(self.train_dlm, mb.batch, noise)
         old = None
         if self.baseline.needs_old:
             old = mb.old[iteration] if mb.old[iteration] is not None else new.detach()
-            if self.old_estimate_hook is not None:
-                old = self.old_estimate_hook(old, self.generators["noise"])
+            if self.old_estimate_hook is not None and mb.weight:
+                old = self.old_estimate_hook(old, mb.generators["noise"])
+        ref = mb.ref[iteration] if mb.ref else None
+        if mb.weight == 0 and self.baseline.needs_ref:
+            ref = new.detach()
         inputs = LossInputs(
             new=new,
             old=old,
-            ref=mb.ref[iteration] if mb.ref else None,
+            ref=ref,
             advantages=mb.advantages,
             completion_mask=mb.batch.completion_mask,
             group_ids=mb.group_ids.to(mb.advantages.device),
         )
-        return self.baseline.loss(inputs)
+        loss, metrics = self.baseline.loss(inputs)
+        if mb.weight == 0:
+            return loss * 0.0, {}
+        return loss, metrics
 
     # ------------------------------------------------------------------ main loop
     def train(self, *, resume: bool | None = False, stop_after: int | None = None) -> Path:
@@ -434,6 +506,8 @@ class RLTrainer:
         if main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "run.json").write_text(_dumps(self.run_info()))
+        if cfg.log_with:  # TensorBoard / W&B through accelerate; log.jsonl stays the record
+            self.acc.init_trackers(f"{cfg.baseline}-{cfg.task}", config=_tracker_config(self.run_info()))
         bar = tqdm(
             total=budget.max_steps,
             initial=self.step,
@@ -460,9 +534,17 @@ class RLTrainer:
                     "seconds": time.perf_counter() - start,
                 }
                 log.write(record)
+                if cfg.log_with:
+                    self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=self.step)
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", gnorm=f"{metrics['grad_norm']:.2g}")
                 start = time.perf_counter()
+                if self._nonfinite and uses_deepspeed(self.acc):
+                    raise TrainingDiverged(
+                        f"{cfg.baseline} on {cfg.task}: non-finite gradient at step {self.step}; DeepSpeed applies "
+                        "the step inside backward, so it cannot be skipped. Parameters from before it are in the "
+                        f"last checkpoint ({latest_checkpoint(self.output_dir) or 'none saved yet'})"
+                    )
                 if self._nonfinite >= cfg.max_nonfinite_steps:
                     path = self._save()
                     raise TrainingDiverged(
@@ -481,9 +563,18 @@ class RLTrainer:
             plot_curves(records, self.output_dir / "curves.png", title=title)
             _warn_if_nothing_to_learn(records, cfg)
         if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
-            export_model(self.acc, self.train_dlm.model, self.dlm, final)
+            if self.replica is not None:
+                self.replica.refresh(self.train_dlm.model)  # the unsharded module a LoRA export merges from
+            export_model(self.acc, self.train_dlm.model, self.dlm, final, dtype=self._export_dtype())
+        if cfg.log_with:
+            self.acc.end_training()
         self.acc.wait_for_everyone()
         return final
+
+    def _export_dtype(self) -> torch.dtype:
+        """The final model's dtype: bf16 when training computed in bf16 (what evaluation runs in), else the
+        weights' own. Master weights and optimizer state stay in the checkpoints."""
+        return torch.bfloat16 if self.cfg.bf16 else TRAIN_DTYPES[self.cfg.dtype]
 
     # ------------------------------------------------------------------ checkpointing
     def _state(self) -> dict[str, Any]:
@@ -492,33 +583,33 @@ class RLTrainer:
             "nfe_total": self.nfe_total,
             "prompts": self.prompts.state_dict(),
             "budget_hash": self.budget.hash(),
+            "world_size": self.acc.num_processes,
             "config": to_dict(self.cfg),
         }
 
     def _save(self) -> Path:
-        rank_state = {name: g.get_state() for name, g in self.generators.items()}
-        gathered = self.acc.gather_for_metrics([rank_state], use_gather_object=True)
-        return save_checkpoint(
-            self.acc, self.output_dir, self.step, self.train_dlm.model, self.dlm, self._state(), list(gathered)
-        )
+        # the random streams are keyed by rollout phase (keyed_generator): the step is all a resume needs of them
+        return save_checkpoint(self.acc, self.output_dir, self.step, self._state(), keep_last=self.cfg.keep_checkpoints)
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.output_dir)
         if path is None:
             raise UserError(f"--resume: no checkpoint in {self.output_dir}")
-        state, rank_states = read_checkpoint_state(path)
+        state = read_checkpoint_state(path)
         if state["budget_hash"] != self.budget.hash():
             raise UserError(
                 f"--resume: checkpoint {path} was trained under budget {state['budget_hash']}, "
                 f"this config has {self.budget.hash()}"
             )
-        if len(rank_states) != self.acc.num_processes:
-            raise UserError(f"--resume: checkpoint has {len(rank_states)} process(es), now {self.acc.num_processes}")
+        if state.get("world_size") != self.acc.num_processes:
+            raise UserError(
+                f"--resume: checkpoint {path} was written by {state.get('world_size')} process(es), now "
+                f"{self.acc.num_processes} (its optimizer state is laid out per process)"
+            )
         load_checkpoint(self.acc, path)
         self.prompts.load_state_dict(state["prompts"])
-        for name, g in self.generators.items():
-            g.set_state(rank_states[self.acc.process_index][name])
         self.step = state["step"]
+        self.phase = self.step // self.budget.num_iterations
         self.nfe_total = state["nfe_total"]
 
     def _gather_means(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -569,7 +660,9 @@ def _warn_if_nothing_to_learn(records: list[dict[str, Any]], cfg: TrainConfig) -
         )
 
 
-def _apply_lora(model, lora: LoraSettings):
+def _apply_lora(model, lora: LoraSettings, seed: int):
+    """The model with LoRA adapters; their random initialisation is drawn from ``seed`` (peft draws from the global
+    RNG, so it runs inside a forked RNG state), the same in every process and every run of the seed."""
     from peft import LoraConfig, get_peft_model
 
     names = {name.split(".")[-1] for name, _ in model.named_modules()}
@@ -577,8 +670,25 @@ def _apply_lora(model, lora: LoraSettings):
     if not targets:
         raise UserError(f"lora.target_modules {lora.target_modules} match no module of this model")
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets)
-    return get_peft_model(model, config)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(keyed_generator(seed, "lora").initial_seed()))
+        return get_peft_model(model, config)
 
 
 def _dumps(obj) -> str:
     return json.dumps(obj, indent=2, default=str)
+
+
+def _tracker_config(info: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The run's settings flattened to ``a/b: value`` scalars (what TensorBoard's hparams accept)."""
+    flat: dict[str, Any] = {}
+    for key, value in info.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_tracker_config(value, prefix=f"{name}/"))
+        elif isinstance(value, bool | int | float | str):
+            flat[name] = value
+        elif value is not None:
+            flat[name] = str(value)
+    return flat

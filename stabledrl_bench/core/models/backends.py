@@ -82,6 +82,7 @@ class TinyBackend(Backend):
     """The built-in tiny model: key padding or a boolean pattern, position ids, exact KV cache."""
 
     model_types = (TinyDLMConfig.model_type,)
+    block_classes = ("Block",)
     supports_kv_cache = True
     full_cache_modes = ("prefix", "dual")
 
@@ -98,6 +99,9 @@ class LLaDABackend(Backend):
 
     model_types = ("llada", "llada_moe")
     default_mask_id = LLADA_MASK_ID
+    # the blocks LLaDA instantiates (its ``_no_split_modules`` names ``LLaDABlock``, their base class, which the Hub
+    # file never instantiates: FSDP's wrap policy matches exact classes and would find nothing)
+    block_classes = ("LLaDALlamaBlock", "LLaDASequentialBlock")
     full_cache_modes = ("prefix",)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
@@ -121,6 +125,7 @@ class DreamBackend(Backend):
 
     model_types = ("dream",)
     default_mask_id = DREAM_MASK_ID
+    block_classes = ("DreamDecoderLayer",)
     shift_logits = True
     # Qwen2-style: post-RoPE keys in an HF ``DynamicCache`` and explicit position ids, so any key set can be cached.
     full_cache_modes = ("prefix", "dual")
@@ -128,7 +133,7 @@ class DreamBackend(Backend):
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
         bias = None
         if attention_mask is not None:
-            bias = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), self.model.dtype)
+            bias = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), self.dtype)
         kwargs: dict[str, Any] = {}
         if cache is not None or store:
             from transformers import DynamicCache
@@ -147,6 +152,7 @@ class SDARBackend(Backend):
 
     model_types = ("sdar",)
     default_mask_id = SDAR_MASK_ID
+    block_classes = ("SDARDecoderLayer",)
     auto_class = "AutoModelForCausalLM"
     default_attention = "block"
     supports_kv_cache = True
@@ -215,7 +221,7 @@ def build_tiny(
     return _wrap_tiny(model, tokenizer, name=f"tiny-{attention}-seed{seed}")
 
 
-def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> DiffusionLM:
+def _wrap_tiny(model: TinyDLM, tokenizer, name: str, probe: bool = True) -> DiffusionLM:
     """The backend of a tiny model: its own, or the family whose convention it emulates."""
     cfg = model.config
     family = CONVENTION_FAMILY[cfg.convention]
@@ -230,11 +236,14 @@ def _wrap_tiny(model: TinyDLM, tokenizer, name: str) -> DiffusionLM:
         block_size=cfg.block_size if cfg.attention_kind == "block" else None,
         name=name,
     )
-    return _detect_pad_free(dlm)
+    dlm.block_classes = tuple(model._no_split_modules)  # an emulation speaks a family's calls, not its class names
+    return detect_pad_free(dlm) if probe else dlm
 
 
-def _detect_pad_free(dlm: DiffusionLM) -> DiffusionLM:
-    """Full-attention models that ignore attention masks run pad-free (every other model is padded and masked)."""
+def detect_pad_free(dlm: DiffusionLM) -> DiffusionLM:
+    """Full-attention models that ignore attention masks run pad-free (every other model is padded and masked).
+
+    A probe of the weights: call it only once they are loaded on this process (see ``rank0_weights``)."""
     if dlm.attention == "full" and dlm.family != "tiny":
         from stabledrl_bench.core.models.probes import mask_effect
 
@@ -253,6 +262,7 @@ def load_model_spec(
     family: str | None = None,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
+    rank0_weights: bool = False,
 ) -> DiffusionLM:
     """``tiny`` / ``tiny-block`` build a fresh tiny model (seeded); anything else is a checkpoint to load."""
     if spec in TINY_SPECS:
@@ -260,7 +270,7 @@ def load_model_spec(
         if dtype is not None or device is not None:
             dlm.model.to(device=device, dtype=dtype)
         return dlm
-    return load_diffusion_lm(spec, family=family, dtype=dtype, device=device)
+    return load_diffusion_lm(spec, family=family, dtype=dtype, device=device, rank0_weights=rank0_weights)
 
 
 def _offline() -> bool:
@@ -273,6 +283,7 @@ def load_diffusion_lm(
     family: str | None = None,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
+    rank0_weights: bool = False,
 ) -> DiffusionLM:
     """Load a checkpoint (local folder or Hub id) as a :class:`DiffusionLM`.
 
@@ -280,6 +291,12 @@ def load_diffusion_lm(
     A missing path, a Hub id while ``HF_HUB_OFFLINE=1``, or a checkpoint that fails to load raises
     :class:`UserError` with one clear line. Full-attention models are probed once for whether they honour
     attention masks; those that do not are run pad-free (see :class:`DiffusionLM`).
+
+    Every process loads the whole weights, also under an FSDP launch with RAM-efficient loading (where
+    transformers would give the processes other than each node's first uninitialised memory): evaluation and
+    every probe need real weights. ``rank0_weights=True`` lets transformers do that for a model FSDP will shard
+    (it broadcasts rank 0's weights when it does); the padding probe is then left to the caller
+    (:func:`detect_pad_free`), to be run once the weights are synced.
     """
     source = _resolve_source(path_or_id)
     with _loading(source, "config"):
@@ -294,13 +311,13 @@ def load_diffusion_lm(
     auto = AutoModel if tiny else getattr(transformers, backend.auto_class)
     with _loading(source, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
-    with _loading(source, "model"):
+    with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
         model = auto.from_pretrained(source, trust_remote_code=True, **_dtype_kwargs(dtype))
     if device is not None:
         model = model.to(device)
     model.eval()
     if tiny and family == CONVENTION_FAMILY[config.convention]:
-        return _wrap_tiny(model, tokenizer, name=source)
+        return _wrap_tiny(model, tokenizer, name=source, probe=not rank0_weights)
     mask_id = getattr(config, "mask_token_id", None) or backend.default_mask_id
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
@@ -318,7 +335,23 @@ def load_diffusion_lm(
         block_size=block if block_attention else None,
         name=source,
     )
-    return _detect_pad_free(dlm)
+    return dlm if rank0_weights else detect_pad_free(dlm)
+
+
+@contextlib.contextmanager
+def _ram_efficient_loading(enabled: bool):
+    """transformers loads real weights on local rank 0 only when ``FSDP_CPU_RAM_EFFICIENT_LOADING`` is true under
+    an FSDP launch; this sets the variable to ``enabled`` for one load (restored afterwards)."""
+    name = "FSDP_CPU_RAM_EFFICIENT_LOADING"
+    before = os.environ.get(name)
+    os.environ[name] = "true" if enabled else "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _resolve_source(path_or_id: str | os.PathLike) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -42,6 +43,8 @@ class DiffusionLM:
     # Approximate caches for full attention (llada_generate's ``cache``): "prefix" needs keys cached for a prefix
     # of the sequence; "dual" also needs the positions after the queries cached, so explicit query positions.
     full_cache_modes: tuple[str, ...] = ()
+    # Class names of the model's repeated decoder blocks: the unit of activation checkpointing and of FSDP sharding.
+    block_classes: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -138,15 +141,42 @@ class DiffusionLM:
         if not bool((key_valid[:, 1:] >= key_valid[:, :-1]).all()):
             raise ValueError("pad-free forward needs left padding (attention_mask False...True in every row)")
         pads = (~key_valid).sum(dim=1)
+        groups = pads.unique().tolist()
         out: torch.Tensor | None = None
-        for pad in pads.unique().tolist():
+        for i in range(self.agreed_passes(len(groups))):
+            pad = groups[min(i, len(groups) - 1)]
             rows = (pads == pad).nonzero().squeeze(1)
             logits, _ = self._forward(input_ids[rows, pad:], None, None, None, False)
             if out is None:
                 out = logits.new_zeros(*input_ids.shape, logits.shape[-1])
-            out[rows, pad:] = logits
+            if i < len(groups):
+                out[rows, pad:] = logits
+            else:  # a repeated pass that only keeps the processes in step (agreed_passes): it counts 0
+                out = out + 0 * logits.sum()
         assert out is not None
         return out
+
+    def agreed_passes(self, count: int) -> int:
+        """How many forward passes to make in a loop whose length depends on the data (pad-free groups, estimator
+        chunks): ``count``, or under FSDP across processes the largest ``count`` of any process.
+
+        Why: every forward pass of a sharded model gathers its weights from all processes (and its backward
+        scatters the gradients), so a process that made fewer passes would leave the others waiting forever. The
+        callers repeat one of their real passes for the extra ones and add it with weight 0, so results and
+        gradients are unchanged while every process makes the same collective calls.
+        """
+        if not self.sharded:
+            return count
+        agreed = torch.tensor([count], device=self.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return int(agreed)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the wrapped module is sharded over several processes (FSDP2): each forward pass is a collective."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.model, FSDPModule) and dist.is_initialized() and dist.get_world_size() > 1
 
     def forward_cached(
         self,
@@ -196,6 +226,29 @@ class DiffusionLM:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights (through any DDP/FSDP wrapper, which ``nn.Module`` has no ``dtype`` for)."""
+        return next(self.model.parameters()).dtype
+
+    def decoder_blocks(self) -> list[nn.Module]:
+        """The model's repeated decoder blocks (instances of :attr:`block_classes`), in order.
+
+        One clear error when there are none: activation checkpointing and FSDP's wrap policy both need them, and
+        a model file whose block class is named differently would otherwise train unsharded or without
+        checkpointing in silence.
+        """
+        # by every class of the module's type: FSDP2 turns ``Block`` into a subclass named ``FSDPBlock``
+        wanted = set(self.block_classes)
+        blocks = [m for m in self.model.modules() if any(c.__name__ in wanted for c in type(m).__mro__)]
+        if not blocks:
+            found = sorted({type(m).__name__ for m in self.model.modules()})
+            raise UserError(
+                f"model {self.name!r} has no decoder block of the {self.family} family's classes "
+                f"{list(self.block_classes)} (its modules: {', '.join(found[:12])}...)"
+            )
+        return blocks
 
     @property
     def vocab_size(self) -> int:

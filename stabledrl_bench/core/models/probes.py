@@ -14,6 +14,7 @@ logits' scale, "changed" means well above it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import torch
@@ -252,9 +253,8 @@ def train_mode_logits(dlm: DiffusionLM) -> Probe:
             logits = _pattern_logits(dlm, ids, key_valid)
         except Exception as exc:  # the point of the probe: report how the train-mode forward fails
             return Probe("train-mode forward", "fail", f"{type(exc).__name__}: {exc}", "RL steps cannot run")
-        logits.float().logsumexp(-1).sum().backward()
         params = [p for p in model.parameters() if p.requires_grad]
-        grads = sum(int(p.grad is not None and bool(p.grad.abs().sum() > 0)) for p in params)
+        grads = _leaves_reached(logits)
         diff = _max_diff(logits.detach(), reference)
         floor = noise_floor(_dtype(dlm), float(reference.abs().max()))
         ok = bool(torch.isfinite(logits).all()) and grads > 0 and diff <= floor
@@ -265,8 +265,83 @@ def train_mode_logits(dlm: DiffusionLM) -> Probe:
             "RL steps see the policy the sampler sees",
         )
     finally:
-        model.zero_grad(set_to_none=True)
         model.train(was_training)
+
+
+def _leaves_reached(output: torch.Tensor) -> int:
+    """How many leaf tensors (weights) ``output``'s autograd graph reaches: which weights a backward pass would give
+    a gradient, found without running one (a backward through a DDP, FSDP or DeepSpeed model fires their gradient
+    hooks and collectives, and leaves gradients the first training step would add to)."""
+    leaves: set[int] = set()
+    seen: set[int] = set()
+    stack = [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if hasattr(node, "variable"):
+            leaves.add(id(node.variable))
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(leaves)
+
+
+def decoder_blocks(dlm: DiffusionLM) -> Probe:
+    """The family's decoder blocks exist in the model: the unit FSDP shards and activation checkpointing recomputes."""
+    meaning = "FSDP wraps these blocks; activation checkpointing recomputes them"
+    if not dlm.block_classes:
+        return Probe("decoder blocks", "n/a", f"the {dlm.family} family declares no block class", meaning)
+    try:
+        blocks = dlm.decoder_blocks()
+    except UserError as exc:
+        return Probe("decoder blocks", "fail", str(exc), meaning)
+    names = Counter(type(block).__name__ for block in blocks)
+    return Probe("decoder blocks", "pass", ", ".join(f"{count} x {name}" for name, count in names.items()), meaning)
+
+
+def activation_checkpointing(dlm: DiffusionLM) -> Probe:
+    """With every decoder block recomputed in the backward pass, the train-mode loss and gradients are unchanged.
+
+    Not part of the trainer's probes: it runs two backward passes, which under DeepSpeed would fire the engine's
+    gradient hooks. ``check-model`` runs it on the model as loaded.
+    """
+    from stabledrl_bench.core.models.checkpointing import (
+        disable_activation_checkpointing,
+        enable_activation_checkpointing,
+    )
+
+    try:
+        blocks = dlm.decoder_blocks()
+    except UserError:
+        return Probe("activation checkpointing", "n/a", "no decoder blocks found (see above)", "")
+    model = dlm.model
+    was_training = model.training
+    ids = probe_ids(dlm, 2 * (dlm.block_size or 4))
+    key_valid = torch.ones_like(ids, dtype=torch.bool)
+    params = [p for p in blocks[0].parameters() if p.requires_grad]
+
+    def loss_and_grads() -> tuple[float, list[torch.Tensor]]:
+        loss = _pattern_logits(dlm, ids, key_valid).float().logsumexp(-1).mean()
+        return float(loss.detach()), list(torch.autograd.grad(loss, params, allow_unused=True))
+
+    try:
+        model.train()
+        plain_loss, plain = loss_and_grads()
+        enable_activation_checkpointing(blocks)
+        loss, grads = loss_and_grads()
+    finally:
+        disable_activation_checkpointing(blocks)
+        model.train(was_training)
+    diff = max((_max_diff(a, b) for a, b in zip(plain, grads, strict=True) if a is not None), default=0.0)
+    scale = max((float(g.abs().max()) for g in plain if g is not None), default=0.0)
+    floor = noise_floor(_dtype(dlm), scale)
+    ok = abs(loss - plain_loss) <= noise_floor(_dtype(dlm), abs(plain_loss)) and diff <= floor
+    return Probe(
+        "activation checkpointing",
+        _status(ok),
+        f"loss {abs(loss - plain_loss):.2g} and first block's gradient {diff:.2g} from the plain pass",
+        "training with gradient_checkpointing computes the same update",
+    )
 
 
 def mask_token(dlm: DiffusionLM) -> Probe:
@@ -282,15 +357,18 @@ def mask_token(dlm: DiffusionLM) -> Probe:
     )
 
 
-def run_probes(dlm: DiffusionLM, *, train: bool = True) -> list[Probe]:
-    """Every probe, in the order ``check-model`` prints them (``train=False`` skips the backward pass).
+def run_probes(dlm: DiffusionLM, *, train: bool = True, checkpointing: bool = False) -> list[Probe]:
+    """Every probe, in the order ``check-model`` prints them (``train=False`` skips the train-mode forward,
+    ``checkpointing=True`` adds the backward passes of :func:`activation_checkpointing`).
 
     A probe whose forward pass raises is reported as failed with the error, so one broken call never hides
     the other measurements.
     """
     checks = [mask_token, masks_honoured, padding_invariance, attention_pattern, logit_alignment, cache_matches]
     if train:
-        checks.append(train_mode_logits)
+        checks += [train_mode_logits, decoder_blocks]
+    if checkpointing:
+        checks.append(activation_checkpointing)
     probes: list[Probe] = []
     for check in checks:
         try:
@@ -301,21 +379,14 @@ def run_probes(dlm: DiffusionLM, *, train: bool = True) -> list[Probe]:
     return probes
 
 
-def model_facts(dlm: DiffusionLM, gpus: int = 8) -> dict[str, str]:
-    """dtype, size and the memory the paper preset (full-parameter AdamW, FSDP over ``gpus``) would need.
-
-    16 bytes per parameter: fp32 master weights, gradients and AdamW's two moments, sharded by FSDP; the bf16
-    compute copy and activations (gradient checkpointing) come on top. An estimate by arithmetic.
-    """
+def model_facts(dlm: DiffusionLM) -> dict[str, str]:
+    """Family, attention, dtype and size of the loaded model (``check-model``; the plan adds what a preset needs)."""
     params = sum(p.numel() for p in dlm.model.parameters())
-    state = 16 * params / 2**30
     return {
         "family": dlm.family,
         "attention": dlm.attention + (f" (block {dlm.block_size})" if dlm.block_size else ""),
         "dtype": str(_dtype(dlm)).replace("torch.", ""),
         "parameters": f"{params:,}",
-        "paper-preset memory": f"{state:.3g} GiB optimizer state in all, {state / gpus:.3g} GiB per GPU on {gpus} "
-        "GPUs (FSDP) + activations (estimate)",
     }
 
 

@@ -20,7 +20,6 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
@@ -197,7 +196,8 @@ class TinyDLM(PreTrainedModel):
 
     config_class = TinyDLMConfig
     base_model_prefix = "tiny_dlm"
-    supports_gradient_checkpointing = True
+    # Activation checkpointing is the harness's, for every family alike (training/distributed.py), not the model's.
+    supports_gradient_checkpointing = False
     _no_split_modules: ClassVar[list[str]] = ["Block"]
 
     def __init__(self, config: TinyDLMConfig) -> None:
@@ -206,7 +206,6 @@ class TinyDLM(PreTrainedModel):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.gradient_checkpointing = False
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -283,10 +282,7 @@ class TinyDLM(PreTrainedModel):
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
             past = kv_cache[i] if kv_cache else None
-            if self.gradient_checkpointing and self.training:
-                h, kv = checkpoint(layer, h, rope, mask, past, use_reentrant=False)
-            else:
-                h, kv = layer(h, rope, mask, past)
+            h, kv = layer(h, rope, mask, past)
             new_cache.append(kv)
         return self.lm_head(self.norm(h)), new_cache
 

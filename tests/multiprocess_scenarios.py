@@ -1,0 +1,183 @@
+"""What the multi-process tests run: the same training and evaluation scenarios once on one process (in pytest) and
+once under each shipped accelerate config on 2 CPU processes (``multiprocess_worker.py``), to compare.
+
+Every scenario uses a small tiny model in one family's calling convention (``TinyDLMConfig.convention``), so the
+family's backend, its FSDP block class and its probes are what runs, with activation checkpointing on. Rewards
+and grades are a fixed function of the prompt, not of the random model's text: one of the two training prompts
+has a group with mixed answers, the other only wrong ones, so every step has something to learn and a baseline
+that drops uninformative groups (TraDo) drops every group of the process that got the second prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+CONVENTIONS = ("native", "llada-hub", "llada", "dream", "sdar-chat", "sdar-trado")
+
+# name -> (baseline, convention, prompts_per_step, per_device_prompts)
+SCENARIOS: dict[str, tuple[str, str, int, int]] = {
+    "grpo-native": ("grpo", "native", 2, 1),  # a reference model
+    "trado-sdar": ("trado", "sdar-trado", 2, 1),  # trajectory replay; one process drops every group
+    "stabledrl-llada-hub": ("stabledrl", "llada-hub", 4, 2),  # pad-free: per-process counts of forward passes differ
+    "espo-dream": ("espo", "dream", 2, 1),  # shifted logits, the Dream backend's dtype read through the wrapper
+    "spg-llada": ("spg", "llada", 4, 1),  # two micro-batches per process
+    "stabledrl-sdar-chat": ("stabledrl", "sdar-chat", 2, 1),  # staircase ELBO; SDAR-8B-Chat's train-mode branches
+    "grpo-lora": ("grpo", "native", 2, 1),  # LoRA: the reference is the adapter-free model (the d1/SPG/ESPO recipes)
+}
+STEPS = 4  # two rollout phases of mu = 2
+EVAL_DOCS = 6
+
+
+def build_models(root: Path) -> dict[str, str]:
+    """One saved checkpoint per convention, same seed (the native one full attention, sdar-trado block)."""
+    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
+
+    paths = {}
+    for convention in CONVENTIONS:
+        attention = "block" if convention.startswith("sdar") else "full"
+        path = root / convention
+        save_diffusion_lm(build_tiny(attention=attention, block_size=4, seed=5, convention=convention, **SMALL), path)
+        paths[convention] = str(path)
+    return paths
+
+
+def two_prompts() -> list[dict[str, Any]]:
+    """The training set: two generated Countdown puzzles (every step draws both, in a shuffled order)."""
+    from stabledrl_bench.tasks import get_task
+
+    return get_task("countdown").generate(2, seed=7, num_numbers=[3])
+
+
+def fixed_grades(texts: list[str], docs: list[dict[str, Any]]) -> list[float]:
+    """Correct on every other completion of the first prompt, never on the second (row order within a call)."""
+    first = two_prompts()[0]
+    return [float(doc == first and i % 2 == 0) for i, doc in enumerate(docs)]
+
+
+def patch_task(monkeypatch_setattr) -> None:
+    """Route the trainer's data, rewards and grades through the fixed functions above (``setattr``-like callable)."""
+    from stabledrl_bench.tasks.base import GradeResult, RewardResult
+    from stabledrl_bench.training import trainer as trainer_module
+
+    def training_docs(task, split, seed, generator_options=None):
+        del task, split, seed, generator_options
+        return two_prompts()
+
+    def reward_many(self, texts, docs, profile):
+        del profile
+        return [RewardResult.of(fixed=value) for value in fixed_grades(texts, docs)]
+
+    def grade_many(self, texts, docs):
+        return [GradeResult(correct=bool(v), score=v, extracted=None, details={}) for v in fixed_grades(texts, docs)]
+
+    from stabledrl_bench.tasks.countdown import CountdownTask
+
+    monkeypatch_setattr(trainer_module, "training_docs", training_docs)
+    monkeypatch_setattr(CountdownTask, "reward_many", reward_many)
+    monkeypatch_setattr(CountdownTask, "grade_many", grade_many)
+
+
+def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = STEPS):
+    from stabledrl_bench.training.budget import Budget
+    from stabledrl_bench.training.optim import OptimConfig
+    from stabledrl_bench.training.trainer import LoraSettings, TrainConfig
+
+    baseline, convention, prompts, per_device = SCENARIOS[name]
+    budget = Budget(
+        max_steps=steps,
+        prompts_per_step=prompts,
+        num_generations=4,
+        num_iterations=2,
+        max_completion_length=16,
+        diffusion_steps=8,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=40,
+    )
+    options = {"overlong_margin": None} if baseline == "trado" else {}
+    lora = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=["qkv"]) if name == "grpo-lora" else None
+    return TrainConfig(
+        baseline=baseline,
+        task="countdown",
+        model=models[convention],
+        protocol="tiny" if name != "stabledrl-llada-hub" else "d1",  # d1 prompts differ in length: padding
+        train_split="generated",
+        budget=budget,
+        optim=OptimConfig(learning_rate=3e-3, lr_scheduler_type="linear", max_grad_norm=1.0, weight_decay=0.1),
+        baseline_options=options,
+        per_device_prompts=per_device,
+        estimator_micro_batch=3,  # chunks of 3 rows: the counts differ between processes where rows do
+        gradient_checkpointing=True,
+        lora=lora,
+        output_dir=str(out),
+        progress=False,
+    )
+
+
+def final_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def run_training(name: str, models: dict[str, str], out: Path, *, probe=None, **train_kwargs) -> dict[str, Any]:
+    """Train a scenario; returns the per-step log entries that must not depend on the number of processes (and what
+    ``probe(trainer)`` returns, called before training)."""
+    from stabledrl_bench.training.runlog import read_log
+    from stabledrl_bench.training.trainer import RLTrainer
+
+    trainer = RLTrainer(train_config(name, models, out))
+    result: dict[str, Any] = {} if probe is None else {"processes": probe(trainer)}
+    trainer.train(**train_kwargs)
+    keys = ("loss", "grad_norm", "reward_mean", "kept_fraction")
+    result["log"] = [{k: r[k] for k in keys if k in r} for r in read_log(out / "log.jsonl")]
+    return result
+
+
+# name -> (convention, protocol): greedy full attention, and block diffusion sampling at T=1 (keyed per batch)
+EVALUATIONS = {"greedy": ("native", "tiny"), "sampled": ("sdar-trado", "tracerl-dynamic")}
+
+
+def run_evaluation(name: str, models: dict[str, str], results: Path) -> dict[str, Any]:
+    """Evaluate and record one checkpoint (3 batches of 2 prompts); returns the record without its timings."""
+    import json
+
+    from stabledrl_bench.core.models.backends import load_model_spec
+    from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+
+    convention, protocol = EVALUATIONS[name]
+    dlm = load_model_spec(models[convention])
+    key = {
+        "comparison": "multiprocess",
+        "table": "table1",
+        "preset": "test",
+        "baseline": "base",
+        "task": "countdown",
+        "length": 128,  # the nominal length; 16 tokens are decoded (as the tiny presets scale them)
+        "sampling": None,
+        "protocol": protocol,
+        "seed": 0,
+        "model": model_record(dlm, models[convention]),
+    }
+    recorded = evaluate_and_record(
+        dlm,
+        results_dir=results,
+        key=key,
+        max_completion_length=16,
+        budget=None,
+        limit=EVAL_DOCS,
+        batch_size=2,
+        progress=False,
+    )
+    record = json.loads(recorded.path.read_text())
+    timing = ("wall_time_s", "tokens_per_s")
+    return {
+        "metrics": {k: v for k, v in record["metrics"].items() if k not in timing},
+        "samples_sha256": record["samples_sha256"],
+        "settings": record["settings"],
+        "files": sorted(p.name for p in results.rglob("*.json")),
+    }
