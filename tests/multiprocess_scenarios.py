@@ -10,10 +10,19 @@ that drops uninformative groups (TraDo) drops every group of the process that go
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# config file -> accelerate's name for what runs on CPU processes
+CONFIGS = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED"}
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 CONVENTIONS = ("native", "llada-hub", "llada", "dream", "sdar-chat", "sdar-trado")
@@ -181,3 +190,57 @@ def run_evaluation(name: str, models: dict[str, str], results: Path) -> dict[str
         "settings": record["settings"],
         "files": sorted(p.name for p in results.rglob("*.json")),
     }
+
+
+def launch(config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``accelerate launch --config_file configs/accelerate/<config>.yaml`` on 2 CPU processes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "configs" / "accelerate" / f"{config}.yaml"),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        "0",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def run_on_one_process(models: dict[str, str], out: Path) -> dict[str, Any]:
+    """Every scenario in this process (one thread, the fixed rewards)."""
+    import pytest
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch_task(patch.setattr)
+            report = {name: run_training(name, models, out / name) for name in SCENARIOS}
+            report.update({name: run_evaluation(name, models, out / f"results-{name}") for name in EVALUATIONS})
+    finally:
+        torch.set_num_threads(threads)
+    return report
+
+
+def run_on_two_processes(config: str, models: dict[str, str], out: Path) -> dict[str, Any]:
+    """Every scenario under ``configs/accelerate/<config>.yaml`` on 2 CPU processes: rank 0's report."""
+    models_json = out / "models.json"
+    models_json.write_text(json.dumps(models))
+    proc = launch(config, str(ROOT / "tests" / "multiprocess_worker.py"), str(models_json), str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "report.json").read_text())
+
+
+def assert_same_training(ours: dict[str, Any], theirs: dict[str, Any], scenario: str) -> None:
+    """Loss, gradient norm, reward and kept fraction of every step equal within 1e-5 (relative or absolute)."""
+    assert len(ours["log"]) == len(theirs["log"]) == STEPS
+    for step, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True), start=1):
+        for key in ("loss", "grad_norm", "reward_mean", "kept_fraction"):
+            if key in b:
+                assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-5), (scenario, step, key, a[key], b[key])

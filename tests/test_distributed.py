@@ -99,8 +99,9 @@ def test_extra_passes_that_keep_fsdp_processes_in_step_count_zero(monkeypatch):
 def test_fsdp_wraps_the_family_blocks():
     dlm = build_tiny(**SMALL)
     dlm.model._no_split_modules = ["LLaDABlock"]  # as LLaDA's file declares: a base class it never instantiates
-    declare_fsdp_blocks(dlm.model, dlm.decoder_blocks())
-    assert dlm.model._no_split_modules == ["Block"]
+    plugin = SimpleNamespace(transformer_cls_names_to_wrap=["DreamDecoderLayer"])  # left by an earlier model
+    declare_fsdp_blocks(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)), dlm.model, dlm.decoder_blocks())
+    assert dlm.model._no_split_modules == ["Block"] and plugin.transformer_cls_names_to_wrap is None
 
 
 def test_a_model_without_the_family_blocks_is_one_clear_error():

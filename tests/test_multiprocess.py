@@ -19,7 +19,6 @@ The GPU path is DDP, FSDP2 or DeepSpeed ZeRO-2 over N processes; here each shipp
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -27,32 +26,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiprocess_scenarios import EVALUATIONS, SCENARIOS, build_models, patch_task, run_evaluation, run_training
+from multiprocess_scenarios import (
+    CONFIGS,
+    EVALUATIONS,
+    ROOT,
+    SCENARIOS,
+    assert_same_training,
+    build_models,
+    launch,
+    run_on_one_process,
+    run_on_two_processes,
+)
 from safetensors.torch import load_file
-
-ROOT = Path(__file__).resolve().parents[1]
-# config file -> accelerate's name for what runs on CPU processes
-CONFIGS = {"ddp": "MULTI_CPU", "fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED"}
-
-
-def launch(config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``accelerate launch --config_file configs/accelerate/<config>.yaml`` on 2 CPU processes."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "configs" / "accelerate" / f"{config}.yaml"),
-        "--num_processes",
-        "2",
-        "--mixed_precision",
-        "no",
-        "--main_process_port",
-        "0",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -63,36 +48,18 @@ def models(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def single(models, tmp_path_factory) -> dict:
     """The scenarios on this one process."""
-    out = tmp_path_factory.mktemp("one-process")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch_task(patch.setattr)
-            report = {name: run_training(name, models, out / name) for name in SCENARIOS}
-            report.update({name: run_evaluation(name, models, out / f"results-{name}") for name in EVALUATIONS})
-    finally:
-        torch.set_num_threads(threads)
-    return report
+    return run_on_one_process(models, tmp_path_factory.mktemp("one-process"))
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def launched(request, models, tmp_path_factory) -> tuple[str, dict, Path]:
     """The scenarios under one shipped config on 2 processes: (config, report, output folder)."""
     out = tmp_path_factory.mktemp(request.param)
-    models_json = out / "models.json"
-    models_json.write_text(json.dumps(models))
-    proc = launch(request.param, str(ROOT / "tests" / "multiprocess_worker.py"), str(models_json), str(out))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return request.param, json.loads((out / "report.json").read_text()), out
+    return request.param, run_on_two_processes(request.param, models, out), out
 
 
 def test_every_shipped_config_is_launched_here():
     assert sorted(p.stem for p in (ROOT / "configs" / "accelerate").glob("*.yaml")) == sorted(CONFIGS)
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
 
 
 def test_each_config_runs_its_own_backend_on_two_processes(launched):
@@ -106,12 +73,7 @@ def test_each_config_runs_its_own_backend_on_two_processes(launched):
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_training_equals_one_process(launched, single, scenario):
     _, report, _ = launched
-    ours, theirs = report[scenario]["log"], single[scenario]["log"]
-    assert len(ours) == len(theirs) == 4
-    for step, (a, b) in enumerate(zip(ours, theirs, strict=True), start=1):
-        for key in ("loss", "grad_norm", "reward_mean", "kept_fraction"):
-            if key in b:
-                assert _close(a[key], b[key]), (scenario, step, key, a[key], b[key])
+    assert_same_training(report[scenario], single[scenario], scenario)
 
 
 def test_one_process_drops_every_group_of_its_trado_rollouts(launched):
@@ -149,3 +111,58 @@ def test_evaluation_equals_one_process_and_writes_one_record(launched, single, e
     _, report, _ = launched
     assert report[evaluation] == single[evaluation]
     assert len(report[evaluation]["files"]) == 1
+
+
+# ------------------------------------------------------------------------------------------ the documented command
+REPRODUCE = ["reproduce", "table1", "--preset", "smoke", "--baselines", "grpo,trado"]
+
+
+def _reproduce_args(root: Path) -> list[str]:
+    return [
+        *REPRODUCE,
+        "--results",
+        str(root / "results"),
+        "--runs",
+        str(root / "runs"),
+        "--leaderboard",
+        str(root / "lb.md"),
+    ]
+
+
+def _records(results: Path) -> dict[tuple, dict]:
+    found = {}
+    for path in results.rglob("*.json"):
+        if path.parent.name != "training":
+            record = json.loads(path.read_text())
+            found[(record["baseline"], record["task"], record["length"])] = record
+    return found
+
+
+@pytest.fixture(scope="module")
+def reproduced_once(tmp_path_factory) -> Path:
+    """``reproduce table1 --preset smoke`` (two baselines) on one process, in a fresh interpreter."""
+    root = tmp_path_factory.mktemp("reproduce-one")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "stabledrl_bench", *_reproduce_args(root)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_the_documented_launch_trains_evaluates_and_resumes_like_one_process(config, reproduced_once, tmp_path):
+    proc = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("leaderboard:") == 1  # one process prints, one process writes
+    ours, theirs = _records(tmp_path / "results"), _records(reproduced_once / "results")
+    assert ours.keys() == theirs.keys() and len(ours) == 9  # the start, grpo and trado at three lengths
+    for key, record in ours.items():
+        # the SFT warm start sums its batch in two halves, so weights agree to rounding, not bit for bit
+        assert record["samples_sha256"] == theirs[key]["samples_sha256"], key
+        assert record["metrics"]["accuracy"] == theirs[key]["metrics"]["accuracy"], key
+    training = "results/training/table1-smoke__sudoku.csv"
+    assert (tmp_path / training).read_text() == (reproduced_once / training).read_text()
+    # the same command again: every run and record is reused, nothing trains or decodes again
+    again = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "measured (" not in again.stdout and again.stdout.count("reused") >= 9

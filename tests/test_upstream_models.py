@@ -244,3 +244,39 @@ def test_the_published_files_behave_as_the_tiny_emulations_say(checkpoints) -> N
         else:
             assert sdar(input_ids=ids, attention_mask=pattern, position_ids=real_positions(ids >= 0)).logits is None
         sdar.eval()
+
+
+# ------------------------------------------------------------------------------ the shipped launch configs
+@pytest.fixture(scope="module")
+def published(checkpoints, tmp_path_factory) -> dict[str, str]:
+    """The multi-process scenarios' conventions served by the published files (native: the harness's own model)."""
+    from multiprocess_scenarios import build_models
+
+    files = {"llada-hub": "llada-hub", "llada": "llada-dllm-rl", "dream": "dream", "sdar-chat": "sdar-chat"}
+    files["sdar-trado"] = "sdar-trado"
+    native = build_models(tmp_path_factory.mktemp("native"))["native"]
+    return {"native": native, **{convention: str(checkpoints[variant]) for convention, variant in files.items()}}
+
+
+@pytest.fixture(scope="module")
+def published_on_one_process(published, tmp_path_factory) -> dict:
+    from multiprocess_scenarios import run_on_one_process
+
+    return run_on_one_process(published, tmp_path_factory.mktemp("one-process"))
+
+
+@pytest.mark.parametrize("config", ["ddp", "fsdp", "deepspeed_zero2"])
+def test_every_shipped_config_on_two_processes_equals_one_process(
+    config, published, published_on_one_process, tmp_path
+):
+    """tests/test_multiprocess.py's scenarios (checkpointing on, reference model, dropped groups, pad-free, resume,
+    evaluation) on the published files, under each shipped accelerate config on 2 CPU processes."""
+    from multiprocess_scenarios import EVALUATIONS, SCENARIOS, assert_same_training, run_on_two_processes
+
+    report = run_on_two_processes(config, published, tmp_path)
+    for scenario in SCENARIOS:
+        assert_same_training(report[scenario], published_on_one_process[scenario], scenario)
+        assert report[scenario]["processes"][0] == report[scenario]["processes"][1], scenario
+    assert report["resume"]["log"] == report["grpo-native"]["log"]
+    for evaluation in EVALUATIONS:
+        assert report[evaluation] == published_on_one_process[evaluation], evaluation

@@ -122,10 +122,16 @@ def ram_efficient_loading(acc) -> bool:
     return bool(acc.is_fsdp2 and acc.state.fsdp_plugin.cpu_ram_efficient_loading)
 
 
-def declare_fsdp_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
+def declare_fsdp_blocks(acc, model: nn.Module, blocks: list[nn.Module]) -> None:
     """Make the decoder blocks FSDP's wrap unit: accelerate wraps the classes named by ``_no_split_modules`` unless
-    the launch config names others (``fsdp_transformer_layer_cls_to_wrap``)."""
+    the launch config names others (``fsdp_transformer_layer_cls_to_wrap``, then those are used).
+
+    accelerate's plugin remembers the classes of the first model it wrapped; one process may train several models
+    in turn (``reproduce``: a warm start, then RL), so unless the config named them they are forgotten here.
+    """
     model._no_split_modules = sorted({type(block).__name__ for block in blocks})
+    if not os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP"):
+        acc.state.fsdp_plugin.transformer_cls_names_to_wrap = None
 
 
 def compute_dtype(acc, model: nn.Module) -> torch.dtype:

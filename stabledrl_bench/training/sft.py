@@ -185,7 +185,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     dlm = load_model_spec(cfg.model, seed=cfg.seed)
     model = dlm.model.train()
     if acc.is_fsdp2:
-        declare_fsdp_blocks(model, dlm.decoder_blocks())
+        declare_fsdp_blocks(acc, model, dlm.decoder_blocks())
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.max_steps, cfg.optim)
     configure_deepspeed(acc, micro_batch_rows=share, max_grad_norm=cfg.optim.max_grad_norm)

@@ -213,7 +213,7 @@ class RLTrainer:
         model = dlm.model
         blocks = dlm.decoder_blocks() if cfg.gradient_checkpointing or self.acc.is_fsdp2 else []
         if self.acc.is_fsdp2:
-            declare_fsdp_blocks(model, blocks)
+            declare_fsdp_blocks(self.acc, model, blocks)
         if cfg.lora is not None:
             model = _apply_lora(model, cfg.lora, seed=cfg.seed)
         ref_model = None
