@@ -113,7 +113,7 @@ def require_positive(**values: int | None) -> None:
 
 # Settings that say where and how verbosely a run goes, not what it computes: never part of a run's identity
 # (the key that decides whether a finished or checkpointed run may be reused or resumed).
-NOT_IDENTITY = ("output_dir", "progress", "check_model", "save_every")
+NOT_IDENTITY = ("output_dir", "progress", "check_model", "save_every", "keep_checkpoints", "log_with")
 
 
 def canonical_json(value: Any) -> str:
