@@ -142,7 +142,7 @@ def run_training(name: str, models: dict[str, str], out: Path, *, probe=None, **
     trainer = RLTrainer(train_config(name, models, out))
     result: dict[str, Any] = {} if probe is None else {"processes": probe(trainer)}
     trainer.train(**train_kwargs)
-    keys = ("loss", "grad_norm", "reward_mean", "kept_fraction")
+    keys = ("loss", "grad_norm", "reward_mean", "reward_std", "accuracy", "kept_fraction", "nfe_total")
     result["log"] = [{k: r[k] for k in keys if k in r} for r in read_log(out / "log.jsonl")]
     return result
 
@@ -241,6 +241,6 @@ def assert_same_training(ours: dict[str, Any], theirs: dict[str, Any], scenario:
     """Loss, gradient norm, reward and kept fraction of every step equal within 1e-5 (relative or absolute)."""
     assert len(ours["log"]) == len(theirs["log"]) == STEPS
     for step, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True), start=1):
-        for key in ("loss", "grad_norm", "reward_mean", "kept_fraction"):
+        for key in ("loss", "grad_norm", "reward_mean", "reward_std", "accuracy", "kept_fraction", "nfe_total"):
             if key in b:
                 assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-5), (scenario, step, key, a[key], b[key])

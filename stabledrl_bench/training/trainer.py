@@ -43,7 +43,7 @@ from stabledrl_bench.core.models.checkpointing import enable_activation_checkpoi
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import UserError, require_folder
-from stabledrl_bench.processes import keyed_generator, process_state
+from stabledrl_bench.processes import gather_lists, keyed_generator, process_state
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.checkpoint import (
@@ -358,23 +358,25 @@ class RLTrainer:
                     self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids, generators, weight)
                 )
         self.dlm.model.train()
-        rewards = torch.cat([s.rewards for s in sampled])
+        # every process's rows, in the order one process would hold them: the metrics of the whole rollout
+        shares = gather_lists([(sampled_rows(sampled), informative, kept, sum(s.nfe for s in sampled))])
+        rows = [row for part, *_ in shares for row in part]
+        rewards = torch.tensor([row["reward"] for row in rows], dtype=torch.float32)
         components: dict[str, list[float]] = {}
-        for s in sampled:
-            for name, values in s.components.items():
-                components.setdefault(name, []).extend(values)
+        for row in rows:
+            for name, value in row["components"].items():
+                components.setdefault(name, []).append(value)
         metrics = {
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std(unbiased=False).item(),
-            "accuracy": torch.cat([s.correct for s in sampled]).mean().item(),
-            "rollout_nfe": sum(s.nfe for s in sampled),
+            "accuracy": torch.tensor([row["correct"] for row in rows], dtype=torch.float32).mean().item(),
+            "rollout_nfe": sum(part[3] for part in shares),  # per-sample NFE, summed over micro-batches
             # groups whose completions got different rewards: the only ones any of the baselines learns from
-            "informative_groups": informative
-            / max(1, sum(len(s.rewards) for s in sampled) // self.budget.num_generations),
-            "kept_fraction": kept / rewards.numel(),
+            "informative_groups": sum(part[1] for part in shares) / max(1, len(rows) // self.budget.num_generations),
+            "kept_fraction": sum(part[2] for part in shares) / len(rows),
         }
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in components.items()})
-        return micro_batches, self._gather_means(metrics)
+        return micro_batches, metrics
 
     def _pre_estimate(
         self, batch: SequenceBatch, advantages, group_ids, generators: dict[str, torch.Generator], weight: float
@@ -457,8 +459,14 @@ class RLTrainer:
         return metrics
 
     def _micro_loss(self, mb: MicroBatch, iteration: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """The baseline's loss on one micro-batch at inner iteration ``iteration`` (x 0, with no metrics, for a
-        micro-batch of dropped groups: it compares the policy with itself)."""
+        """The baseline's loss on one micro-batch at inner iteration ``iteration``.
+
+        A micro-batch of dropped groups contributes an exactly zero gradient and no metrics: through the whole
+        forward/backward (x 0) when other processes must make the same collective calls, else from the parameters
+        directly (its passes would cost a full step for nothing).
+        """
+        if mb.weight == 0 and self.acc.num_processes == 1:  # alone, no other process waits for its passes
+            return sum(p.sum() for p in self.train_dlm.model.parameters() if p.requires_grad) * 0.0, {}
         mask_gen = mb.generators["mask"]
         noise = mb.noises[iteration] if mb.noises else self.estimator.draw(mb.batch, mask_gen)
         new = self.estimator.evaluate(self.train_dlm, mb.batch, noise)
@@ -612,14 +620,6 @@ class RLTrainer:
         self.phase = self.step // self.budget.num_iterations
         self.nfe_total = state["nfe_total"]
 
-    def _gather_means(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.acc.num_processes == 1:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([float(metrics[k]) for k in keys], device=self.acc.device)
-        means = self.acc.gather(values[None]).mean(0)
-        return {k: (int(v) if k == "rollout_nfe" else float(v)) for k, v in zip(keys, means.tolist(), strict=True)}
-
 
 # ---------------------------------------------------------------------- helpers
 def _select_rows(batch: SequenceBatch, keep: torch.Tensor) -> SequenceBatch:
@@ -631,6 +631,19 @@ def _select_rows(batch: SequenceBatch, keep: torch.Tensor) -> SequenceBatch:
         completion_mask=batch.completion_mask[keep],
         unmask_step=None if batch.unmask_step is None else batch.unmask_step[keep],
     )
+
+
+def sampled_rows(sampled: list[SampledBatch]) -> list[dict[str, Any]]:
+    """One plain record per completion of a rollout (what its metrics are computed from, on any process)."""
+    return [
+        {
+            "reward": float(s.rewards[i]),
+            "correct": float(s.correct[i]),
+            "components": {name: values[i] for name, values in s.components.items()},
+        }
+        for s in sampled
+        for i in range(len(s.rewards))
+    ]
 
 
 def _merge_metrics(per_mb: list[dict[str, float]]) -> dict[str, float]:
