@@ -75,6 +75,7 @@ def test_presets_load_and_paper_presets_reuse_the_recipe(table):
     recipe = read_recipe(PAPER_RECIPE)
     assert (paper.prompt_protocol, paper.reward_profile) == (recipe["protocol"], recipe["reward_profile"])
     assert paper.bf16 and paper.gradient_checkpointing and paper.save_every == recipe["save_every"]
+    assert paper.dtype == recipe["dtype"] == "float32"  # fp32 masters, bf16 compute
     expected = paper_budget()
     if table == "table2":  # SDAR: block 4, steps = canvas (the only differences from Table 1's budget)
         expected = dataclasses.replace(expected, block_length=4, diffusion_steps=256)

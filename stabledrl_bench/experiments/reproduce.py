@@ -92,7 +92,8 @@ class Preset:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig | None = None  # warm start (tiny / smoke); None: RL starts from the given model
     per_device_prompts: int = 1
-    bf16: bool = False
+    dtype: str = "float32"  # the trained (master) weights
+    bf16: bool = False  # bf16 mixed precision
     gradient_checkpointing: bool = False
     eval_limit: int | None = None
     eval_batch_size: int = 64
@@ -121,6 +122,7 @@ _FROM_RECIPE = {
     "budget": "budget",
     "optim": "optim",
     "per_device_prompts": "per_device_prompts",
+    "dtype": "dtype",
     "bf16": "bf16",
     "gradient_checkpointing": "gradient_checkpointing",
     "save_every": "save_every",
@@ -205,7 +207,7 @@ def _banner(table: str, preset: Preset, model: str | None, tasks: list[str]) -> 
         needs = "LLaDA-8B-Instruct" if table == "table1" else "SDAR-8B-Chat"
         print(
             f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`;"
-            " see README 'Reproducing on GPUs')"
+            " see README 'Reproducing Table 1 on GPUs')"
         )
     print(f"  model: {model or preset.model}; tasks: {', '.join(tasks)}; budget {preset.budget.hash()}")
     extra = [task for task in preset.tasks if task not in tasks]
@@ -353,6 +355,7 @@ def _train_config(
         optim=dataclasses.replace(preset.optim, learning_rate=recipe.learning_rate),
         per_device_prompts=preset.per_device_prompts,
         seed=seed,
+        dtype=preset.dtype,
         bf16=preset.bf16,
         gradient_checkpointing=preset.gradient_checkpointing,
         output_dir=str(out),
