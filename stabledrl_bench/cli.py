@@ -40,6 +40,15 @@ def _add_skip_check(p) -> None:
         action="store_true",
         help="do not probe a loaded checkpoint's conventions before training (see check-model)",
     )
+    _add_trust(p)
+
+
+def _add_trust(p) -> None:
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let checkpoints run their own Python code (the published LLaDA/Dream/SDAR files); off by default",
+    )
 
 
 def _add_train(sub) -> None:
@@ -68,6 +77,7 @@ def _add_sft(sub) -> None:
     p.add_argument("--output-dir")
     p.add_argument("--max-steps", type=positive_int)
     p.add_argument("--seed", type=int)
+    _add_trust(p)
 
 
 def _add_eval(sub) -> None:
@@ -87,6 +97,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--comparison", help="group of runs sharing a budget (default: <table>-<preset>)")
     p.add_argument("--table", default="table1", choices=("table1", "table2"))
     p.add_argument("--force", action="store_true")
+    _add_trust(p)
 
 
 def _add_check_model(sub) -> None:
@@ -103,6 +114,7 @@ def _add_check_model(sub) -> None:
         "--tflops", type=float, default=400.0, help="sustained TFLOP/s per GPU the time estimate assumes (400)"
     )
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    _add_trust(p)
 
 
 def _add_misc(sub) -> None:
@@ -116,6 +128,7 @@ def _add_misc(sub) -> None:
     p.add_argument(
         "--redecode", type=positive_int, help="decode the first N prompts of each greedy result again and compare"
     )
+    _add_trust(p)
     p = sub.add_parser("list", help="list the entries of a registry (built-ins and installed plugins)")
     p.add_argument("what", choices=tuple(REGISTRIES))
     p = sub.add_parser("grade", help="grade a JSONL of predictions with the task's graders")
@@ -389,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return stress_main(argv[1:])
         args = build_parser().parse_args(argv)
+        if getattr(args, "trust_remote_code", False):
+            from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV
+
+            os.environ[REMOTE_CODE_ENV] = "1"  # this process and the ones it starts (accelerate, workers)
         with _quiet_unless_main():
             return COMMANDS[args.command](args)
     except UserError as exc:

@@ -5,6 +5,9 @@ with ``trust_remote_code=True``). SDAR's files import flash-attn and triton at m
 does not have. These tests write such a checkpoint themselves (a small modeling file importing both packages
 the way SDAR does), load it through ``load_diffusion_lm``, and check the stand-ins against reference code.
 The published files themselves are exercised by ``test_upstream_models.py`` (opt-in).
+
+Such code runs only when the user opts in (``--trust-remote-code``); the last tests check that nothing from the
+folder runs without it, through every command that loads a model.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from stabledrl_bench.cli import main
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm
-from stabledrl_bench.core.models.backends import SDARBackend
+from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV, SDARBackend
 from stabledrl_bench.core.models.kernel_stubs import flash_attn_func, kernel_stubs, rms_norm_fn
 from stabledrl_bench.errors import UserError
 
@@ -73,6 +77,12 @@ class KernelModel(PreTrainedModel):
             out = torch.nn.functional.scaled_dot_product_attention(t, t, t, attn_mask=mask).transpose(1, 2)
         return CausalLMOutput(logits=self.head(out.reshape(h.shape)))
 '''
+
+
+@pytest.fixture(autouse=True)
+def trusted(monkeypatch):
+    """These tests load remote code on purpose: the user's opt-in, as ``--trust-remote-code`` gives it."""
+    monkeypatch.setenv(REMOTE_CODE_ENV, "1")
 
 
 def _checkpoint(folder: Path, **config: object) -> Path:
@@ -174,3 +184,32 @@ def test_a_checkpoint_that_fails_to_load_is_one_clear_error(tmp_path: Path) -> N
     (folder / "modeling_kernels.py").write_text(MODELING)
     with pytest.raises(UserError, match=r"cannot load the model of .*broken"):
         load_diffusion_lm(folder)
+
+
+def test_a_checkpoint_with_its_own_code_runs_none_of_it_unless_the_user_opts_in(tmp_path, monkeypatch, capsys):
+    from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM
+
+    folder = _checkpoint(tmp_path / "sent", block_size=4, mask_token_id=3)
+    ran = tmp_path / "RAN"  # the canary: the folder's code writes it when imported
+    (folder / "modeling_kernels.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n" + MODELING)
+    monkeypatch.delenv(REMOTE_CODE_ENV)
+    commands = [
+        ["check-model", "--model", str(folder)],
+        ["eval", "--model", str(folder), "--task", "sudoku", "--limit", "1", "--results", str(tmp_path / "r")],
+        ["train", "--model", str(folder), "--task", "sudoku", "--output-dir", str(tmp_path / "run")],
+        ["sft", "--model", str(folder), "--task", "sudoku", "--output-dir", str(tmp_path / "sft")],
+    ]
+    for argv in commands:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "ships its own Python code (modeling_kernels.py)" in err[0], argv
+        assert "--trust-remote-code" in err[0]
+    with pytest.raises(UserError, match="trust_remote_code=True"):
+        DiffusionEvalLM(pretrained=str(folder))
+    assert not ran.exists()
+    assert main(["check-model", "--model", str(folder), "--trust-remote-code"]) in (0, 2)  # runs, whatever it finds
+    assert ran.exists()
+    lm = DiffusionEvalLM(
+        pretrained=str(folder), trust_remote_code="True", protocol="tiny-static", max_completion_length=8
+    )
+    assert isinstance(lm.dlm, SDARBackend)  # the lm-eval opt-in loads it (its code was imported just above)

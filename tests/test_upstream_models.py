@@ -43,6 +43,16 @@ from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 ROOT = os.environ.get("STABLEDRL_UPSTREAM_DIR")
 pytestmark = pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files")
 
+
+@pytest.fixture(autouse=True)
+def trusted(monkeypatch):
+    """Loading the published files runs them: the opt-in ``--trust-remote-code`` gives (launched processes inherit
+    it from the environment)."""
+    from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV
+
+    monkeypatch.setenv(REMOTE_CODE_ENV, "1")
+
+
 LLADA_FILES = ("configuration_llada.py", "modeling_llada.py")
 VARIANTS = {  # name: (folder under ROOT, files, backend)
     "llada-hub": ("LLaDA-8B-Instruct", LLADA_FILES, LLaDABackend),

@@ -51,12 +51,17 @@ class DiffusionEvalLM(LM):
         device: str | None = None,
         dtype: str | None = None,
         max_batch_size: int | None = None,
+        trust_remote_code: bool | str = False,
         **unused: Any,
     ) -> None:
         super().__init__()
         if unused:
             raise UserError(f"stabledrl_dllm: unknown model_args {', '.join(sorted(unused))}")
-        dlm = pretrained if isinstance(pretrained, DiffusionLM) else load_model_spec(str(pretrained), seed=int(seed))
+        trust = str(trust_remote_code).lower() in ("1", "true", "yes")  # lm-eval passes model_args as text
+        if isinstance(pretrained, DiffusionLM):
+            dlm = pretrained
+        else:
+            dlm = load_model_spec(str(pretrained), seed=int(seed), trust_remote_code=trust)
         if dtype:
             dlm.model.to(getattr(torch, str(dtype)))
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():

@@ -21,11 +21,18 @@ is one registered subclass (or an entry point in the ``stabledrl_bench.model_fam
 
 The loader applies :func:`~stabledrl_bench.core.models.kernel_stubs.kernel_stubs` while importing remote code (CPU
 machines lack flash-attn/triton) and turns load failures into one clear line.
+
+**Remote code only when asked.** The published LLaDA, Dream and SDAR checkpoints ship their model as Python files
+named by ``auto_map`` in their configs, and loading them imports those files: code from a folder someone sent.
+The loader runs it only when the user opted in (``--trust-remote-code`` on the command line, which sets
+``STABLEDRL_TRUST_REMOTE_CODE=1`` for the process and the processes it starts; ``trust_remote_code=True`` in the
+API and the lm-eval model arguments); otherwise such a folder is refused with one line naming its files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +55,7 @@ SDAR_MASK_ID = 151669
 # The published LLaDA/Dream/SDAR files run unmodified on these releases (both upstreams pin 4.52.4; SDAR's
 # imports of ``LossKwargs`` and ``modeling_attn_mask_utils`` are gone from 4.54 on).
 TESTED_TRANSFORMERS = ("4.52.4", "4.53.3")
+REMOTE_CODE_ENV = "STABLEDRL_TRUST_REMOTE_CODE"  # "1": the user opted in to running a checkpoint's own code
 
 
 def additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -263,6 +271,7 @@ def load_model_spec(
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     rank0_weights: bool = False,
+    trust_remote_code: bool | None = None,
 ) -> DiffusionLM:
     """``tiny`` / ``tiny-block`` build a fresh tiny model (seeded); anything else is a checkpoint to load."""
     if spec in TINY_SPECS:
@@ -270,7 +279,14 @@ def load_model_spec(
         if dtype is not None or device is not None:
             dlm.model.to(device=device, dtype=dtype)
         return dlm
-    return load_diffusion_lm(spec, family=family, dtype=dtype, device=device, rank0_weights=rank0_weights)
+    return load_diffusion_lm(
+        spec,
+        family=family,
+        dtype=dtype,
+        device=device,
+        rank0_weights=rank0_weights,
+        trust_remote_code=trust_remote_code,
+    )
 
 
 def _offline() -> bool:
@@ -284,6 +300,7 @@ def load_diffusion_lm(
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     rank0_weights: bool = False,
+    trust_remote_code: bool | None = None,
 ) -> DiffusionLM:
     """Load a checkpoint (local folder or Hub id) as a :class:`DiffusionLM`.
 
@@ -297,10 +314,20 @@ def load_diffusion_lm(
     every probe need real weights. ``rank0_weights=True`` lets transformers do that for a model FSDP will shard
     (it broadcasts rank 0's weights when it does); the padding probe is then left to the caller
     (:func:`detect_pad_free`), to be run once the weights are synced.
+
+    ``trust_remote_code`` (None: the process's opt-in, :data:`REMOTE_CODE_ENV`) allows importing the Python files a
+    checkpoint names; without it such a checkpoint is refused before anything is imported (module docstring).
     """
     source = _resolve_source(path_or_id)
+    trust = remote_code_trusted(trust_remote_code)
+    files = [] if trust else remote_code_files(source)
+    if files:
+        raise UserError(
+            f"model {source!r} ships its own Python code ({', '.join(files)}), which loading it would run; pass "
+            "--trust-remote-code (lm-eval: trust_remote_code=True) if you trust that folder"
+        )
     with _loading(source, "config"):
-        config = AutoConfig.from_pretrained(source, trust_remote_code=True)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust)
     model_type = str(getattr(config, "model_type", "")).lower()
     tiny = model_type == TinyDLMConfig.model_type
     family = family or (CONVENTION_FAMILY[config.convention] if tiny else family_of(model_type))
@@ -310,9 +337,9 @@ def load_diffusion_lm(
     backend = MODEL_FAMILIES.get(family)
     auto = AutoModel if tiny else getattr(transformers, backend.auto_class)
     with _loading(source, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
     with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
-        model = auto.from_pretrained(source, trust_remote_code=True, **_dtype_kwargs(dtype))
+        model = auto.from_pretrained(source, trust_remote_code=trust, **_dtype_kwargs(dtype))
     if device is not None:
         model = model.to(device)
     model.eval()
@@ -336,6 +363,31 @@ def load_diffusion_lm(
         name=source,
     )
     return dlm if rank0_weights else detect_pad_free(dlm)
+
+
+def remote_code_trusted(explicit: bool | None = None) -> bool:
+    """Whether a checkpoint's own code may run: ``explicit`` if given, else the process's opt-in."""
+    if explicit is not None:
+        return bool(explicit)
+    return os.environ.get(REMOTE_CODE_ENV, "0") == "1"
+
+
+def remote_code_files(source: str) -> list[str]:
+    """The Python files a local checkpoint folder asks transformers to import (``auto_map`` of its model and
+    tokenizer configs), read as data; [] for a Hub id (transformers itself then refuses without the opt-in)."""
+    modules: set[str] = set()
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(source) / name
+        try:
+            auto_map = json.loads(path.read_text()).get("auto_map") if path.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable: the load itself reports it
+        refs = auto_map.values() if isinstance(auto_map, dict) else []
+        for ref in refs:
+            for item in ref if isinstance(ref, list) else [ref]:
+                if isinstance(item, str) and item:
+                    modules.add(item.split("--")[-1].rsplit(".", 1)[0] + ".py")
+    return sorted(modules)
 
 
 @contextlib.contextmanager
