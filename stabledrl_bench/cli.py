@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from stabledrl_bench.errors import CommandParser, UserError, positive_int, require_folder
+from stabledrl_bench.errors import CommandParser, UserError, positive_int, require_folder, seed_int
 
 
 def _add_reproduce(sub) -> None:
@@ -58,7 +58,7 @@ def _add_train(sub) -> None:
     p.add_argument("--task")
     p.add_argument("--model", help="tiny, tiny-block, or a checkpoint folder")
     p.add_argument("--output-dir")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=seed_int)
     p.add_argument("--max-steps", type=positive_int, help="override budget.max_steps")
     p.add_argument(
         "--resume",
@@ -76,7 +76,7 @@ def _add_sft(sub) -> None:
     p.add_argument("--model")
     p.add_argument("--output-dir")
     p.add_argument("--max-steps", type=positive_int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=seed_int)
     _add_trust(p)
 
 
@@ -89,7 +89,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--max-completion-length", type=positive_int, help="tokens actually decoded (default: --length)")
     p.add_argument("--limit", type=positive_int)
     p.add_argument("--batch-size", type=positive_int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--baseline", default="base", help="what trained this checkpoint (base, sft or a baseline)")
     p.add_argument("--run", help="training run folder whose run.json gives the budget (RL checkpoints)")
     p.add_argument("--results", default="results")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from stabledrl_bench.errors import UserError
+from stabledrl_bench.errors import INT64_LIMIT, UserError
 
 T = TypeVar("T")
 
@@ -64,12 +65,16 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         items = [_check_type(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if (origin or annotation) is tuple else items
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise UserError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise UserError(f"{where}: expected a number, got {value!r}")  # NaN is never a setting
+        if isinstance(value, int) and abs(value) >= INT64_LIMIT:
+            raise UserError(f"{where}: {value} is out of range")
         return float(value)
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UserError(f"{where}: expected an integer, got {value!r}")
+        if abs(value) >= INT64_LIMIT:
+            raise UserError(f"{where}: {value} does not fit in 64 bits")
         return value
     if annotation is bool:
         if not isinstance(value, bool):
@@ -102,6 +107,13 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     except TypeError as exc:
         raise UserError(f"{where}: {exc}") from exc
     return obj
+
+
+def require_finite(**values: float) -> None:
+    """Numbers that must be finite (a learning rate, a temperature): one line names the first that is not."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise UserError(f"{name} must be a finite number, got {value}")
 
 
 def require_positive(**values: int | None) -> None:

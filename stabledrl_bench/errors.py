@@ -37,6 +37,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+INT64_LIMIT = 2**63  # seeds and counts fit a signed 64-bit integer, as torch (manual_seed, tensors) needs
+
+
+def seed_int(text: str) -> int:
+    """``type=`` for seeds on the command line: a non-negative integer that fits a torch generator's 64 bits."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < INT64_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63 - 1, got {text!r}")
+    return value
+
+
 def require_folder(path: str | Path, what: str) -> None:
     """Fail before any work when ``path`` (a folder to write into) or one of its parents is a file."""
     for candidate in (Path(path), *Path(path).parents):

@@ -116,6 +116,8 @@ def grade_file(task: str, input_path: str | Path, output_path: str | Path | None
         raise UserError(f"--input {source} is a directory; give a JSONL file")
     if not source.is_file():
         raise UserError(f"input file not found: {source}")
+    if output_path is not None and Path(output_path).exists() and source.resolve() == Path(output_path).resolve():
+        raise UserError(f"--output {output_path} is the input file; writing it would erase what is being graded")
     records = []
     with source.open("rb") as lines, _open_output(output_path) as out:
         numbered = enumerate(lines, start=1)

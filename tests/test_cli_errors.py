@@ -53,6 +53,12 @@ def _files(root: Path, checkpoint: Path) -> dict[str, str]:
         "ZEROMICRO": b"estimator_micro_batch: 0\n",
         "SFTBATCH": b"batch_size: 0\n",
         "SFTCANVAS": b"max_completion_length: 0\n",
+        "INFLR": b"optim:\n  learning_rate: .inf\n",
+        "NANLR": b"optim:\n  learning_rate: .nan\n",
+        "NANCLIP": b"optim:\n  max_grad_norm: .nan\n",
+        "NANTEMP": b"budget:\n  temperature: .nan\n",
+        "BETA": b"optim:\n  adam_beta2: 1.0\n",
+        "HUGESEED": b"seed: 9223372036854775808\n",
     }
     paths = {}
     for name, data in configs.items():
@@ -87,6 +93,17 @@ CASES = [
     (["train", "--config", "ZEROSTEPS"], "budget.max_steps must be positive"),
     (["train", "--config", "BUDGETTYPE"], "expected a mapping"),
     (["train", "--config", "ZEROMICRO"], "estimator_micro_batch must be positive"),
+    # non-finite and out-of-range numbers: refused where they are read, naming the field
+    (["train", "--config", "INFLR"], "learning_rate must be a finite number, got inf"),
+    (["train", "--config", "NANLR"], "optim.learning_rate: expected a number, got nan"),
+    (["train", "--config", "NANCLIP"], "optim.max_grad_norm: expected a number, got nan"),
+    (["train", "--config", "NANTEMP"], "budget.temperature: expected a number, got nan"),
+    (["train", "--config", "BETA"], "adam_beta1 and adam_beta2 must lie in [0, 1)"),
+    (["train", "--config", "HUGESEED"], "seed: 9223372036854775808 does not fit in 64 bits"),
+    (["train", "--seed", "1e30"], "--seed: must be an integer from 0 to 2**63 - 1"),
+    (["eval", "--model", "CKPT", "--task", "sudoku", "--seed", "-1"], "--seed: must be an integer from 0"),
+    (["reproduce", "table1", "--seeds", "0,99999999999999999999"], "--seeds: expected integers from 0 to 2**63"),
+    (["grade", "--task", "countdown", "--input", "FILE", "--output", "FILE"], "is the input file"),
     (["train", "--max-steps", "0"], "--max-steps: must be a positive integer"),
     (["train", "--max-steps", "-1"], "--max-steps: must be a positive integer"),
     (["train", "--max-steps", "two"], "--max-steps: must be a positive integer"),
@@ -216,3 +233,19 @@ def test_comma_list_rejects_bad_input_in_one_line(text, kwargs, message):
     with pytest.raises(UserError) as info:
         comma_list(text, "--opt", **kwargs)
     assert str(info.value) == message
+
+
+def test_eval_refuses_a_model_with_non_finite_weights(checkpoint, tmp_path, capsys) -> None:
+    from safetensors.torch import load_file, save_file
+
+    broken = _damaged(tmp_path, checkpoint, "copy")
+    tensors = load_file(str(broken / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    results = tmp_path / "results"
+    argv = ["eval", "--model", str(broken), "--task", "sudoku", "--limit", "1", "--results", str(results)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has non-finite weights in 1 tensor(s)" in err[0] and "refusing" in err[0]
+    assert not results.exists() or not any(results.rglob("*.json"))

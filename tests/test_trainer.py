@@ -500,3 +500,22 @@ def test_a_tracker_that_is_not_installed_stops_the_run(small_models, tmp_path, m
     monkeypatch.setattr(accelerate.utils, "is_wandb_available", lambda: False)
     with pytest.raises(UserError, match=r"log_with \['wandb'\]: not installed; pip install wandb"):
         RLTrainer(_config(small_models["full"], tmp_path, log_with=["wandb"]))
+
+
+def test_a_run_whose_weights_turn_non_finite_stops_and_saves_none_of_them(small_models, tmp_path, monkeypatch):
+    """A finite loss and gradient do not make finite weights (an overflowing update): the run stops at that step,
+    never ending with a NaN model and exit status 0."""
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, "grpo", steps=4))
+    step = trainer.optimizer.step
+
+    def overflowing_step(*args, **kwargs):
+        step(*args, **kwargs)
+        if trainer.step >= 2:  # the third optimizer step
+            with torch.no_grad():
+                next(trainer.train_dlm.model.parameters()).view(-1)[0] = float("inf")
+
+    monkeypatch.setattr(trainer.optimizer, "step", overflowing_step)
+    with pytest.raises(TrainingDiverged, match="the weights became non-finite at step 3"):
+        trainer.train(resume=False)
+    assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [1, 2, 3]
+    assert not (tmp_path / "final").exists() and not (tmp_path / "checkpoints").exists()

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from stabledrl_bench.config import RENAMED_KEYS
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import DecodeSettings, generate
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.processes import barrier, gather_lists, is_main_process, keyed_generator, my_share
 from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
@@ -148,7 +149,16 @@ def weights_sha256(model: nn.Module) -> str:
 
 
 def model_record(dlm: DiffusionLM, checkpoint: str) -> dict[str, Any]:
-    """The ``model`` field of a result record (the rest of the model's summary goes into ``settings``)."""
+    """The ``model`` field of a result record (the rest of the model's summary goes into ``settings``).
+
+    A model with NaN or infinite weights is refused: it would decode garbage and be recorded as a measured 0%.
+    """
+    broken = [name for name, t in dlm.model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()]
+    if broken:
+        raise UserError(
+            f"model {checkpoint} has non-finite weights in {len(broken)} tensor(s) (first: {broken[0]}); "
+            "refusing to evaluate it"
+        )
     summary = dlm.config_summary()
     return {
         "family": summary["family"],

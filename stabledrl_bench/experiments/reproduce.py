@@ -35,7 +35,7 @@ from stabledrl_bench.config import configs_dir, deep_merge, from_dict, read_mapp
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
-from stabledrl_bench.errors import UserError, comma_list
+from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.experiments.runner import (
     CONTROL_BASELINE,
@@ -284,8 +284,8 @@ def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
     if not requested:
         return default
     seeds = tuple(comma_list(requested, "--seeds", kind=int, what="seed"))
-    if min(seeds) < 0:
-        raise UserError(f"--seeds: expected non-negative integers, got {requested!r}")
+    if min(seeds) < 0 or max(seeds) >= INT64_LIMIT:
+        raise UserError(f"--seeds: expected integers from 0 to 2**63 - 1, got {requested!r}")
     return seeds
 
 

@@ -68,8 +68,8 @@ class Budget:
                 f"budget.max_steps={self.max_steps} must be a multiple of num_iterations={self.num_iterations} "
                 "(each rollout batch is used for exactly num_iterations optimizer steps)"
             )
-        if self.temperature < 0:
-            raise UserError(f"budget.temperature must be >= 0, got {self.temperature}")
+        if not (0 <= self.temperature < float("inf")):  # NaN fails too
+            raise UserError(f"budget.temperature must be a finite number >= 0, got {self.temperature}")
         from stabledrl_bench.core.sampling import DECODE_MODES
 
         if self.rollout_decode not in DECODE_MODES:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from stabledrl_bench.config import require_finite
 from stabledrl_bench.errors import UserError
 
 SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine")
@@ -31,9 +32,21 @@ class OptimConfig:
         if self.lr_scheduler_type not in SCHEDULES:
             raise UserError(f"lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got {self.lr_scheduler_type!r}")
         # learning_rate 0 is allowed on purpose: it is the frozen-policy control run (same prompts, same random
-        # numbers, no learning) that `reproduce` compares the RL runs' training reward with.
-        if self.learning_rate < 0 or self.max_grad_norm <= 0:
+        # numbers, no learning) that `reproduce` compares the RL runs' training reward with. max_grad_norm may be
+        # inf (never clip); NaN is refused where any config is read.
+        require_finite(
+            learning_rate=self.learning_rate,
+            adam_beta1=self.adam_beta1,
+            adam_beta2=self.adam_beta2,
+            adam_epsilon=self.adam_epsilon,
+            weight_decay=self.weight_decay,
+        )
+        if self.learning_rate < 0 or not self.max_grad_norm > 0:
             raise UserError("learning_rate must be >= 0 and max_grad_norm positive")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1 and self.adam_epsilon > 0):
+            raise UserError("adam_beta1 and adam_beta2 must lie in [0, 1) and adam_epsilon be positive")
+        if self.weight_decay < 0 or self.warmup_steps < 0:
+            raise UserError("weight_decay and warmup_steps must be >= 0")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

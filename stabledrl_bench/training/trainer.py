@@ -547,6 +547,12 @@ class RLTrainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}", gnorm=f"{metrics['grad_norm']:.2g}")
                 start = time.perf_counter()
+                if not metrics["skipped"] and not self._weights_finite():
+                    raise TrainingDiverged(
+                        f"{cfg.baseline} on {cfg.task}: the weights became non-finite at step {self.step} (learning "
+                        f"rate {record['learning_rate']:.3g}); nothing was saved from it, the last checkpoint "
+                        f"({latest_checkpoint(self.output_dir) or 'none saved yet'}) holds earlier weights"
+                    )
                 if self._nonfinite and uses_deepspeed(self.acc):
                     raise TrainingDiverged(
                         f"{cfg.baseline} on {cfg.task}: non-finite gradient at step {self.step}; DeepSpeed applies "
@@ -578,6 +584,20 @@ class RLTrainer:
             self.acc.end_training()
         self.acc.wait_for_everyone()
         return final
+
+    def _weights_finite(self) -> bool:
+        """Whether every trained parameter is finite, on every process (each checks its own shard under FSDP).
+
+        A finite loss and gradient do not guarantee it (an infinite learning rate, say), and a run must never end
+        with a NaN model and exit 0."""
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.train_dlm.model.parameters() if p.requires_grad]
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+        finite = torch.stack([t.detach().isfinite().all() for t in local]).all().float().reshape(1)
+        if self.acc.num_processes > 1:
+            finite = self.acc.gather(finite.to(self.acc.device)).min()
+        return bool(finite)
 
     def _export_dtype(self) -> torch.dtype:
         """The final model's dtype: bf16 when training computed in bf16 (what evaluation runs in), else the
