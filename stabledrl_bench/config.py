@@ -183,12 +183,43 @@ def read_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, An
         return {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    require_bounded(data, str(path))
     base = data.pop("base", None)
     if base is None:
         return data
     if not isinstance(base, str):
         raise UserError(f"{path}: 'base' must be a file name")
     return deep_merge(read_mapping(path.parent / base, (*_seen, path.resolve())), data)
+
+
+MAX_VALUES = 100_000  # values a config or record may hold once YAML aliases are expanded
+
+
+def require_bounded(data: Any, where: str, limit: int = MAX_VALUES) -> None:
+    """Refuse data that expands to more than ``limit`` values: a YAML alias bomb is a few lines that share nodes,
+    which anything walking the data (hashing a config, writing a record) expands exponentially. Stops counting at
+    the limit, so the check itself stays cheap."""
+    count, stack = 0, [data]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > limit:
+            raise UserError(f"{where}: more than {limit:,} values once YAML aliases are expanded; refused")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON text, or one line naming ``where``: invalid JSON, an integer longer than Python reads, nesting deeper
+    than the parser's recursion limit."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError, so is the int digit limit
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"{where}: not readable JSON ({type(exc).__name__}: {first})") from exc
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

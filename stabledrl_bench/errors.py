@@ -8,6 +8,7 @@ reports bad input the same way, before doing any work.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -52,12 +53,19 @@ def seed_int(text: str) -> int:
 
 
 def require_folder(path: str | Path, what: str) -> None:
-    """Fail before any work when ``path`` (a folder to write into) or one of its parents is a file."""
+    """Fail before any work when ``path`` (a folder to write into) cannot be one: it or a parent is a file or a
+    dangling link, or the nearest existing folder is not writable."""
     for candidate in (Path(path), *Path(path).parents):
+        if candidate.is_symlink() and not candidate.exists():
+            raise UserError(f"{what} {path}: {candidate} is a link to nothing")
         if candidate.exists() and not candidate.is_dir():
             raise UserError(
                 f"{what} {path} is a file" if candidate == Path(path) else f"{what} {path}: {candidate} is a file"
             )
+        if candidate.is_dir():
+            if not os.access(candidate, os.W_OK | os.X_OK):
+                raise UserError(f"{what} {path}: {candidate} is not writable")
+            return
 
 
 def comma_list(

@@ -59,6 +59,12 @@ def _files(root: Path, checkpoint: Path) -> dict[str, str]:
         "NANTEMP": b"budget:\n  temperature: .nan\n",
         "BETA": b"optim:\n  adam_beta2: 1.0\n",
         "HUGESEED": b"seed: 9223372036854775808\n",
+        # a few hundred bytes that share nodes: 9 levels of 9 aliases expand to 9**9 values when walked
+        "BOMB": (
+            "a0: &a0 [x, x, x, x, x, x, x, x, x]\n"
+            + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+            + "generator_options: {pool: *a8}\n"
+        ).encode(),
     }
     paths = {}
     for name, data in configs.items():
@@ -82,6 +88,13 @@ def _files(root: Path, checkpoint: Path) -> dict[str, str]:
         paths[name] = str(run)
     paths["CKPT"] = str(checkpoint)
     paths["MISSING"] = str(root / "does-not-exist")
+    (root / "dangling").symlink_to(root / "nowhere")
+    paths["DANGLING"] = str(root / "dangling")
+    for name, text in {"HUGEINT": '{"n": ' + "7" * 5000 + "}", "DEEP": "[" * 100_000 + "]" * 100_000}.items():
+        results = root / name.lower()
+        results.mkdir()
+        (results / "r.json").write_text(text)
+        paths[name] = str(results)
     return paths
 
 
@@ -104,6 +117,13 @@ CASES = [
     (["eval", "--model", "CKPT", "--task", "sudoku", "--seed", "-1"], "--seed: must be an integer from 0"),
     (["reproduce", "table1", "--seeds", "0,99999999999999999999"], "--seeds: expected integers from 0 to 2**63"),
     (["grade", "--task", "countdown", "--input", "FILE", "--output", "FILE"], "is the input file"),
+    # bounded parsing and output folders checked before the work
+    (["train", "--config", "BOMB"], "more than 100,000 values once YAML aliases are expanded"),
+    (["leaderboard", "--results", "HUGEINT"], "not readable JSON (ValueError"),
+    (["leaderboard", "--results", "DEEP"], "not readable JSON (RecursionError"),
+    (["verify", "--results", "HUGEINT", "--no-weights"], "1 of 1 result records do not add up"),
+    (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "DANGLING"], "is a link to nothing"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--results", "DANGLING"], "is a link to nothing"),
     (["train", "--max-steps", "0"], "--max-steps: must be a positive integer"),
     (["train", "--max-steps", "-1"], "--max-steps: must be a positive integer"),
     (["train", "--max-steps", "two"], "--max-steps: must be a positive integer"),
@@ -249,3 +269,14 @@ def test_eval_refuses_a_model_with_non_finite_weights(checkpoint, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has non-finite weights in 1 tensor(s)" in err[0] and "refusing" in err[0]
     assert not results.exists() or not any(results.rglob("*.json"))
+
+
+def test_a_second_run_into_a_locked_folder_refuses(checkpoint, tmp_path, capsys) -> None:
+    from stabledrl_bench.training.checkpoint import exclusive
+
+    out = tmp_path / "run"
+    with exclusive(out, "training run"):  # as a running `train` holds it
+        assert main(["train", "--model", str(checkpoint), "--task", "sudoku", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is in use by another training run" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written by the refused run

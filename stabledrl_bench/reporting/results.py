@@ -56,7 +56,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stabledrl_bench.config import canonical_json, from_dict, stable_hash
+from stabledrl_bench.config import canonical_json, from_dict, parse_json, stable_hash
 from stabledrl_bench.errors import UserError
 
 SCHEMA = "stabledrl-bench/result/v2"
@@ -257,8 +257,8 @@ def write_json_record(path: Path | str, schema: str, payload: Mapping[str, Any])
 def read_json_record(path: Path, schema: str) -> dict[str, Any]:
     """A record of ``schema``, or a one-line error naming the file."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        record = parse_json(path.read_text(), str(path))
+    except OSError as exc:
         raise UserError(f"{path}: unreadable record ({exc})") from exc
     if not isinstance(record, dict) or record.get("schema") != schema:
         found = record.get("schema") if isinstance(record, dict) else type(record).__name__
@@ -539,8 +539,8 @@ def read_result(path: Path | str) -> dict[str, Any]:
     """Load and validate one result JSON, in the current schema (:func:`upgraded`); ``_path`` is set."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        record = parse_json(path.read_text(encoding="utf-8"), f"{path}: unreadable result file")
+    except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: unreadable result file: {exc}") from exc
     validate_record(record, str(path))
     record = upgraded(record)
@@ -581,10 +581,7 @@ def _read_samples_text(record: Mapping[str, Any]) -> tuple[Path, str]:
 def load_samples(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The per-sample rows of a loaded record, checked against its sha256, ``n`` and ``accuracy``."""
     path, text = _read_samples_text(record)
-    try:
-        samples = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: corrupt samples file: {exc}") from exc
+    samples = [parse_json(line, f"{path}: corrupt samples file") for line in text.splitlines() if line.strip()]
     _validate_samples(samples, record["metrics"], str(path))
     return samples
 

@@ -15,6 +15,7 @@ checkpoint intact and never a half-written one. The model to evaluate is the run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -28,6 +29,28 @@ from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@contextlib.contextmanager
+def exclusive(folder: str | Path, what: str):
+    """Hold an exclusive lock on ``folder`` while a run writes into it, so that a second run into the same folder
+    refuses at once instead of interleaving its log and checkpoints. The lock is the operating system's (``flock``
+    on ``folder/.lock``): it ends with the process, so a killed run leaves none behind."""
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / ".lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        raise UserError(f"{folder} is in use by another {what}; wait for it to finish or use another folder") from exc
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:

@@ -12,6 +12,7 @@ per block (BD3-LM / SDAR training), so each block is learned given the clean ear
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -30,6 +31,7 @@ from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.errors import UserError, require_folder
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.training.checkpoint import (
+    exclusive,
     export_model,
     latest_checkpoint,
     load_checkpoint,
@@ -174,11 +176,17 @@ def run_sft(cfg: SFTConfig) -> Path:
 
     Every ``save_every`` steps a checkpoint stores the model, optimizer, scheduler, data position and random
     generator; a run started on a folder holding a checkpoint of the same settings continues from it and ends
-    with the same weights as an uninterrupted run.
+    with the same weights as an uninterrupted run. The output folder is locked meanwhile: a second run into it
+    refuses.
     """
     require_folder(cfg.output_dir, "output_dir")
     task = get_task(cfg.task)
     acc = make_accelerator(bf16=cfg.bf16)
+    with exclusive(cfg.output_dir, "SFT run") if acc.is_main_process else contextlib.nullcontext():
+        return _run_sft(cfg, task, acc)
+
+
+def _run_sft(cfg: SFTConfig, task, acc) -> Path:
     if cfg.batch_size % acc.num_processes:
         raise UserError(f"SFT batch_size={cfg.batch_size} must split evenly over {acc.num_processes} processes")
     share = cfg.batch_size // acc.num_processes

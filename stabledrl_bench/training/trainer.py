@@ -23,6 +23,7 @@ losses of a run do not depend on how many processes share it (tested against one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -47,6 +48,7 @@ from stabledrl_bench.processes import gather_lists, keyed_generator, process_sta
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.checkpoint import (
+    exclusive,
     export_model,
     latest_checkpoint,
     load_checkpoint,
@@ -498,8 +500,14 @@ class RLTrainer:
         ``stop_after`` stops at a rollout boundary with a checkpoint, as if the job had been pre-empted, so a
         later ``train(resume=True)`` continues exactly where this one left off. ``resume=None`` resumes when the
         output folder holds a checkpoint and starts fresh otherwise (what re-running a command should do);
-        ``False`` refuses to overwrite checkpoints, ``True`` requires one.
+        ``False`` refuses to overwrite checkpoints, ``True`` requires one. The output folder is locked meanwhile: a
+        second run into it refuses.
         """
+        main = self.acc.is_main_process
+        with exclusive(self.output_dir, "training run") if main else contextlib.nullcontext():
+            return self._train(resume, stop_after)
+
+    def _train(self, resume: bool | None, stop_after: int | None) -> Path:
         cfg, budget = self.cfg, self.budget
         if resume is None:
             resume = latest_checkpoint(self.output_dir) is not None
