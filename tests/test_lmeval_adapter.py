@@ -82,6 +82,32 @@ def test_bad_model_args_are_clear(model_dir):
         DiffusionEvalLM(pretrained=str(model_dir), protocol="tracerl-static")
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"max_completion_length": "abc"}, "max_completion_length='abc' must be an integer >= 1"),
+        ({"max_completion_length": "0"}, "max_completion_length='0' must be an integer >= 1"),
+        ({"max_completion_length": -5}, "max_completion_length=-5 must be an integer >= 1"),
+        ({"batch_size": "-3"}, "batch_size='-3' must be an integer >= 1"),
+        ({"seed": "1.5"}, "seed='1.5' must be an integer >= 0"),
+        ({"mc_num": "3"}, "mc_num must be an even number"),
+        ({"mc_num": "0"}, "mc_num='0' must be an integer >= 2"),
+        ({"dtype": "os"}, "dtype='os' is not one of float32, bfloat16, float16"),
+        ({"dtype": "float64x"}, "dtype='float64x' is not one of"),
+        ({"max_batch_size": "x"}, "max_batch_size='x' must be an integer >= 1"),
+        ({"protocol": "nope"}, "unknown evaluation protocol"),
+    ],
+)
+def test_every_model_arg_is_checked_with_one_line_naming_it(model_dir, args, message):
+    """lm-eval hands ``--model_args`` over as text: bad values must not surface as ValueError or ZeroDivisionError
+    deep in decoding, nor be coerced silently."""
+    from stabledrl_bench.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        DiffusionEvalLM(pretrained=str(model_dir), **args)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("protocol", [p for p in PROTOCOLS.values() if p.prompt_protocol in ("d1", "tiny")])
 def test_protocol_prompt_settings_agree_with_the_tasks(protocol):
     """The adapter only sees the user message: its chat/prefill must be what the task's PromptSpec says."""

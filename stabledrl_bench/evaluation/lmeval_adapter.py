@@ -30,10 +30,21 @@ from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.core.sampling import generate
-from stabledrl_bench.errors import UserError
+from stabledrl_bench.errors import INT64_LIMIT, UserError
 from stabledrl_bench.evaluation.protocols import get_protocol
 
 log = logging.getLogger(__name__)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _int_arg(name: str, value: Any, *, minimum: int) -> int:
+    """A model argument that must be an integer >= ``minimum`` (given as text or a number); one line naming it."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not (text.lstrip("-").isdigit() and minimum <= int(text) < INT64_LIMIT):
+        raise UserError(f"stabledrl_dllm: {name}={value!r} must be an integer >= {minimum}")
+    return int(text)
 
 
 @register_model("stabledrl_dllm")
@@ -57,7 +68,17 @@ class DiffusionEvalLM(LM):
         super().__init__()
         if unused:
             raise UserError(f"stabledrl_dllm: unknown model_args {', '.join(sorted(unused))}")
-        trust = str(trust_remote_code).lower() in ("1", "true", "yes")  # lm-eval passes model_args as text
+        # lm-eval passes --model_args as text: every value is checked here, before the model loads
+        max_completion_length = _int_arg("max_completion_length", max_completion_length, minimum=1)
+        mc_num = _int_arg("mc_num", mc_num, minimum=2)
+        seed = _int_arg("seed", seed, minimum=0)
+        batch_size = 8 if batch_size in (None, "auto") else _int_arg("batch_size", batch_size, minimum=1)
+        if max_batch_size is not None:
+            _int_arg("max_batch_size", max_batch_size, minimum=1)
+        if dtype is not None and str(dtype) not in DTYPES:
+            raise UserError(f"stabledrl_dllm: dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+        get_protocol(protocol)  # an unknown protocol is one line before loading
+        trust = str(trust_remote_code).lower() in ("1", "true", "yes")
         if isinstance(pretrained, DiffusionLM):
             dlm = pretrained
         else:
@@ -72,12 +93,12 @@ class DiffusionEvalLM(LM):
         self.dlm = dlm
         self.dlm.model.eval()
         self.protocol = get_protocol(protocol)
-        self.settings = self.protocol.settings(int(max_completion_length), dlm)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
-        self.mc_num = int(mc_num)
-        if self.mc_num < 2 or self.mc_num % 2:
-            raise UserError("mc_num must be an even number >= 2 (samples are stratified pairs)")
-        self.seed = int(seed)
+        self.settings = self.protocol.settings(max_completion_length, dlm)
+        self.batch_size = batch_size
+        self.mc_num = mc_num
+        if self.mc_num % 2:
+            raise UserError("stabledrl_dllm: mc_num must be an even number >= 2 (samples are stratified pairs)")
+        self.seed = seed
         self._warned_max_gen = False
         self.nfe_total = 0
 
