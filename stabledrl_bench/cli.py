@@ -32,6 +32,7 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--limit", type=positive_int, help="evaluate only the first N docs per task (quick checks)")
     p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
     _add_skip_check(p)
+    _add_trust(p)
 
 
 def _add_skip_check(p) -> None:
@@ -40,7 +41,6 @@ def _add_skip_check(p) -> None:
         action="store_true",
         help="do not probe a loaded checkpoint's conventions before training (see check-model)",
     )
-    _add_trust(p)
 
 
 def _add_trust(p) -> None:
@@ -67,6 +67,7 @@ def _add_train(sub) -> None:
     )
     p.add_argument("--stop-after", type=positive_int, help="stop (with a checkpoint) after this many optimizer steps")
     _add_skip_check(p)
+    _add_trust(p)
 
 
 def _add_sft(sub) -> None:
