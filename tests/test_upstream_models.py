@@ -44,13 +44,15 @@ ROOT = os.environ.get("STABLEDRL_UPSTREAM_DIR")
 pytestmark = pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files")
 
 
-@pytest.fixture(autouse=True)
-def trusted(monkeypatch):
+@pytest.fixture(scope="module", autouse=True)
+def trusted():
     """Loading the published files runs them: the opt-in ``--trust-remote-code`` gives (launched processes inherit
-    it from the environment)."""
+    it from the environment). Module-wide, before the module's fixtures load anything."""
     from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV
 
-    monkeypatch.setenv(REMOTE_CODE_ENV, "1")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(REMOTE_CODE_ENV, "1")
+        yield
 
 
 LLADA_FILES = ("configuration_llada.py", "modeling_llada.py")
