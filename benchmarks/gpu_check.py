@@ -1,7 +1,7 @@
 """The prepared GPU check: one unattended command (a few minutes on one GPU, no internet, no weights) -> a JSON report.
 
     accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 1 \\
-        benchmarks/gpu_check.py --out results/gpu/gpu_check.json
+        benchmarks/gpu_check.py --out benchmarks/reports/gpu_check.json
 
 On CUDA it runs, in bf16 mixed precision under the launch's backend (FSDP2 above): one RL rollout phase (two
 optimizer steps) of every Table 1 baseline with activation checkpointing, on the tiny model and on a

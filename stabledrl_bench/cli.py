@@ -127,8 +127,9 @@ def _add_misc(sub) -> None:
     p.add_argument("--results", default="results")
     p.add_argument("--no-weights", action="store_true", help="do not load checkpoints to compare weight hashes")
     p.add_argument(
-        "--redecode", type=positive_int, help="decode the first N prompts of each greedy result again and compare"
+        "--redecode", type=positive_int, help="decode N random prompts of each greedy result again and compare"
     )
+    p.add_argument("--redecode-seed", type=seed_int, default=0, help="seed of the prompts --redecode draws (0)")
     _add_trust(p)
     p = sub.add_parser("list", help="list the entries of a registry (built-ins and installed plugins)")
     p.add_argument("what", choices=tuple(REGISTRIES))
@@ -338,7 +339,9 @@ def _cmd_leaderboard(args) -> int:
 def _cmd_verify(args) -> int:
     from stabledrl_bench.evaluation.verify import verify_results
 
-    summary = verify_results(args.results, weights=not args.no_weights, redecode=args.redecode or 0)
+    summary = verify_results(
+        args.results, weights=not args.no_weights, redecode=args.redecode or 0, redecode_seed=args.redecode_seed
+    )
     if summary["failed"]:
         raise UserError(f"verify: {summary['failed']} of {summary['records']} result records do not add up (above)")
     print(f"verify: all {summary['records']} result records add up")

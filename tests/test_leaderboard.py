@@ -389,8 +389,8 @@ def test_empty_results_directory_shows_published_blocks_only(tmp_path: Path) -> 
 
 def test_duplicate_evaluation_is_refused(tmp_path: Path) -> None:
     path = store(tmp_path, [True])
-    copy_dir = tmp_path / "copy"
-    copy_dir.mkdir()
+    copy_dir = tmp_path / "copy" / path.parent.name  # a second copy of the comparison folder, deeper down
+    copy_dir.mkdir(parents=True)
     for file in path.parent.iterdir():
         shutil.copy(file, copy_dir / file.name)
     with pytest.raises(UserError, match="stored twice"):

@@ -91,7 +91,10 @@ def store(results_dir: Path, correct: list[bool], **overrides: Any) -> Path:
     """Write one synthetic evaluation whose accuracy is the mean of ``correct``."""
     record = make_record(**overrides)
     record["metrics"] = {"accuracy": sum(correct) / len(correct), "n": len(correct)}
-    return write_result(results_dir, record, make_samples(correct))
+    samples = make_samples(correct)
+    for sample in samples if record["seed"] else []:  # as real seeds do, each seed decodes its own completions
+        sample["completion"] += f" (seed {record['seed']})"
+    return write_result(results_dir, record, samples)
 
 
 def test_round_trip(tmp_path: Path) -> None:

@@ -111,7 +111,8 @@ def _rewrite(path: Path, edit) -> None:
 
 def test_verify_passes_a_genuine_record_and_catches_forgeries(tmp_path: Path, checkpoint: Path, capsys) -> None:
     path = _evaluate(tmp_path / "results", checkpoint).path
-    assert verify_record(path, redecode=4) == ([], [])
+    problems, notes = verify_record(path, redecode=2, redecode_seed=5)
+    assert problems == [] and len(notes) == 1 and notes[0].startswith("re-decoded 2 samples drawn with seed 5: ")
     assert main(["verify", "--results", str(tmp_path / "results"), "--redecode", "2"]) == 0
     assert "all 1 result records add up" in capsys.readouterr().out
 
@@ -129,12 +130,18 @@ def test_verify_catches_edited_completions_swapped_weights_and_unknown_commits(t
     path = _evaluate(tmp_path / "results", checkpoint).path
 
     def edit_completion(samples):
-        samples[0]["completion"] += " "  # graded the same: only decoding again can tell
+        samples[2]["completion"] += " "  # graded the same: only decoding again can tell
 
     _rewrite(path, edit_completion)
     assert verify_record(path, weights=False) == ([], [])
-    problems, _ = verify_record(path, redecode=1)
+    # the items re-decoded are drawn at random (seeded and printed), so a forger cannot leave the first N alone
+    drawn = {seed: verify_record(path, redecode=1, redecode_seed=seed) for seed in range(12)}
+    caught = [seed for seed, (problems, _) in drawn.items() if problems]
+    assert caught and len(caught) < len(drawn)
+    problems, notes = drawn[caught[0]]
     assert len(problems) == 1 and problems[0].endswith(": re-decoding gives another completion")
+    doc = problems[0].split(":")[0].removeprefix("sample ")
+    assert notes[0].endswith(f"seed {caught[0]}: {doc}")  # which item was drawn is printed
 
     record = json.loads(path.read_text())
     record["environment"]["git"] = {"commit": "0" * 40, "dirty": False}
@@ -147,3 +154,58 @@ def test_verify_catches_edited_completions_swapped_weights_and_unknown_commits(t
     assert any("cannot load the model" in p for p in verify_record(path)[0])
     checkpoint.rename(tmp_path / "elsewhere")
     assert verify_record(path)[1] == [f"checkpoint {checkpoint} is not here: weights not checked"]
+
+
+def _copy(path: Path, edit, *, rename: bool) -> Path:
+    """A copy of a record (and its samples) with ``edit`` applied to its fields; ``rename`` also gives the copy the
+    file name its new fields imply, as a careful forger would."""
+    from stabledrl_bench.reporting.results import result_path
+
+    record = json.loads(path.read_text())
+    edit(record)
+    target = result_path(path.parent.parent, record) if rename else path.with_name("copy.json")
+    samples = path.with_name(record["samples_file"]).read_bytes()
+    record["samples_file"] = target.name[: -len(".json")] + ".samples.jsonl"
+    target.with_name(record["samples_file"]).write_bytes(samples)
+    target.write_text(json.dumps(record))
+    return target
+
+
+def _as_grpo(record: dict) -> None:
+    """The SFT start's record passed off as a GRPO run (with the budget an RL record must state)."""
+    from stabledrl_bench.training.budget import paper_budget
+
+    record.update(baseline="grpo", budget=paper_budget().to_dict(), budget_hash=paper_budget().hash())
+
+
+def _as_seed_1(record: dict) -> None:
+    """Seed 0's record passed off as seed 1 everywhere its fields and path say the seed."""
+    record["seed"] = 1
+    record["model"]["checkpoint"] = record["model"]["checkpoint"].replace("/s0/", "/s1/")
+
+
+@pytest.mark.parametrize(
+    ("edit", "rename", "problem"),
+    [
+        (lambda r: _as_grpo(r), False, "its file name is not the one its fields give"),
+        (lambda r: r.update(seed=1), False, "its file name is not the one its fields give"),
+        (lambda r: _as_grpo(r), True, "its checkpoint path names ['sft'], not baseline 'grpo'"),
+        (lambda r: r.update(seed=1), True, "its checkpoint path names seed ['s0'], not s1"),
+        (lambda r: _as_seed_1(r), True, "seed 1 has the very completions and weights of seed 0"),
+    ],
+    ids=["baseline", "seed", "baseline-renamed", "seed-renamed", "seed-copy"],
+)
+def test_a_relabelled_record_is_caught_and_kept_off_the_board(tmp_path: Path, edit, rename, problem, capsys) -> None:
+    checkpoint = tmp_path / "runs" / "verify" / "sudoku" / "s0" / "sft" / "final"  # laid out as reproduce does
+    save_diffusion_lm(build_tiny(seed=1, **SMALL), checkpoint)
+    results = tmp_path / "results"
+    original = _evaluate(results, checkpoint).path
+    assert main(["verify", "--results", str(results), "--no-weights"]) == 0
+    capsys.readouterr()
+    copy = _copy(original, edit, rename=rename)
+    assert main(["verify", "--results", str(results), "--no-weights"]) == 2
+    out = capsys.readouterr().out
+    assert f"FAIL {copy}" in out and problem in out
+    assert main(["leaderboard", "--results", str(results), "--out", str(tmp_path / "lb.md")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "python -m stabledrl_bench verify lists every such record" in err[0]

@@ -10,15 +10,21 @@ This goes further, record by record:
 * **weights**: where the checkpoint exists here (or is the built-in ``tiny`` model), load it as evaluated and
   compare its weights hash with the recorded one (a swapped checkpoint or path);
 * **commit**: the recorded commit must exist in this repository;
-* **re-decode** (``--redecode N``, greedy protocols only): decode the first N prompts again with the recorded
-  settings and compare the completions token for token (forged or edited completions).
+* **identity**: the record's comparison, baseline, task, seed, length and protocol agree with its file name, its
+  checkpoint path, its run's ``job.json`` where the run is here, and no other seed holds the very same completions
+  (:func:`~stabledrl_bench.reporting.results.identity_problems`): a record relabelled by editing its fields;
+* **re-decode** (``--redecode N``, greedy protocols only): decode N prompts drawn at random (``--redecode-seed``,
+  printed with the items drawn) again with the recorded settings and compare the completions token for token
+  (forged or edited completions; a forger cannot know which items will be drawn).
 
 What cannot be checked after the fact: the hardware and whether the tree was dirty; they are reported as
-recorded.
+recorded. Without the checkpoint, a record that was rewritten consistently everywhere (fields, file name, path,
+completions regraded) proves its completions and grades, not which run made them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 from collections.abc import Mapping
@@ -29,7 +35,7 @@ import torch
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import weights_sha256
-from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result
+from stabledrl_bench.reporting.results import STABILITY_DIR, identity_problems, load_samples, read_result
 from stabledrl_bench.tasks import get_task
 
 SCORE_TOLERANCE = 1e-9
@@ -103,32 +109,41 @@ def _load_as_evaluated(record: Mapping[str, Any]):
     return load_model_spec(checkpoint, seed=record["seed"], dtype=dtype)
 
 
-def _redecode(dlm, record: Mapping[str, Any], samples: list[dict[str, Any]], count: int) -> list[str]:
+def _redecode(
+    dlm, record: Mapping[str, Any], samples: list[dict[str, Any]], count: int, seed: int
+) -> tuple[list[str], list[str]]:
+    """(problems, notes): ``count`` samples drawn with ``seed`` decoded again and compared with the stored ones."""
     from stabledrl_bench.core.sampling import DecodeSettings, generate
     from stabledrl_bench.evaluation.native import stored_settings
 
     stored = stored_settings(record["settings"])
     settings = DecodeSettings(**{k: v for k, v in stored.items() if k in DecodeSettings.__dataclass_fields__})
     if settings.temperature > 0:
-        return []  # sampled decodes cannot be repeated without the original batch's random stream
+        return [], ["sampled decodes are not repeated (they need the original batch's random stream)"]
+    drawn = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))[:count].sort().values
+    chosen = [samples[i] for i in drawn.tolist()]
     problems = []
     with torch.no_grad():
-        for sample in samples[:count]:
+        for sample in chosen:
             ids, mask = dlm.encode_prompts([sample["prompt"]], chat_template=False)
             text = dlm.decode(generate(dlm, ids, mask, settings).completion_ids)[0]
             if text != sample["completion"]:
                 problems.append(f"sample {sample['doc_id']}: re-decoding gives another completion")
-    return problems
+    note = f"re-decoded {len(chosen)} samples drawn with seed {seed}: {', '.join(str(s['doc_id']) for s in chosen)}"
+    return problems, [note]
 
 
-def verify_record(path: Path, *, weights: bool = True, redecode: int = 0) -> tuple[list[str], list[str]]:
-    """``(problems, notes)`` for one result file; no problems means it adds up as far as it can be checked."""
+def verify_record(
+    path: Path, *, weights: bool = True, redecode: int = 0, redecode_seed: int = 0, identity: list[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """``(problems, notes)`` for one result file; no problems means it adds up as far as it can be checked.
+    ``identity``: the record's identity problems found among all records (:func:`verify_results`)."""
     try:
         record = read_result(path)
         samples = load_samples(record)
     except UserError as exc:
         return [str(exc)], []
-    problems = _regrade(record, samples) + _metrics(record, samples) + _commit_known(record)
+    problems = _regrade(record, samples) + _metrics(record, samples) + _commit_known(record) + list(identity or [])
     notes = []
     if weights or redecode:
         recorded = record["model"].get("weights_sha256")
@@ -146,20 +161,31 @@ def verify_record(path: Path, *, weights: bool = True, redecode: int = 0) -> tup
         elif weights_sha256(dlm.model) != recorded:
             problems.append(f"checkpoint {record['model']['checkpoint']} holds other weights than were evaluated")
         elif redecode:
-            problems += _redecode(dlm, record, samples, redecode)
+            found, said = _redecode(dlm, record, samples, redecode, redecode_seed)
+            problems += found
+            notes += said
     return problems, notes
 
 
-def verify_results(results_dir: Path | str, *, weights: bool = True, redecode: int = 0) -> dict[str, Any]:
+def verify_results(
+    results_dir: Path | str, *, weights: bool = True, redecode: int = 0, redecode_seed: int = 0
+) -> dict[str, Any]:
     """Verify every result record under ``results_dir`` (the stability records excepted); prints as it goes."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UserError(f"results directory {root} does not exist")
     stability = root / STABILITY_DIR
     paths = sorted(p for p in root.rglob("*.json") if stability not in p.parents)
+    readable = []
+    for path in paths:
+        with contextlib.suppress(UserError):  # an unreadable record is reported below, on its own
+            readable.append(read_result(path))
+    identity = identity_problems(readable)
     failed = 0
     for path in paths:
-        problems, notes = verify_record(path, weights=weights, redecode=redecode)
+        problems, notes = verify_record(
+            path, weights=weights, redecode=redecode, redecode_seed=redecode_seed, identity=identity.get(str(path))
+        )
         failed += bool(problems)
         print(f"{'FAIL' if problems else 'ok  '} {path}")
         for line in problems[:20] + [f"({len(problems) - 20} more)"] * (len(problems) > 20):

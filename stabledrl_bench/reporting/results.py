@@ -552,14 +552,79 @@ def load_results(results_dir: Path | str) -> list[dict[str, Any]]:
     """All result records under ``results_dir`` (recursively, sorted by path), except ``<results_dir>/stability``.
 
     Every other ``*.json`` must be a valid record: a corrupt or foreign file is an error, not something to skip,
-    because skipping it would silently drop a row from the leaderboard.
+    because skipping it would silently drop a row from the leaderboard. So is a record whose identity disagrees
+    with what else names it (:func:`identity_problems`): the board would show it under a label it did not earn.
     """
     root = Path(results_dir)
     if not root.is_dir():
         raise UserError(f"results directory {root} does not exist")
     stability = root / STABILITY_DIR
     paths = sorted(path for path in root.rglob("*.json") if stability not in path.parents)
-    return [read_result(path) for path in paths]
+    records = [read_result(path) for path in paths]
+    problems = identity_problems(records)
+    if problems:
+        path, problem = next(iter(problems.items()))
+        raise UserError(f"{path}: {problem[0]} (python -m stabledrl_bench verify lists every such record)")
+    return records
+
+
+def identity_problems(records: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Records whose identity (comparison, baseline, task, seed, length, protocol) disagrees with what else names
+    them, by path: their file name (derived from every key field when written), the folders of their checkpoint
+    path (``runs/<comparison>/<task>/s<seed>/<baseline>/final``, where present), the run's ``job.json`` when the
+    run folder is here, and the other records (another seed's record with the very same completions and weights).
+
+    What a relabelling that rewrites all of these consistently cannot be caught by: a record without its
+    checkpoint proves its completions and grades, not which run made them (README, ``verify``).
+    """
+    from stabledrl_bench.core.baseline import BASELINES
+    from stabledrl_bench.tasks import TASKS
+
+    methods = {*BASELINES.entries(), *REFERENCE_BASELINES}
+    found: dict[str, list[str]] = {}
+    seen: dict[tuple, Mapping[str, Any]] = {}
+    for record in records:
+        path = Path(record["_path"])
+        problems = found.setdefault(str(path), [])
+        expected = result_path(path.parent.parent, record)
+        if (expected.parent.name, expected.name) != (path.parent.name, path.name):
+            problems.append(f"its file name is not the one its fields give ({expected.parent.name}/{expected.name})")
+        parts = Path(str(record["model"].get("checkpoint") or "")).parts
+        named = {part for part in parts if part in methods}
+        if record["baseline"] != "base" and named and record["baseline"] not in named:
+            problems.append(f"its checkpoint path names {sorted(named)}, not baseline {record['baseline']!r}")
+        seeds = {part for part in parts if re.fullmatch(r"s\d+", part)}
+        if seeds and f"s{record['seed']}" not in seeds:
+            problems.append(f"its checkpoint path names seed {sorted(seeds)}, not s{record['seed']}")
+        tasks = {part for part in parts if part in TASKS.entries()}
+        if tasks and record["task"] not in tasks:
+            problems.append(f"its checkpoint path names task {sorted(tasks)}, not {record['task']!r}")
+        problems.extend(_job_problems(record))
+        # two seeds' runs never end with the same weights; a weak model may decode the same text from different ones
+        same = (record["comparison"], record["baseline"], record["task"], record["length"], record["protocol"])
+        twin = seen.setdefault((*same, record["samples_sha256"], record["model"].get("weights_sha256")), record)
+        if twin is not record and twin["seed"] != record["seed"]:
+            problems.append(
+                f"seed {record['seed']} has the very completions and weights of seed {twin['seed']} ({twin['_path']})"
+            )
+    return {path: problems for path, problems in found.items() if problems}
+
+
+def _job_problems(record: Mapping[str, Any]) -> list[str]:
+    """The training run's ``job.json`` (when the run folder is on this machine) against the record's identity."""
+    job = Path(str(record["model"].get("checkpoint") or "")).parent / "job.json"
+    if record["baseline"] in REFERENCE_BASELINES or not job.is_file():
+        return []
+    try:
+        config = json.loads(job.read_text())["identity"]["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"its run's {job} is unreadable"]
+    fields = {"baseline": config.get("baseline"), "task": config.get("task"), "seed": config.get("seed")}
+    return [
+        f"its run ({job}) trained {name} {value!r}, the record says {record[name]!r}"
+        for name, value in fields.items()
+        if value is not None and value != record[name]
+    ]
 
 
 def _read_samples_text(record: Mapping[str, Any]) -> tuple[Path, str]:
