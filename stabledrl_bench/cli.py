@@ -236,6 +236,10 @@ def _cmd_eval(args) -> int:
             )
     budget = _run_budget(Path(args.run)) if args.run else None
     dlm = load_model_spec(args.model, seed=args.seed)
+    canvas = args.max_completion_length or args.length
+    positions = dlm.max_positions
+    if positions is not None and canvas >= positions:  # before any decoding, not deep inside it
+        raise UserError(f"--max-completion-length {canvas} does not fit the model's {positions} positions")
     key = {
         "comparison": args.comparison or f"{args.table}-{args.preset}",
         "table": args.table,
@@ -277,6 +281,8 @@ def _cmd_check_model(args) -> int:
         raise UserError(f"--tflops must be a positive number, got {args.tflops}")
     BASELINES.get(args.baseline)  # an unknown name fails before the model loads
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.device and str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device}: this machine has no CUDA device")
     dlm = load_model_spec(args.model, family=args.family, dtype=dtype, device=args.device)
     table = args.table or ("table2" if dlm.attention == "block" else "table1")
     available = presets(table)

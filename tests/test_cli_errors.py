@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from tqdm.auto import tqdm
 
 from stabledrl_bench.cli import main
@@ -175,6 +176,10 @@ CASES = [
     # check-model, leaderboard, grade, list, unknown commands
     (["check-model", "--model", "DAMAGED_TOKENIZER"], "cannot load the tokenizer"),
     (["check-model", "--model", "CKPT", "--processes", "0"], "--processes: must be a positive"),
+    (
+        ["eval", "--model", "CKPT", "--task", "sudoku", "--max-completion-length", "4096"],
+        "--max-completion-length 4096 does not fit the model's 2048 positions",
+    ),
     (["leaderboard", "--out", "DIR"], "--out DIR is a directory"),
     (["leaderboard", "--results", "FILE"], "--results FILE is a file"),
     (["grade", "--task", "countdown", "--input", "MISSING"], "not found"),
@@ -188,6 +193,12 @@ CASES = [
     (["stress", "hull", "--trials", "x"], "--trials: must be a positive integer"),
     (["stress", "nope"], "invalid choice"),
 ]
+
+
+if not torch.cuda.is_available():  # only a machine without CUDA can show this one
+    CASES.append(
+        (["check-model", "--model", "CKPT", "--device", "cuda:0"], "--device cuda:0: this machine has no CUDA")
+    )
 
 
 @pytest.mark.parametrize(("argv", "message"), CASES, ids=[" ".join(a) for a, _ in CASES])

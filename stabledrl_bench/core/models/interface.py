@@ -251,6 +251,16 @@ class DiffusionLM:
         return blocks
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model's position encoding covers, when its config says (None: no limit known)."""
+        config = getattr(getattr(self.model, "module", self.model), "config", None)
+        for name in ("max_position_embeddings", "max_sequence_length"):  # transformers' name, LLaDA's
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
     def vocab_size(self) -> int:
         return int(getattr(self.model, "module", self.model).config.vocab_size)  # through a DDP wrapper
 
