@@ -14,6 +14,24 @@ import pytest  # noqa: E402  (the environment above must be set before anything 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
+def small_budget(**overrides):
+    """The cheapest RL budget that still has every part (2 prompts x 4 completions, mu 2, a 16-token canvas)."""
+    from stabledrl_bench.training.budget import Budget
+
+    fields = {
+        "max_steps": 2,
+        "prompts_per_step": 2,
+        "num_generations": 4,
+        "num_iterations": 2,
+        "max_completion_length": 16,
+        "diffusion_steps": 8,
+        "block_length": 8,
+        "temperature": 0.9,
+        "max_prompt_length": 32,
+    }
+    return Budget(**{**fields, **overrides})
+
+
 @pytest.fixture(scope="session")
 def small_checkpoint(tmp_path_factory):
     """A saved small tiny model (seed 0); shared by many tests, so treat it as read-only."""

@@ -91,22 +91,13 @@ def patch_task(monkeypatch_setattr) -> None:
 
 
 def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = STEPS):
-    from stabledrl_bench.training.budget import Budget
+    from conftest import small_budget
+
     from stabledrl_bench.training.optim import OptimConfig
     from stabledrl_bench.training.trainer import LoraSettings, TrainConfig
 
     baseline, convention, prompts, per_device = SCENARIOS[name]
-    budget = Budget(
-        max_steps=steps,
-        prompts_per_step=prompts,
-        num_generations=4,
-        num_iterations=2,
-        max_completion_length=16,
-        diffusion_steps=8,
-        block_length=8,
-        temperature=0.9,
-        max_prompt_length=40,
-    )
+    budget = small_budget(max_steps=steps, prompts_per_step=prompts, max_prompt_length=40)
     options = {"overlong_margin": None} if baseline == "trado" else {}
     lora = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=["qkv"]) if name == "grpo-lora" else None
     return TrainConfig(

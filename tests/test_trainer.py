@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import SMALL, small_budget
 
 from stabledrl_bench.config import from_dict
 from stabledrl_bench.core.baseline import BASELINES
@@ -28,8 +29,6 @@ from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, encode_targets, run_sft, sft_loss
 from stabledrl_bench.training.trainer import RLTrainer, TrainConfig, TrainingDiverged
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
-
 
 @pytest.fixture(scope="module")
 def small_models(tmp_path_factory) -> dict[str, Path]:
@@ -42,17 +41,7 @@ def small_models(tmp_path_factory) -> dict[str, Path]:
 
 
 def _config(model: Path, out: Path, baseline: str = "stabledrl", steps: int = 2, **overrides) -> TrainConfig:
-    budget = Budget(
-        max_steps=steps,
-        prompts_per_step=2,
-        num_generations=4,
-        num_iterations=2,
-        max_completion_length=16,
-        diffusion_steps=8,
-        block_length=8,
-        temperature=0.9,
-        max_prompt_length=32,
-    )
+    budget = small_budget(max_steps=steps)
     fields = {
         "baseline": baseline,
         "task": "countdown",
