@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from timing import timed
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings, generate
 from stabledrl_bench.experiments.reproduce import TABLE_BASELINES
@@ -176,8 +177,7 @@ def main() -> int:
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["ok"] = all(run["finite"] and run["weights_changed"] for r in report["rl"].values() for run in r["runs"])
     if is_main_process():
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
+        atomic_write_text(args.out, json.dumps(report, indent=2))
         print(f"gpu check: {'ok' if report['ok'] else 'FAILED'} in {report['seconds']} s -> {args.out}")
     return 0 if report["ok"] else 1
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -315,17 +316,20 @@ def _cmd_check_model(args) -> int:
 
 
 def _run_budget(run: Path) -> dict:
-    """The budget recorded in a training run folder's ``run.json``."""
+    """The budget recorded in a training run folder's ``run.json``, checked like a recipe's (it goes into records)."""
+    from stabledrl_bench.config import from_dict, parse_json
+    from stabledrl_bench.training.budget import Budget
+
     run_json = run / "run.json"
     if not run_json.is_file():
         raise UserError(f"--run {run}: no run.json (not a training run folder)")
     try:
-        info = json.loads(run_json.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"--run {run}: run.json is not JSON ({exc})") from exc
+        info = parse_json(run_json.read_text(encoding="utf-8"), f"--run {run}: run.json")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--run {run}: run.json is not UTF-8 text ({exc.reason})") from exc
     if not isinstance(info, dict) or not isinstance(info.get("budget"), dict):
         raise UserError(f"--run {run}: run.json records no budget (not written by this harness's trainer?)")
-    return info["budget"]
+    return from_dict(Budget, info["budget"], where=f"--run {run}: run.json budget").to_dict()
 
 
 def _cmd_leaderboard(args) -> int:
@@ -404,6 +408,10 @@ def _quiet_unless_main():
         yield
 
 
+# The machine's storage failing (full, over quota, read-only, refused, broken), not a bug: one line, no traceback.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -421,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         _close_progress_bars()
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise  # a bug, not the machine: keep the traceback
+        _close_progress_bars()
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: re-run the same command to resume where it stopped", file=sys.stderr)

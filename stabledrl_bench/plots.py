@@ -6,8 +6,11 @@ experiments plot from workers), and it needs a backend switch; a bare ``Figure``
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
+
+from stabledrl_bench.atomic import atomic_write_bytes
 
 
 def new_figure(width: float, height: float) -> Any:
@@ -20,10 +23,15 @@ def new_figure(width: float, height: float) -> Any:
     return fig
 
 
-def save_png(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
-    """Lay out ``fig`` and write it to ``path`` (parent folders created); returns the path."""
-    fig.tight_layout()
+Rect = tuple[float, float, float, float]
+
+
+def save_png(fig: Any, path: str | Path, *, dpi: int = 110, rect: Rect | None = None) -> Path:
+    """Lay out ``fig`` (within ``rect`` of the figure, e.g. to leave room for a legend outside the axes) and write it
+    to ``path`` atomically (parent folders created); returns the path."""
+    fig.tight_layout(rect=rect)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    atomic_write_bytes(path, buffer.getvalue())
     return path

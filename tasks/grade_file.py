@@ -19,6 +19,7 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
+from ..atomic import atomic_stream
 from ..errors import CommandParser, UserError
 from . import get_task
 from .base import GradeResult, Task
@@ -118,6 +119,8 @@ def grade_file(task: str, input_path: str | Path, output_path: str | Path | None
         raise UserError(f"input file not found: {source}")
     if output_path is not None and Path(output_path).exists() and source.resolve() == Path(output_path).resolve():
         raise UserError(f"--output {output_path} is the input file; writing it would erase what is being graded")
+    if output_path is not None and not Path(output_path).parent.is_dir():
+        raise UserError(f"cannot write {output_path}: no folder {Path(output_path).parent}")
     records = []
     with source.open("rb") as lines, _open_output(output_path) as out:
         numbered = enumerate(lines, start=1)
@@ -130,15 +133,13 @@ def grade_file(task: str, input_path: str | Path, output_path: str | Path | None
 
 @contextmanager
 def _open_output(path: str | Path | None) -> Iterator[IO[str]]:
-    """The output file, or stdout (left open) when no path is given."""
+    """The output file, or stdout (left open) when no path is given. The file appears only when every line is
+    graded and written: a run that fails part-way (a corrupt line, a full disk) leaves no half-graded file."""
     if path is None:
         yield sys.stdout
         return
-    try:
-        with Path(path).open("w", encoding="utf-8") as handle:
-            yield handle
-    except OSError as exc:  # cannot create, or a write failed (disk full, ...)
-        raise UserError(f"cannot write {path}: {exc.strerror}") from exc
+    with atomic_stream(path) as handle:
+        yield handle
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,6 +40,13 @@ def _damaged(root: Path, checkpoint: Path, how: str) -> Path:
         (folder / "tokenizer.json").write_text('{"version": ')
     elif how == "config":
         (folder / "config.json").write_text("{")
+    elif how == "vocab":  # a token the model has no embedding row for (an added token, embeddings not resized)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+        tokenizer.add_tokens([f"<beyond{i}>" for i in range(rows - len(tokenizer) + 1)])
+        tokenizer.save_pretrained(folder)
     return folder
 
 
@@ -72,7 +79,7 @@ def _files(root: Path, checkpoint: Path) -> dict[str, str]:
         path = root / f"{name.lower()}.yaml"
         path.write_bytes(data)
         paths[name] = str(path)
-    for how in ("empty", "truncated", "noweights", "tokenizer", "config"):
+    for how in ("empty", "truncated", "noweights", "tokenizer", "config", "vocab"):
         paths[f"DAMAGED_{how.upper()}"] = str(_damaged(root, checkpoint, how))
     a_file = root / "a-file.txt"
     a_file.write_text("keep me\n")
@@ -82,7 +89,13 @@ def _files(root: Path, checkpoint: Path) -> dict[str, str]:
     a_dir.mkdir()
     (a_dir / "keep.txt").write_text("keep me\n")
     paths["DIR"] = str(a_dir)
-    for name, content in {"GARBLEDRUN": "{not json", "NOBUDGETRUN": json.dumps({"config": {}})}.items():
+    runs = {
+        "GARBLEDRUN": "{not json",
+        "NOBUDGETRUN": json.dumps({"config": {}}),
+        "JUNKRUN": json.dumps({"budget": {"max_steps": 1, "made_up": 2}}),
+        "HUGEINTRUN": '{"budget": ' + "9" * 5000 + "}",
+    }
+    for name, content in runs.items():
         run = root / name.lower()
         run.mkdir()
         (run / "run.json").write_text(content)
@@ -136,6 +149,7 @@ CASES = [
     (["train", "--model", "DAMAGED_NOWEIGHTS"], "cannot load the model"),
     (["train", "--model", "DAMAGED_TOKENIZER"], "cannot load the tokenizer"),
     (["train", "--model", "DAMAGED_CONFIG"], "cannot load the config"),
+    (["eval", "--model", "DAMAGED_VOCAB", "--task", "sudoku"], "do not belong together"),
     (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "FILE"], "output_dir FILE is a file"),
     (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "UNDERFILE"], "is a file"),
     (["train", "--baseline", "nope", "--model", "DAMAGED_EMPTY"], "unknown baseline"),
@@ -163,9 +177,17 @@ CASES = [
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "nope"], "unknown baseline"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo"], "need --run"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--results", "FILE"], "--results FILE is a file"),
-    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "GARBLEDRUN"], "not JSON"),
+    (
+        ["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "GARBLEDRUN"],
+        "not readable JSON",
+    ),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "NOBUDGETRUN"], "budget"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "DIR"], "no run.json"),
+    (
+        ["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "JUNKRUN"],
+        "made_up",
+    ),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--baseline", "grpo", "--run", "HUGEINTRUN"], "readable"),
     (["eval", "--model", "DAMAGED_NOWEIGHTS", "--task", "sudoku"], "cannot load the model"),
     (["eval", "--model", "CKPT", "--task", "sudoku", "--batch-size", "x"], "--batch-size: must be"),
     # reproduce
@@ -291,3 +313,44 @@ def test_a_second_run_into_a_locked_folder_refuses(checkpoint, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is in use by another training run" in err[0], err
     assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written by the refused run
+
+
+class _Canary:
+    """A pickle that, when loaded by a loader that runs code, creates the file it names."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_resuming_a_run_folder_from_elsewhere_runs_none_of_its_pickles(checkpoint, tmp_path, capsys) -> None:
+    """A run folder someone sends you: ``train`` resumes it, so its ``state.pt`` must be read as data only."""
+    ran = tmp_path / "RAN"
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    torch.save({"state": {"step": 2, "budget_hash": _Canary(ran)}}, step / "state.pt")
+    argv = ["train", "--model", str(checkpoint), "--task", "sudoku", "--output-dir", str(run), "--resume"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read checkpoint" in err[0] and "UnpicklingError" in err[0]
+    assert not ran.exists()
+
+
+def test_restoring_optimizer_state_runs_none_of_its_pickles(tmp_path) -> None:
+    """The optimizer, scheduler and RNG files come through accelerate's loader, which must read them as data too."""
+    from accelerate import Accelerator
+
+    from stabledrl_bench.training.checkpoint import load_checkpoint
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    model, _optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    accelerator.save_state(str(tmp_path / "ckpt" / "accelerate"))
+    ran = tmp_path / "RAN"
+    torch.save({"state": _Canary(ran)}, tmp_path / "ckpt" / "accelerate" / "optimizer.bin")
+    with pytest.raises(UserError, match=r"cannot read checkpoint .*ckpt: UnpicklingError"):
+        load_checkpoint(accelerator, tmp_path / "ckpt")
+    assert not ran.exists()

@@ -232,7 +232,7 @@ def test_no_change_block_without_a_starting_point(tmp_path: Path) -> None:
 
 def test_mixed_budgets_are_refused(tmp_path: Path) -> None:
     first = store(tmp_path, [True], baseline="test_rl_a")
-    second = store(tmp_path, [False], baseline="test_rl_b", budget={**BUDGET, "steps": 20})
+    second = store(tmp_path, [False], baseline="test_rl_b", budget={**BUDGET, "max_steps": 20})
     with pytest.raises(UserError, match="mixes RL training budgets") as info:
         build_leaderboard(tmp_path, NO_PUBLISHED)
     assert str(first) in str(info.value) and str(second) in str(info.value)
@@ -241,7 +241,7 @@ def test_mixed_budgets_are_refused(tmp_path: Path) -> None:
 def test_reference_rows_are_exempt_from_the_budget_rule(tmp_path: Path) -> None:
     store(tmp_path, [True], baseline="test_rl_a")
     store(tmp_path, [True], baseline="base", budget=None)
-    store(tmp_path, [True], baseline="sft", budget={"sft_steps": 5})
+    store(tmp_path, [True], baseline="sft", budget={**BUDGET, "max_steps": 5})
     store(tmp_path, [True], baseline="test_rl_b", budget=BUDGET, comparison="other", seed=1)  # other comparison
     tables = measured_tables(build_leaderboard(tmp_path, NO_PUBLISHED))
     assert [[row["Baseline"] for row in rows] for rows in tables] == [["base", "sft", "test_rl_a"], ["test_rl_b"]]

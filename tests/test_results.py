@@ -18,7 +18,6 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting import results
 from stabledrl_bench.reporting.results import (
     ENV_PACKAGES,
-    atomic_write_text,
     budget_hash,
     environment_info,
     load_results,
@@ -47,7 +46,17 @@ ENV: dict[str, Any] = {
     "git": {"commit": None, "dirty": None},
     "argv": [],
 }
-BUDGET: dict[str, Any] = {"steps": 10, "prompts_per_step": 2, "completions_per_prompt": 4}
+BUDGET: dict[str, Any] = {
+    "max_steps": 10,
+    "prompts_per_step": 2,
+    "num_generations": 4,
+    "num_iterations": 1,
+    "max_completion_length": 32,
+    "diffusion_steps": 16,
+    "block_length": 8,
+    "temperature": 0.9,
+    "max_prompt_length": 64,
+}
 TINY = {"family": "tiny", "name": "tiny-dlm", "checkpoint": None, "parameters": 1234}
 
 
@@ -171,6 +180,9 @@ def test_budget_hash_is_canonical_sha256_prefix() -> None:
         ({"model": {"name": "m"}}, r"\.json\.model: missing key\(s\) family, checkpoint, parameters"),
         ({"unexpected": 1}, r"unknown key\(s\) unexpected"),
         ({"seed": "0"}, r"\.json\.seed: expected an integer"),
+        ({"budget": {"max_steps": 1}, "budget_hash": budget_hash({"max_steps": 1})}, r"'budget': missing key"),
+        ({"budget": {**BUDGET, "x": 1}, "budget_hash": budget_hash({**BUDGET, "x": 1})}, r"unknown key\(s\) x"),
+        ({"budget": {**BUDGET, "max_steps": 0}, "budget_hash": budget_hash({**BUDGET, "max_steps": 0})}, "positive"),
     ],
 )
 def test_write_rejects_invalid_records(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
@@ -186,6 +198,9 @@ def test_write_rejects_metrics_that_disagree_with_samples(tmp_path: Path) -> Non
         write_result(tmp_path, record, make_samples([True, False]))
     record["metrics"] = {"accuracy": 50.0, "n": 2}  # a percentage, not a fraction
     with pytest.raises(UserError, match=r"fraction in \[0, 1\]"):
+        write_result(tmp_path, record, make_samples([True, False]))
+    record["metrics"] = {"accuracy": 0.5, "n": 2, "pass@1": 0.9}  # a name no evaluator writes
+    with pytest.raises(UserError, match=r"unknown metric\(s\) pass@1"):
         write_result(tmp_path, record, make_samples([True, False]))
     record = make_record()
     del record["protocol"]
@@ -236,29 +251,6 @@ def test_stability_folder_is_ignored_but_other_json_is_not(tmp_path: Path) -> No
         load_results(tmp_path)
     with pytest.raises(UserError, match="does not exist"):
         load_results(tmp_path / "missing")
-
-
-def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
-    target = tmp_path / "out.txt"
-    atomic_write_text(target, "one")
-    atomic_write_text(target, "two")
-    assert target.read_text() == "two"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
-
-
-def test_interrupted_atomic_write_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = tmp_path / "out.txt"
-    atomic_write_text(target, "previous")
-
-    def interrupted(descriptor: int) -> None:
-        assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the temporary file exists by now
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(results.os, "fsync", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        atomic_write_text(target, "new")
-    assert target.read_text() == "previous"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
 def test_interrupted_overwrite_never_leaves_an_inconsistent_result(

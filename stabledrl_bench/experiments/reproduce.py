@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import configs_dir, deep_merge, from_dict, read_mapping, read_recipe
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
@@ -56,7 +57,6 @@ from stabledrl_bench.reporting.leaderboard import (
     training_path,
     write_leaderboard,
 )
-from stabledrl_bench.reporting.results import atomic_write_text
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log

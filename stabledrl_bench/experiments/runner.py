@@ -34,10 +34,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import NOT_IDENTITY, stable_hash, to_dict
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import barrier, is_main_process
-from stabledrl_bench.reporting.results import atomic_write_text
 from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig

@@ -44,7 +44,6 @@ Regenerate with ``python -m stabledrl_bench leaderboard``.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -57,9 +56,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.core.sampling import DecodeSettings
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.plots import new_figure
+from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.results import (
     REFERENCE_BASELINES,
     SAMPLING_MODES,
@@ -68,8 +68,6 @@ from stabledrl_bench.reporting.results import (
     TABLE1_TASKS,
     TABLE2_OPTIONAL,
     TABLE2_TASKS,
-    atomic_write_bytes,
-    atomic_write_text,
     code_label,
     hardware_label,
     load_results,
@@ -705,10 +703,7 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     handles, names = grid[0][-1].get_legend_handles_labels()
     figure.legend(handles, names, loc="center left", bbox_to_anchor=(0.88, 0.5), fontsize="small", frameon=False)
     figure.suptitle(f"{title}\n{_metric_text(shown)}; bars: mean, whiskers: 95% bootstrap interval", fontsize=9)
-    figure.tight_layout(rect=(0, 0, 0.88, 1))
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(figure, path, dpi=100, rect=(0, 0, 0.88, 1))
 
 
 def _measured_blocks(

@@ -27,11 +27,12 @@ Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, se
   (``static``/``dynamic`` for Table 2 - TraceRL's two decoding modes are two columns there - and ``null`` for
   Table 1), ``protocol``, ``seed``;
 * ``model`` (``family, name, checkpoint, parameters``, and in newer records ``weights_sha256`` -- a hash of the
-  evaluated weights, :func:`stabledrl_bench.evaluation.native.weights_sha256` -- and ``dtype``), ``budget`` (dict,
-  required for RL rows) and
-  ``budget_hash`` (:func:`budget_hash` of it), ``settings`` (decode settings);
+  evaluated weights, :func:`stabledrl_bench.evaluation.native.weights_sha256` -- and ``dtype``), ``budget`` (a
+  complete :class:`~stabledrl_bench.training.budget.Budget` as a dict, required for RL rows) and ``budget_hash``
+  (:func:`budget_hash` of it), ``settings`` (decode settings);
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
-  samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy`` and any other number;
+  samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy`` and no other name
+  (:data:`METRIC_NAMES`);
 * ``environment`` (:func:`environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``.
 
 Loaded records carry one extra key, ``_path`` (the JSON file), which :func:`load_samples` uses.
@@ -39,7 +40,6 @@ Loaded records carry one extra key, ``_path`` (the JSON file), which :func:`load
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -48,7 +48,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -56,6 +55,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import canonical_json, from_dict, parse_json, stable_hash
 from stabledrl_bench.errors import UserError
 
@@ -65,8 +65,10 @@ SCHEMA_RENAMES = {"stabledrl-bench/result/v1": {"actual_gen_length": "max_comple
 REFERENCE_BASELINES = ("base", "sft")
 STABILITY_DIR = "stability"
 SAMPLES_SUFFIX = ".samples.jsonl"
-FILE_MODE = 0o644  # mkstemp creates 0600; results are ordinary shared files
 
+# Every metric a record may hold: what the evaluators write. A name outside it is a typo or a forgery, and the
+# leaderboard would otherwise carry it along silently (verify recomputes the ones the samples determine).
+METRIC_NAMES = ("accuracy", "n", "score_mean", "d1_accuracy", "nfe_per_sample", "wall_time_s", "tokens_per_s")
 TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")  # the paper's columns
 # Columns outside the paper's layout (shown only when measured, never in its overall average): Countdown on 1,024
 # generated cd3-like puzzles (4x d1's test, for narrower intervals) and Sudoku on generated 12-blank puzzles, where a
@@ -192,34 +194,6 @@ def budget_hash(budget: Mapping[str, Any]) -> str:
         return stable_hash(budget)
     except UserError as exc:
         raise UserError(f"budget is not plain JSON data: {exc}") from exc
-
-
-# ------------------------------------------------------------------------------------------ atomic write
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the complete new one.
-
-    The temporary file lives in the same directory (``os.replace`` is only atomic within one file system) and is
-    removed again if anything fails before the rename.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(descriptor, FILE_MODE)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """:func:`atomic_write_bytes` of UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # ------------------------------------------------------------------------------------------- records
@@ -368,6 +342,7 @@ class ResultRecord:
             )
         else:
             _require(self.budget_hash == budget_hash(self.budget), f"'budget_hash' {self.budget_hash!r} does not match")
+            _check_budget(self.budget)
         self._check_metrics()
         try:
             datetime.fromisoformat(self.created)
@@ -381,6 +356,8 @@ class ResultRecord:
         _require(_sha256_hex(self.samples_sha256), "'samples_sha256' must be 64 hex digits")
 
     def _check_metrics(self) -> None:
+        unknown = sorted(set(self.metrics) - set(METRIC_NAMES))
+        _require(not unknown, f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRIC_NAMES)}")
         accuracy, n = self.metrics.get("accuracy"), self.metrics.get("n")
         _require(accuracy is not None and 0.0 <= accuracy <= 1.0, "'metrics.accuracy' must be a fraction in [0, 1]")
         _require(n is not None and n == int(n) and n > 0, "'metrics.n' must be a positive integer")
@@ -388,6 +365,17 @@ class ResultRecord:
             _require(value is None or math.isfinite(value), f"'metrics.{name}' must be a finite number or null")
         d1 = self.metrics.get("d1_accuracy")
         _require(d1 is None or 0.0 <= d1 <= 1.0, "'metrics.d1_accuracy' must be a fraction in [0, 1]")
+
+
+def _check_budget(budget: Mapping[str, Any]) -> None:
+    """A record's budget must be one the trainer could have run (every field, no other, each in range): the
+    leaderboard groups rows by it, so a made-up budget would put a row beside runs it never matched."""
+    from stabledrl_bench.training.budget import Budget
+
+    try:
+        from_dict(Budget, dict(budget), where="'budget'")
+    except UserError as exc:
+        raise RecordError(str(exc)) from None
 
 
 def upgraded(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
 
@@ -80,14 +82,14 @@ def export_model(
     unwrapped = accelerator.unwrap_model(model)
     if hasattr(unwrapped, "merge_and_unload"):
         if accelerator.is_main_process:
-            merged = copy.deepcopy(dlm.model).merge_and_unload()
-            merged.save_pretrained(path, state_dict=_cast(merged.state_dict(), dtype))
-            dlm.tokenizer.save_pretrained(path)
-        return
-    state_dict = accelerator.get_state_dict(model)
+            unwrapped = copy.deepcopy(dlm.model).merge_and_unload()
+            state_dict = unwrapped.state_dict()
+    else:
+        state_dict = accelerator.get_state_dict(model)  # collective under FSDP/DeepSpeed
     if accelerator.is_main_process:
-        unwrapped.save_pretrained(path, state_dict=_cast(state_dict, dtype))
-        dlm.tokenizer.save_pretrained(path)
+        with atomic_folder(path) as folder:  # a killed export leaves no folder that loads half-written weights
+            unwrapped.save_pretrained(folder, state_dict=_cast(state_dict, dtype))
+            dlm.tokenizer.save_pretrained(folder)
 
 
 def _cast(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -126,14 +128,27 @@ def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
     try:
         blob = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=True)
         return blob["state"]
-    except (OSError, RuntimeError, EOFError, KeyError, TypeError) as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise UserError(f"cannot read checkpoint {path}: {type(exc).__name__}: {first}") from exc
+    except (*_UNREADABLE, KeyError, TypeError) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+# What loading a damaged or foreign checkpoint raises: a pickle naming anything but tensors and plain containers is
+# an UnpicklingError under ``weights_only=True`` (what accelerate's loader uses too), a truncated file EOF/Runtime.
+_UNREADABLE = (OSError, RuntimeError, EOFError, pickle.UnpicklingError)
+
+
+def _unreadable(path: str | Path, exc: BaseException) -> UserError:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return UserError(f"cannot read checkpoint {path}: {type(exc).__name__}: {first}")
 
 
 def load_checkpoint(accelerator, path: str | Path) -> None:
-    """Restore model, optimizer and scheduler in place from ``path`` (collective: every process calls it)."""
-    accelerator.load_state(str(Path(path) / "accelerate"))
+    """Restore model, optimizer and scheduler in place from ``path`` (collective: every process calls it).
+    accelerate reads weights from safetensors and everything else with ``weights_only=True``: no code runs."""
+    try:
+        accelerator.load_state(str(Path(path) / "accelerate"))
+    except _UNREADABLE as exc:
+        raise _unreadable(path, exc) from exc
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.plots import new_figure, save_png
 
 # Curves plotted for every run, when present in the log (the rest stays in the JSONL).
@@ -36,7 +36,7 @@ class RunLog:
             self.path.write_text("")
         elif self.path.exists():
             kept = [r for r in read_log(self.path) if r.get("step", 0) <= resume_step]
-            write_lines_atomic(self.path, (json.dumps(r) for r in kept))
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -49,14 +49,6 @@ def _json_default(obj):
     if hasattr(obj, "item"):
         return obj.item()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as fh:
-        for line in lines:
-            fh.write(line + "\n")
-    os.replace(tmp, path)
 
 
 # Metrics renamed to the name TRL logs (one name per concept); logs written before a rename still read.

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import NOT_IDENTITY, from_dict, read_mapping, require_positive, stable_hash, to_dict
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import DiffusionLM
@@ -208,7 +209,8 @@ def _run_sft(cfg: SFTConfig, task, acc) -> Path:
     log = RunLog(out_dir / "log.jsonl", resume_step=first if first else None, enabled=main)
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "run.json").write_text(json.dumps({"config": to_dict(cfg), "model": dlm.config_summary()}, indent=2))
+        info = {"config": to_dict(cfg), "model": dlm.config_summary()}
+        atomic_write_text(out_dir / "run.json", json.dumps(info, indent=2))
     bar = tqdm(
         range(first, cfg.max_steps),
         initial=first,

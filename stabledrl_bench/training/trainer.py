@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
 from stabledrl_bench.core.baseline import LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, SequenceBatch
@@ -521,7 +522,7 @@ class RLTrainer:
         log = RunLog(self.output_dir / "log.jsonl", resume_step=self.step if resume else None, enabled=main)
         if main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            (self.output_dir / "run.json").write_text(_dumps(self.run_info()))
+            atomic_write_text(self.output_dir / "run.json", _dumps(self.run_info()))
         if cfg.log_with:  # TensorBoard / W&B through accelerate; log.jsonl stays the record
             self.acc.init_trackers(f"{cfg.baseline}-{cfg.task}", config=_tracker_config(self.run_info()))
         bar = tqdm(

@@ -41,6 +41,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
@@ -343,9 +344,10 @@ def load_diffusion_lm(
     if device is not None:
         model = model.to(device)
     model.eval()
+    mask_id = getattr(config, "mask_token_id", None) or backend.default_mask_id
+    _check_token_ids(model, tokenizer, source, mask_id)
     if tiny and family == CONVENTION_FAMILY[config.convention]:
         return _wrap_tiny(model, tokenizer, name=source, probe=not rank0_weights)
-    mask_id = getattr(config, "mask_token_id", None) or backend.default_mask_id
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
@@ -363,6 +365,26 @@ def load_diffusion_lm(
         name=source,
     )
     return dlm if rank0_weights else detect_pad_free(dlm)
+
+
+def _check_token_ids(model: torch.nn.Module, tokenizer, source: str, mask_id: int | None) -> None:
+    """Refuse a tokenizer that can produce ids the model has no embedding row for (a tokenizer from another
+    model, or added tokens without resized embeddings): on CPU such an id is an index error deep in a forward, on
+    a GPU a device-side assert or, worse, silently wrong rows read."""
+    try:
+        rows = model.get_input_embeddings().weight.shape[0]
+    except (AttributeError, NotImplementedError):
+        return  # a model without the standard accessor: nothing to compare against
+    vocab = tokenizer.get_vocab()
+    top = max(vocab.values(), default=-1)
+    if top >= rows:
+        token = max(vocab, key=vocab.get)
+        raise UserError(
+            f"{source}: the tokenizer has ids up to {top} ({token!r}) but the model embeds only {rows} tokens; "
+            "the tokenizer and the weights do not belong together"
+        )
+    if mask_id is not None and not 0 <= mask_id < rows:
+        raise UserError(f"{source}: mask token id {mask_id} is outside the model's {rows} embedding rows")
 
 
 def remote_code_trusted(explicit: bool | None = None) -> bool:
@@ -467,8 +489,9 @@ def save_diffusion_lm(dlm: DiffusionLM, path: str | os.PathLike) -> None:
     """Write weights, config and tokenizer so :func:`load_diffusion_lm` restores the same model."""
     model = dlm.model
     model = getattr(model, "module", model)  # unwrap DDP
-    model.save_pretrained(path)
-    dlm.tokenizer.save_pretrained(path)
+    with atomic_folder(path) as folder:  # never a config without its weights (a folder that looks complete)
+        model.save_pretrained(folder)
+        dlm.tokenizer.save_pretrained(folder)
 
 
 __all__ = [
