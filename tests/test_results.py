@@ -275,6 +275,7 @@ def test_interrupted_overwrite_never_leaves_an_inconsistent_result(
     assert load_results(tmp_path) == []
     assert not result_exists(tmp_path, make_record())
     assert not list(tmp_path.rglob("*.tmp"))
+    assert not list(tmp_path.rglob("*.samples.jsonl"))  # no orphan samples either
     store(tmp_path, [False, True])  # the rerun completes it
     assert load_results(tmp_path)[0]["metrics"]["accuracy"] == 0.5
 

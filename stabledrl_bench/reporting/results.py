@@ -13,9 +13,10 @@ Layout on disk (``results_dir`` is e.g. ``results/``)::
 The JSON holds everything about the evaluation except the per-sample rows, which live in the JSONL beside it
 (``doc_id, prompt, completion, correct, score, extracted, details``). The JSON references the JSONL by name and by
 sha256, so a JSON can never silently describe samples that were overwritten later. Both files are written with
-:func:`atomic_write_text` (temporary file in the same directory, ``fsync``, ``os.replace``), JSONL first and an old
-JSON removed before that, so an interrupted run leaves a complete result or none: a JSONL without a JSON counts as
-"not done" and is overwritten by the rerun.
+:func:`~stabledrl_bench.atomic.atomic_write_text` (temporary file in the same directory, ``fsync``,
+``os.replace``), JSONL first and an old JSON removed before that; the JSONL is removed again when the JSON cannot be
+written. So an interrupted run leaves a complete result or none (a JSONL left without its JSON by a killed process
+counts as "not done" and is overwritten by the rerun).
 
 Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, see :func:`upgraded`):
 
@@ -509,7 +510,11 @@ def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Se
     # samples were already replaced (the sha256 would catch it, but a rerun is the better outcome).
     path.unlink(missing_ok=True)
     atomic_write_text(samples_path, text)
-    atomic_write_text(path, record_text)
+    try:
+        atomic_write_text(path, record_text)
+    except BaseException:
+        samples_path.unlink(missing_ok=True)  # no samples file without the record that describes it
+        raise
     return path
 
 
