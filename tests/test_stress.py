@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ from stabledrl_bench.experiments.stress.common import (
     Definitions,
     ExplodingNoise,
     NoiseInjection,
-    collapse_step,
+    collapse_analysis,
     running_mean,
     spike_steps,
     stress_warm_start,
@@ -68,17 +69,38 @@ def test_running_mean_skips_missing_values():
     assert running_mean([None, 2.0], 3) == [None, 2.0]
 
 
-def test_collapse_step_hand_computed():
-    d = Definitions(initial_rollouts=2, reward_window=2, collapse_fraction=0.5, confirm_steps=4)
-    steps = [1, 3, 5, 7, 9, 11, 13]
-    # R0 = 0.4 -> threshold 0.2; running means (window 2): .4 .4 .3 .15 .05 0 0 -> below from index 3 (step 7).
+def test_collapse_analysis_hand_computed():
+    d = Definitions(reward_window=2, collapse_fraction=0.5, confirm_steps=4, ignore_tail=0.1)
+    steps = [1, 3, 5, 7, 9, 11, 13]  # mu = 2: rollout k serves steps k, k + 1
+    frozen = dict.fromkeys(steps, 0.4)  # the control's running mean is 0.4 -> threshold 0.2
+    # running means (window 2): .4 .4 .3 .15 .05 0 0 -> below from rollout 3 (step 7) to the end (step 14): 8 steps.
     rewards = [0.4, 0.4, 0.2, 0.1, 0.0, 0.0, 0.0]
-    assert collapse_step(steps, rewards, last_step=14, diverged_at=None, d=d) == (7, "reward")
-    # The same drop seen only 3 steps before the end is not confirmed.
-    assert collapse_step(steps[:4], rewards[:4], last_step=8, diverged_at=None, d=d) == (None, None)
-    # A recovery at the end means no collapse; a non-finite stop always is one.
-    assert collapse_step(steps, [*rewards[:-1], 0.9], last_step=14, diverged_at=None, d=d) == (None, None)
-    assert collapse_step(steps[:2], rewards[:2], last_step=3, diverged_at=3, d=d) == (3, "nonfinite")
+    run = {"last_step": 14, "planned_steps": 14, "diverged_at": None, "d": d}
+    out = collapse_analysis(steps, rewards, frozen, **run)
+    assert out == {
+        "collapse_step": 7,
+        "collapse_kind": "reward",
+        "transient_collapses": 0,
+        "below_steps": 8,
+        "zero_reward_steps": 6,  # rollouts at steps 9, 11, 13, two steps each
+    }
+    # The same drop judged against a control that fell as far is no collapse: the prompts got harder, not the policy.
+    falling = dict(zip(steps, rewards, strict=True))
+    assert collapse_analysis(steps, rewards, falling, **run)["collapse_step"] is None
+    # Confirmation: a stretch of 8 steps is not confirmed under confirm_steps = 9 ...
+    assert (
+        collapse_analysis(steps, rewards, frozen, **{**run, "d": replace(d, confirm_steps=9)})["collapse_step"] is None
+    )
+    # ... nor one that starts in the ignored tail (step 7 > 0.9 x 7 planned steps).
+    late = collapse_analysis(steps, rewards, frozen, **{**run, "planned_steps": 7})
+    assert late["collapse_step"] is None and late["below_steps"] == 8
+    # A recovery makes it transient: below at rollouts 3-5 (steps 7..12, 6 steps), then 0.9 lifts the mean.
+    recovered = collapse_analysis(steps, [*rewards[:-1], 0.9], frozen, **run)
+    assert recovered["collapse_step"] is None and recovered["transient_collapses"] == 1
+    assert recovered["below_steps"] == 6 and recovered["zero_reward_steps"] == 4
+    # A non-finite stop is always a collapse, at the step of the stop.
+    stopped = collapse_analysis(steps[:2], rewards[:2], frozen, **{**run, "last_step": 3, "diverged_at": 3})
+    assert (stopped["collapse_step"], stopped["collapse_kind"]) == (3, "nonfinite")
 
 
 def test_exploding_noise_scales_to_each_methods_log_ratio():
@@ -267,7 +289,7 @@ def test_grpo_update_leaves_the_per_token_bound_under_exploding_noise():
 
 
 # ------------------------------------------------------------------------------------------- leaderboard section
-def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5, spikes=0.0):
+def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5, spikes=0.0, above=None):
     def b(v):
         return {"mean": v, "min": v, "max": v, "n": seeds}
 
@@ -278,6 +300,9 @@ def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5
         "collapsed": collapsed,
         "collapse_steps": steps,
         "collapse_kinds": ["reward"] if collapsed else [],
+        "transient_collapses": 0,
+        "zero_reward_steps": b(0.0),
+        "above_frozen": seeds if above is None else above,
         "spikes": b(spikes),
         "nonfinite_steps": b(0.0),
         "initial_reward": b(initial),
@@ -338,21 +363,35 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("stabledrl", "grpo", "verdict"),
-    [((0, []), (2, [300, 500]), "agrees"), ((0, []), (0, []), "disagrees"), ((1, [900]), (2, [300, 500]), "disagrees")],
+    ("stabledrl", "grpo", "above", "verdict"),
+    [
+        ((0, []), (2, [300, 500]), 2, "agrees"),
+        ((0, []), (0, []), 2, "disagrees"),
+        ((1, [400]), (2, [300, 500]), 2, "disagrees"),
+        ((0, []), (2, [300, 500]), 1, "not tested"),  # no method ends above the frozen control on every seed
+    ],
 )
-def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, verdict):
-    budget = {"max_steps": 1000, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 40}
-    budget |= {"diffusion_steps": 10, "num_iterations": 4}
-    summary = [_summary("grpo", "normal", *grpo, seeds=2), _summary("stabledrl", "normal", *stabledrl, seeds=2)]
+def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, above, verdict):
+    budget = {"max_steps": 500, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 48}
+    budget |= {"diffusion_steps": 12, "num_iterations": 2}
+    summary = [
+        _summary("grpo", "normal", *grpo, seeds=2, above=above),
+        _summary("stabledrl", "normal", *stabledrl, seeds=2, above=above),
+    ]
     record = {"budget": budget, "budget_hash": "abc", "summary": summary}
-    record |= {"optimizer": {"learning_rate": 1e-3, "max_grad_norm": 1.0}}
+    optimizer = {"learning_rate": 3e-5, "max_grad_norm": 0.2, "weight_decay": 0.1, "lr_scheduler_type": "linear"}
+    record |= {"optimizer": optimizer, "learning_rate_source": "stability/lrsweep.json"}
+    record |= {
+        "methods": {"grpo": {"effective": {"beta": 0.0}}, "stabledrl": {"effective": {"beta": 0.0, "num_mc": 2}}}
+    }
     record |= {"title": "Long run", "seeds": [0, 1]}
     _write(tmp_path / "stability", "longrun", record)
     text = stability_section(tmp_path)
     (line,) = [line for line in text.splitlines() if "StableDRL trains stably for 1000+" in line]
-    assert line.startswith(f"* **{verdict}**") and "1000 steps, mu = 4, lr 0.001" in line
+    assert line.startswith(f"* **{verdict}**") and "500 steps, mu = 2, G = 8, lr 3e-05, num_mc 2, beta 0" in line
     assert f"grpo {grpo[0]}/2 collapsed" in line and "### Long run" in text
+    assert "lr 3e-05 from the learning-rate sweep (linear schedule), weight decay 0.1, grad clip 0.2" in text
+    assert "per method: grpo beta 0; stabledrl beta 0, num_mc 2" in text
 
 
 def test_stability_section_rejects_a_foreign_record(tmp_path):
@@ -392,18 +431,27 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     results, runs, model = tmp_path / "results", tmp_path / "runs", tmp_path / "model"
     save_diffusion_lm(build_tiny(seed=0, **SMALL), model)
     common = ["--results", str(results), "--runs", str(runs), "--no-leaderboard", "--warm-start", str(model)]
-    toy = ["--prompts", "2", "--generations", "2", "--diffusion-steps", "5", "--seeds", "0"]
+    toy = ["--prompts", "2", "--generations", "2", "--diffusion-steps", "6", "--seeds", "0"]
     train = [*toy, "--steps", "2", "--jobs", "1", "--conditions", "exploding"]
+    with pytest.raises(UserError, match="run `stress lrsweep` first"):  # the rate comes from the recorded sweep
+        main(["exploding", "--methods", "spg", *train, *common])
+    main(["lrsweep", "--methods", "grpo,stabledrl", "--lrs", "1e-4,1e-3", *toy, "--steps", "4", "--jobs", "1", *common])
     main(["exploding", "--methods", "spg,stabledrl", *train, *common])
     main(["clip", "--thresholds", "5", *train, *common])
     main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", *toy, *common])
     main(["hull", "--trials", "10", *common[:-2]])
     main(["longrun", "--methods", "grpo,stabledrl", *toy, "--steps", "4", "--jobs", "1", *common])
     records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
-    assert set(records) == {"exploding", "clip", "drift", "hull", "longrun"}
-    assert (
-        records["longrun"]["budget"]["num_iterations"] == 4 and records["longrun"]["optimizer"]["learning_rate"] == 1e-3
-    )
+    assert set(records) == {"lrsweep", "exploding", "clip", "drift", "hull", "longrun"}
+    chosen = records["lrsweep"]["chosen_lr"]
+    assert chosen in (1e-4, 1e-3) and set(records["lrsweep"]["by_lr"]) == {"0.0001", "0.001"}
+    longrun = records["longrun"]
+    knobs = ("learning_rate", "weight_decay", "lr_scheduler_type", "max_grad_norm")
+    assert [longrun["optimizer"][k] for k in knobs] == [chosen, 0.1, "linear", 0.2]  # the official knobs
+    assert longrun["budget"]["num_iterations"] == 2 and longrun["learning_rate_source"] == "stability/lrsweep.json"
+    effective = {name: m["effective"] for name, m in longrun["methods"].items()}
+    assert effective["grpo"]["beta"] == 0.0 and effective["stabledrl"]["beta"] == 0.0
+    assert effective["stabledrl"]["num_mc"] == 2
     exploding = records["exploding"]
     assert exploding["budget_hash"] and exploding["environment"]["hardware"]
     assert exploding["warm_start"] == {"path": str(model), "source": "user"}
@@ -414,7 +462,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     # StableDRL with C = 5 is the same configuration in both sweeps: one run folder, trained once.
     (stable,) = [r for r in exploding["runs"] if r["label"] == "stabledrl"]
     (clip5,) = records["clip"]["runs"]
-    assert stable["run_dir"] == clip5["run_dir"] and len(list((runs / "train").iterdir())) == 2 + 2  # + longrun
+    assert stable["run_dir"] == clip5["run_dir"]
+    # 4 sweep runs (2 methods x 2 rates) + 2 exploding; the long run at the chosen rate is the sweep's own runs.
+    assert len(list((runs / "train").iterdir())) == 4 + 2 and longrun["jobs"]["jobs_reused"] == 3
     for record in records.values():
         for name in record["plots"].values():
             assert (results / "stability" / name).is_file()

@@ -328,15 +328,22 @@ def _rollout_records(log: Path) -> list[dict[str, Any]]:
     return [r for r in read_log(log) if r.get("phase_iteration") == 0 and r.get("reward_mean") is not None]
 
 
-def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, args) -> tuple[Path, bool]:
+def warm_start_spec(preset: Preset, task: str, model: str, seed: int) -> WarmStart:
+    """The SFT warm start ``preset`` gives ``task`` on training seed ``seed`` (the stress experiments reuse one)."""
     recipe = preset.tasks[task]
     generator_options = (
         recipe.generator_options if recipe.sft_generator_options is None else recipe.sft_generator_options
     )
     task_sft = preset.task_sft(task)
-    assert task_sft is not None  # the caller checked that the preset has a warm start
-    sft = dataclasses.replace(task_sft, task=task, model=model, seed=seed, generator_options=generator_options)
-    final, info = ensure_warm_start(WarmStart(sft), out, force=args.force)
+    if task_sft is None:
+        raise UserError(f"preset {preset.name!r} has no warm start for {task}")
+    return WarmStart(
+        dataclasses.replace(task_sft, task=task, model=model, seed=seed, generator_options=generator_options)
+    )
+
+
+def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, args) -> tuple[Path, bool]:
+    final, info = ensure_warm_start(warm_start_spec(preset, task, model, seed), out, force=args.force)
     return final, info["built_now"]
 
 

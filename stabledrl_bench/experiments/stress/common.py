@@ -1,13 +1,12 @@
-"""Shared pieces of the stability experiments: the stress model and its warm start, the exploding-noise condition,
-the precise spike and collapse definitions, result records and seed-band plots.
+"""Shared pieces of the stability experiments: the task and warm start, the exploding-noise condition, the precise
+spike and collapse definitions, result records and seed-band plots.
 
-Why a dedicated stress model: the mechanism under test (estimated ratios -> bypassed clip -> gradient spikes ->
-drift -> collapse) lives in the loss, not in model size, and every experiment must fit ~15 minutes on 2 CPU cores
-including its warm start. The stress model is the built-in tiny transformer shrunk to 2 layers of width 64 (about
-0.1 M parameters, ~5x cheaper than the ``tiny`` preset model), SFT'd on procedurally generated 4x4 Sudoku with the
-``tiny`` protocol, which brings its reward (d1 cell accuracy of the blanks) from 0 to ~0.4, above the 0.25 of
-guessing, with non-zero spread inside a group (so advantages are non-zero). All runs of all experiments start from
-this one checkpoint.
+Why this start: a stability verdict needs runs that can learn. The experiments start from the tiny Table 1 preset's
+Sudoku 12-blank warm start (the built-in 0.8 M-parameter tiny model, masked-diffusion SFT on generated 8-blank
+puzzles over canvases 40..64, training seed 0), where the tiny Table 1 measured RL gains: its rollouts on generated
+12-blank puzzles at the 48-token canvas close the answer tag and fill most cells (reward ~0.8, d1 cell accuracy of
+the blanks), so a gain is a gain in solving and a fall to reward 0 is not a tokenizer artefact of a start that
+never learned the format. All runs of all experiments start from this one checkpoint.
 """
 
 from __future__ import annotations
@@ -35,36 +34,19 @@ CONDITIONS = ("normal", "exploding")
 
 
 # ----------------------------------------------------------------------------------------------- warm start
-STRESS_MODEL = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 176,
-    "seed": 0,
-}
-STRESS_TASK, STRESS_PROTOCOL = "sudoku", "tiny"
-SFT_STEPS = 1000
+STRESS_TASK, STRESS_PROTOCOL = "sudoku_hard", "tiny"
+STRESS_GENERATOR = {"num_blanks": 12}  # RL puzzles: 12 of 16 cells blank (the warm start learned on 8)
+STRESS_CANVAS = 48  # the tiny Table 1's RL canvas, where the start closes the answer tag
 
 
-def stress_warm_start(sft_steps: int = SFT_STEPS) -> WarmStart:
-    """The shared starting point: a freshly initialised stress model, then masked-diffusion SFT on Sudoku."""
-    from stabledrl_bench.experiments.runner import WarmStart  # the training stack: not for the leaderboard
-    from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.sft import SFTConfig
+def stress_warm_start(sft_steps: int | None = None) -> WarmStart:
+    """The shared starting point (module docstring); ``sft_steps`` overrides the preset's SFT length."""
+    from stabledrl_bench.experiments.reproduce import presets, warm_start_spec  # the training stack
 
-    sft = SFTConfig(
-        task=STRESS_TASK,
-        protocol=STRESS_PROTOCOL,
-        train_split="generated",
-        max_steps=sft_steps,
-        batch_size=64,
-        max_completion_length=40,
-        optim=OptimConfig(
-            learning_rate=3e-3, weight_decay=0.01, lr_scheduler_type="cosine", warmup_steps=20, max_grad_norm=1.0
-        ),
-        seed=0,
-    )
-    return WarmStart(sft=sft, init=STRESS_MODEL)
+    spec = warm_start_spec(presets("table1")["tiny"], STRESS_TASK, "tiny", seed=0)
+    if sft_steps is None:
+        return spec
+    return dataclasses.replace(spec, sft=dataclasses.replace(spec.sft, max_steps=sft_steps))
 
 
 # ------------------------------------------------------------------------------------------- exploding noise
@@ -155,20 +137,28 @@ class Definitions:
     * spike at step t: the pre-clip gradient norm g_t is non-finite, or g_t > ``spike_k`` x median of the finite
       g over the previous ``spike_window`` steps (needs ``spike_min_history`` of them; earlier steps are never
       spikes unless non-finite);
-    * collapse: the trainer stopped on ``max_nonfinite_steps`` consecutive non-finite steps (step of the stop), or
-      reward collapse: with R0 = mean rollout reward of the first ``initial_rollouts`` rollouts and R_bar(t) = mean
-      over the last ``reward_window`` rollouts up to t, the first rollout step t from which R_bar stays below
-      ``collapse_fraction`` x R0 until the end of the run, provided the run continued >= ``confirm_steps`` steps
-      after t (a drop in the last steps is not called a collapse).
+    * below at rollout t: R_bar(t), the mean rollout reward of the last ``reward_window`` rollouts up to t, is below
+      ``collapse_fraction`` x F_bar(t), the same running mean of the frozen control (the start trained with learning
+      rate 0: the same prompts and random numbers, so an easier or harder stretch of prompts is not a collapse);
+    * collapse: the trainer stopped on ``max_nonfinite_steps`` consecutive non-finite steps (step of the stop), or a
+      stretch below that lasts to the end of the run, began in the first ``1 - ignore_tail`` of the planned steps
+      and lasted >= ``confirm_steps`` steps (its first step is the collapse step);
+    * transient collapse: a stretch below of >= ``confirm_steps`` steps that recovered before the end.
+
+    Why against the frozen control and not the run's own first rollouts: those already include updated policies,
+    and the level of the prompts drawn changes along the run; the control measures both away. Every method is
+    judged by the same rule; the steps spent at exactly zero reward (no gradient for any group-relative method)
+    are counted beside it.
     """
 
     spike_k: float = 5.0
     spike_window: int = 20
     spike_min_history: int = 5
     collapse_fraction: float = 0.5
-    initial_rollouts: int = 3
+    initial_rollouts: int = 3  # reported as the run's initial reward, never a reference level
     reward_window: int = 5
-    confirm_steps: int = 10
+    confirm_steps: int = 50
+    ignore_tail: float = 0.05
 
     def __post_init__(self) -> None:
         if self.spike_k <= 1 or not 0 < self.collapse_fraction < 1:
@@ -177,21 +167,27 @@ class Definitions:
             raise UserError("spike window, history and reward windows must be >= 1")
         if self.spike_min_history > self.spike_window:
             raise UserError("spike_min_history cannot exceed spike_window")
+        if not 0 <= self.ignore_tail < 1:
+            raise UserError("need 0 <= --ignore-tail < 1")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def describe(self) -> dict[str, str]:
+        below = (
+            f"the mean reward of the last {self.reward_window} rollouts is below {self.collapse_fraction:g} x the "
+            "frozen control's on the same rollouts"
+        )
         return {
             "spike": (
                 f"pre-clip grad norm non-finite, or > {self.spike_k:g} x median of the previous {self.spike_window} "
                 f"steps' finite norms (at least {self.spike_min_history} of them)"
             ),
             "collapse": (
-                "non-finite divergence (trainer stop), or the first rollout step from which the mean reward of the "
-                f"last {self.reward_window} rollouts stays below {self.collapse_fraction:g} x the mean of the first "
-                f"{self.initial_rollouts} rollouts until the end, confirmed by >= {self.confirm_steps} later steps"
+                f"non-finite divergence (trainer stop), or {below} from a rollout on to the end of the run, for "
+                f">= {self.confirm_steps} steps, starting in the first {1 - self.ignore_tail:.0%} of the run"
             ),
+            "transient": f"{below} for >= {self.confirm_steps} steps, then recovered",
         }
 
 
@@ -209,27 +205,54 @@ def spike_steps(steps: Sequence[int], grad_norms: Sequence[float], d: Definition
     return spikes
 
 
-def collapse_step(
-    reward_steps: Sequence[int], rewards: Sequence[float], last_step: int, diverged_at: int | None, d: Definitions
-) -> tuple[int | None, str | None]:
-    """``(step, kind)`` of the collapse (:class:`Definitions`), kind ``"nonfinite"`` or ``"reward"``; else None."""
-    if diverged_at is not None:
-        return diverged_at, "nonfinite"
-    if len(rewards) <= d.initial_rollouts:
-        return None, None
-    initial = [r for r in rewards[: d.initial_rollouts] if finite(r)]
-    if not initial:
-        return None, None
-    threshold = d.collapse_fraction * statistics.fmean(initial)
+def collapse_analysis(
+    reward_steps: Sequence[int],
+    rewards: Sequence[float | None],
+    frozen: Mapping[int, float | None],
+    *,
+    last_step: int,
+    planned_steps: int,
+    diverged_at: int | None,
+    d: Definitions,
+) -> dict[str, Any]:
+    """Collapse, transient collapses and zero-reward steps of one run (:class:`Definitions`).
+
+    ``reward_steps[k]`` is the optimizer step of rollout k and ``rewards[k]`` its mean reward; ``frozen`` maps a
+    rollout step to the frozen control's reward there. A rollout serves the steps up to the next one (the last
+    serves to ``last_step``). Returns ``collapse_step`` and ``collapse_kind`` (``"nonfinite"``, ``"reward"`` or
+    None), ``transient_collapses``, ``below_steps`` (steps inside any stretch below) and ``zero_reward_steps``.
+    """
+    ends = [*reward_steps[1:], last_step + 1]  # rollout k serves steps reward_steps[k] .. ends[k] - 1
     running = running_mean(rewards, d.reward_window)
-    start = None
-    for i in range(len(running) - 1, d.initial_rollouts - 1, -1):  # walk back while the tail stays below
-        if running[i] is None or running[i] >= threshold:
-            break
-        start = i
-    if start is None or last_step - reward_steps[start] < d.confirm_steps:
-        return None, None
-    return reward_steps[start], "reward"
+    reference = running_mean([frozen.get(step) for step in reward_steps], d.reward_window)
+    below = [
+        r is not None and f is not None and r < d.collapse_fraction * f for r, f in zip(running, reference, strict=True)
+    ]
+    stretches, k = [], 0  # (first rollout, one past the last rollout) of each stretch below
+    while k < len(below):
+        if below[k]:
+            first = k
+            while k < len(below) and below[k]:
+                k += 1
+            stretches.append((first, k))
+        else:
+            k += 1
+    length = {(a, b): ends[b - 1] - reward_steps[a] for a, b in stretches}
+    collapse: tuple[int | None, str | None] = (None, None)
+    if diverged_at is not None:
+        collapse = (diverged_at, "nonfinite")
+    elif stretches:
+        a, b = stretches[-1]
+        lasting = b == len(below) and length[(a, b)] >= d.confirm_steps
+        if lasting and reward_steps[a] <= (1 - d.ignore_tail) * planned_steps:
+            collapse = (reward_steps[a], "reward")
+    return {
+        "collapse_step": collapse[0],
+        "collapse_kind": collapse[1],
+        "transient_collapses": sum(b < len(below) and length[(a, b)] >= d.confirm_steps for a, b in stretches),
+        "below_steps": sum(length.values()),
+        "zero_reward_steps": sum(e - s for s, e, r in zip(reward_steps, ends, rewards, strict=True) if r == 0),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -242,6 +265,9 @@ def band(values: Sequence[float]) -> dict[str, float | None]:
 
 
 # ------------------------------------------------------------------------------------------------- records
+LRSWEEP = "lrsweep"  # the record of the learning-rate sweep, whose chosen rate the training experiments use
+
+
 def stability_dir(results_dir: Path | str) -> Path:
     return Path(results_dir) / STABILITY_DIR
 
@@ -255,6 +281,17 @@ def write_record(results_dir: Path | str, experiment: str, payload: Mapping[str,
 def read_record(path: Path) -> dict[str, Any]:
     """A stability record, or a one-line error naming the file."""
     return read_json_record(path, SCHEMA)
+
+
+def chosen_lr(results_dir: Path | str) -> float:
+    """The learning rate the recorded sweep (``stress lrsweep``) chose, or one error line saying how to get one."""
+    path = stability_dir(results_dir) / f"{LRSWEEP}.json"
+    if not path.is_file():
+        raise UserError(f"no {path}: run `stress lrsweep` first (it chooses the learning rate), or pass --lr")
+    record = read_record(path)
+    if record.get("chosen_lr") is None:
+        raise UserError(f"{path}: the sweep chose no learning rate ({record.get('choice')}); pass --lr")
+    return float(record["chosen_lr"])
 
 
 # --------------------------------------------------------------------------------------------------- plots

@@ -20,7 +20,7 @@ from stabledrl_bench.core.registry import Registry
 from stabledrl_bench.errors import UserError, positive_int
 from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress.common import (
-    SFT_STEPS,
+    STRESS_CANVAS,
     Definitions,
     ExplodingNoise,
     stress_warm_start,
@@ -48,6 +48,7 @@ EXPERIMENTS: Registry[Experiment] = Registry(
     "stress experiment",
     "stress_experiments",
     builtins=(
+        "stabledrl_bench.experiments.stress.lrsweep",  # first: `stress all` chooses the rate the others use
         "stabledrl_bench.experiments.stress.training",
         "stabledrl_bench.experiments.stress.drift",
         "stabledrl_bench.experiments.stress.hull",
@@ -58,15 +59,15 @@ EXPERIMENTS: Registry[Experiment] = Registry(
 
 
 def stress_budget(args: argparse.Namespace, steps: int) -> Budget:
-    """The stress budget: the tiny preset's canvas (L = 40, block 8, mu = 2, T = 0.9) with fewer prompts and
-    diffusion steps, so that a whole sweep fits ~15 minutes on 2 cores (an experiment with a ``--num-iterations``
+    """The stress budget: the tiny Table 1 canvas (L = 48, block 8, T = 0.9) and mu = 2, the official recipe's, with
+    ``--prompts`` x ``--generations`` rollouts and ``--diffusion-steps`` (an experiment with a ``--num-iterations``
     option sets mu itself)."""
     return Budget(
         max_steps=steps,
         prompts_per_step=args.prompts,
         num_generations=args.generations,
         num_iterations=getattr(args, "num_iterations", 2),
-        max_completion_length=40,
+        max_completion_length=STRESS_CANVAS,
         diffusion_steps=args.diffusion_steps,
         block_length=8,
         temperature=0.9,
@@ -84,11 +85,13 @@ def add_output(p: argparse.ArgumentParser) -> None:
 
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
-    p.add_argument("--sft-steps", type=positive_int, default=SFT_STEPS, help="SFT steps of the warm start")
+    p.add_argument("--sft-steps", type=positive_int, help="SFT steps of the warm start (default: the preset's)")
     p.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
+    # G = 8 for every method: 16 (the official) doubles every run's cost, which 2 CPU cores cannot afford for
+    # 5 methods x 5 seeds x 500 steps; it is one option away for a machine that can.
     p.add_argument("--generations", type=positive_int, default=8, help="completions per prompt (group size G)")
     p.add_argument(
-        "--diffusion-steps", type=positive_int, default=10, help="rollout denoising steps over the 40 tokens"
+        "--diffusion-steps", type=positive_int, default=12, help="rollout denoising steps over the 48 tokens"
     )
 
 
@@ -110,8 +113,10 @@ def add_definitions(p: argparse.ArgumentParser) -> None:
 def add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds")
     p.add_argument("--steps", type=positive_int, default=120, help="optimizer steps per run (budget.max_steps)")
-    p.add_argument("--lr", type=float, default=1e-4, help="constant AdamW learning rate (the tiny preset's RL lr)")
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (pre-clip norm is logged)")
+    p.add_argument("--lr", type=float, help="peak AdamW learning rate (default: the rate `stress lrsweep` chose)")
+    p.add_argument("--lr-scheduler", default="linear", help="learning-rate schedule (official: linear decay to 0)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (official: 0.1)")
+    p.add_argument("--max-grad-norm", type=float, default=0.2, help="gradient clipping (official 0.2; pre-clip logged)")
     p.add_argument("--jobs", type=positive_int, default=2, help="parallel worker processes (one thread each)")
 
 
@@ -140,8 +145,6 @@ def warm_start(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str
     """Warm-start folder, its description and the model summary (parameter count etc.)."""
     from stabledrl_bench.core.models.backends import load_diffusion_lm
 
-    if args.sft_steps < 1:
-        raise UserError("--sft-steps must be >= 1")
     path, info = ensure_warm_start(stress_warm_start(args.sft_steps), Path(args.runs) / "sft", override=args.warm_start)
     return path, info, load_diffusion_lm(path).config_summary()
 

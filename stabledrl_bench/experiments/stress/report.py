@@ -71,7 +71,23 @@ def _setting_line(record: Mapping[str, Any]) -> str:
         )
     if record.get("optimizer"):
         opt = record["optimizer"]
-        parts.append(f"AdamW lr {fmt(opt['learning_rate'])} (constant), grad clip {fmt(opt['max_grad_norm'])}")
+        source = " from the learning-rate sweep" if record.get("learning_rate_source", "").endswith(".json") else ""
+        parts.append(
+            f"AdamW lr {fmt(opt['learning_rate'])}{source} ({opt['lr_scheduler_type']} schedule), weight decay "
+            f"{fmt(opt['weight_decay'])}, grad clip {fmt(opt['max_grad_norm'])}"
+        )
+    task = record.get("task") or {}
+    if task.get("name"):
+        options = ", ".join(f"{k} {v}" for k, v in (task.get("generator_options") or {}).items())
+        parts.append(f"task {task['name']}" + (f" ({options})" if options else ""))
+    methods = record.get("methods") or {}
+    if methods:
+        knobs = [
+            f"{name} beta {fmt(m['effective'].get('beta'))}"
+            + (f", num_mc {m['effective']['num_mc']}" if "num_mc" in m["effective"] else "")
+            for name, m in methods.items()
+        ]
+        parts.append("per method: " + "; ".join(knobs))
     parts.append(f"seeds {', '.join(str(s) for s in record.get('seeds', []))}")
     runtime = f"{hardware_label(record.get('environment') or {})}: {fmt(record.get('runtime_s'))} s wall"
     jobs = record.get("jobs") or {}
@@ -110,10 +126,12 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
                 condition,
                 collapsed,
                 ", ".join(str(x) for x in s["collapse_steps"]) or MISSING,
+                str(s["transient_collapses"]),
+                fmt_band(s["zero_reward_steps"]),
                 f"{fmt_band(s['spikes'])} ({fmt_band(s.get('spike_rate'))})",
                 fmt_band(s["nonfinite_steps"]),
                 f"{fmt_band(s['initial_reward'])} → {fmt_band(s['final_reward'])}",
-                fmt_band(s.get("final_vs_frozen")),
+                f"{fmt_band(s.get('final_vs_frozen'))}; {s['above_frozen']}/{s['seeds']} above",
                 fmt_band(s["grad_norm_median"]),
                 fmt_band(s["grad_norm_max"]),
             ]
@@ -123,6 +141,8 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
         "condition",
         "collapsed",
         "collapse step(s)",
+        "transient collapses",
+        "steps at reward 0",
         "spikes (per step)",
         "non-finite steps",
         "reward first → last",
@@ -142,6 +162,29 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
             "the last rollouts with the never-updated warm start on the same prompts (positive = learned something); "
             "grad norms are pre-clip.",
             " ".join(_image(link_base, plots.get(k), f"{record['experiment']} {k}") for k in ("reward", "gradnorm")),
+        ]
+    )
+
+
+def _lrsweep_block(record: Mapping[str, Any], link_base: str) -> str:
+    rates = list(record["by_lr"])
+    labels = list(dict.fromkeys(label for methods in record["by_lr"].values() for label in methods))
+
+    def cell(m: Mapping[str, Any] | None) -> str:
+        if not m or m.get("change") is None:
+            return MISSING
+        mark = " (below)" if m["falls_below"] else (" (gains)" if m["gains"] else "")
+        return f"{m['change']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}]{mark}"
+
+    rows = [[label, *(cell(record["by_lr"][lr].get(label)) for lr in rates)] for label in labels]
+    chosen = fmt(record["chosen_lr"]) if record.get("chosen_lr") is not None else "none"
+    return "\n\n".join(
+        [
+            f"### {record['title']}",
+            _setting_line(record),
+            f"Rule: {record['rule']}. Chosen: **{chosen}** ({record['choice']}).",
+            table(["method", *(f"lr {lr}" for lr in rates)], rows),
+            _image(link_base, (record.get("plots") or {}).get("sweep"), "learning-rate sweep"),
         ]
     )
 
@@ -421,29 +464,34 @@ def _hull_claims(record: Mapping[str, Any] | None) -> list[str]:
 def _longrun_claims(record: Mapping[str, Any] | None) -> list[str]:
     if record is None:
         return ["* Long run without injected noise: not run (`python -m stabledrl_bench stress longrun`)."]
-    budget = record["budget"]
+    budget, effective = record["budget"], [m["effective"] for m in (record.get("methods") or {}).values()]
+    num_mc = sorted({e["num_mc"] for e in effective if "num_mc" in e})
+    betas = sorted({e["beta"] for e in effective})
     setting = (
-        f"{budget['max_steps']} steps, mu = {budget['num_iterations']}, lr {fmt(record['optimizer']['learning_rate'])}"
-        ", one Monte-Carlo sample per estimate, no injected noise"
+        f"{budget['max_steps']} steps, mu = {budget['num_iterations']}, G = {budget['num_generations']}, lr "
+        f"{fmt(record['optimizer']['learning_rate'])}, num_mc {'/'.join(map(str, num_mc))}, beta "
+        f"{'/'.join(fmt(b) for b in betas)} for every method, no injected noise"
     )
     others = [e for label in ("grpo", "espo", "spg", "trado") if (e := _entry(record, label, "normal"))]
     stable = _entry(record, "stabledrl", "normal")
     if not others or stable is None:
         return []
+    evidence = "; ".join(f"{e['label']} {_collapse_text(e)}" for e in [*others, stable])
+    claim = "GRPO-style baselines collapse after a few hundred steps, StableDRL trains stably for 1000+ (§1.4-1.5)."
+    if not any(e["above_frozen"] == e["seeds"] for e in [*others, stable]):
+        # Stability is only tested where something is learned: otherwise every method sits at or below the start.
+        return [
+            _claim(
+                claim, "not tested", f"{setting}: no method ended above the frozen control on every seed; {evidence}"
+            )
+        ]
     collapsed = [e for e in others if e["collapsed"]]
     verdict = (
         "agrees"
         if _none(stable) and collapsed and all(_all(e) for e in collapsed)
         else ("partly agrees" if _none(stable) and collapsed else "disagrees")
     )
-    evidence = "; ".join(f"{e['label']} {_collapse_text(e)}" for e in [*others, stable])
-    return [
-        _claim(
-            "GRPO-style baselines collapse after a few hundred steps, StableDRL trains stably for 1000+ (§1.4-1.5).",
-            verdict,
-            f"{setting}: {evidence}",
-        )
-    ]
+    return [_claim(claim, verdict, f"{setting}: {evidence}")]
 
 
 def stability_section(results_dir: Path | str) -> str | None:
@@ -459,7 +507,7 @@ def stability_section(results_dir: Path | str) -> str | None:
     model = next((r["model"] for r in records.values() if r.get("model")), None)
     warm = next((r["warm_start"] for r in records.values() if r.get("warm_start")), None)
     intro = (
-        "Measured by `python -m stabledrl_bench stress {exploding,drift,clip,hull,longrun}` (one command each; "
+        "Measured by `python -m stabledrl_bench stress {lrsweep,exploding,drift,clip,hull,longrun}` (one command each; "
         "records in "
         f"`{link_base}/`). These experiments test the paper's *mechanism* (estimated ratios, conditional vs "
         "unconditional clipping, self-normalisation) on a tiny model on CPU, not its 8B accuracy numbers"
@@ -473,6 +521,8 @@ def stability_section(results_dir: Path | str) -> str | None:
             f"(`{sft['protocol']}` protocol), shared by every run"
         )
     parts = ["## Stability (stress tests on a tiny model)", intro + "."]
+    if "lrsweep" in records:
+        parts.append(_lrsweep_block(records["lrsweep"], link_base))
     if "exploding" in records:
         parts.append(_training_block(records["exploding"], link_base, "method"))
     if "drift" in records:

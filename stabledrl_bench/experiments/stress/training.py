@@ -26,19 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.errors import UserError, comma_list
 from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
 from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     CONDITIONS,
+    LRSWEEP,
+    STRESS_GENERATOR,
     STRESS_PROTOCOL,
     STRESS_TASK,
     Definitions,
     ExplodingNoise,
     Series,
     band,
-    collapse_step,
+    chosen_lr,
+    collapse_analysis,
     figure,
     finite,
     running_mean,
@@ -54,29 +58,67 @@ from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.trainer import TrainConfig
 
-# Display name -> (registered baseline, options): the methods of the stress test (paper Fig. 5 plus the two ablations).
+# Display name -> (registered baseline, options): the five methods, each with its official estimator settings
+# (num_mc = 2 where the method has Monte-Carlo masks) and one KL setting for all: beta = 0, as the official StableDRL
+# recipe trains (GRPO's 0.04, ESPO's 1e-3 and TraDo's 0.01 would give three methods an anchor the others lack).
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "grpo": ("grpo", {}),
-    "espo": ("espo", {}),
+    "grpo": ("grpo", {"beta": 0.0}),
+    "espo": ("espo", {"beta": 0.0}),
     "spg": ("spg", {}),
+    "trado": ("trado", {"beta": 0.0}),
     "stabledrl": ("stabledrl", {}),
+}
+# StableDRL's two halves alone (paper Fig. 5): unconditional clipping without self-normalisation, and the reverse.
+ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "clip_only": ("stabledrl_clip_only", {}),
     "selfnorm_only": ("stabledrl_selfnorm_only", {}),
 }
+# The exploding test: every method with a ratio to explode (TraDo replays traces, out of its noise model) and SPG.
+EXPLODING_METHODS = {**{m: METHODS[m] for m in ("grpo", "espo", "spg", "stabledrl")}, **ABLATIONS}
 CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """What every run of a sweep shares: warm start, budget, optimiser, noise."""
+    """What every run of a sweep shares: warm start, task, budget, optimiser, noise.
+
+    The optimiser defaults are the official StableDRL recipe's, for every method alike: AdamW with weight decay
+    0.1, a linear decay of the learning rate to 0 over the run, gradient clipping at 0.2.
+    """
 
     warm_start: str
     budget: Budget
     learning_rate: float
-    max_grad_norm: float
     noise: ExplodingNoise
+    max_grad_norm: float = 0.2
+    weight_decay: float = 0.1
+    lr_scheduler_type: str = "linear"
     task: str = STRESS_TASK
+    generator_options: tuple[tuple[str, Any], ...] = tuple(STRESS_GENERATOR.items())
     protocol: str = STRESS_PROTOCOL
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            learning_rate=self.learning_rate,
+            weight_decay=self.weight_decay,
+            lr_scheduler_type=self.lr_scheduler_type,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The record's account of these settings (the warm start is described by its builder)."""
+        return {
+            "task": {
+                "name": self.task,
+                "generator_options": dict(self.generator_options),
+                "protocol": self.protocol,
+                "reward_profile": "d1",
+            },
+            "optimizer": dataclasses.asdict(self.optim()),
+            "budget": self.budget.to_dict(),
+            "budget_hash": self.budget.hash(),
+            "noise": {**self.noise.__dict__, "text": self.noise.describe()},
+        }
 
     def config(self, baseline: str, options: dict[str, Any], seed: int) -> TrainConfig:
         """The trainer config of one run (its folder is set by :func:`_in_folder`)."""
@@ -87,13 +129,9 @@ class TrainSettings:
             protocol=self.protocol,
             reward_profile="d1",
             train_split="generated",
+            generator_options=dict(self.generator_options),
             budget=self.budget,
-            optim=OptimConfig(
-                learning_rate=self.learning_rate,
-                weight_decay=0.0,
-                lr_scheduler_type="constant",
-                max_grad_norm=self.max_grad_norm,
-            ),
+            optim=self.optim(),
             baseline_options=options,
             per_device_prompts=self.budget.prompts_per_step,
             seed=seed,
@@ -154,15 +192,23 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, list]:
 
 
 # ------------------------------------------------------------------------------------------------ analysis
-def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions) -> dict[str, Any]:
-    """Spike steps, collapse and reward statistics of one run (definitions in :class:`Definitions`); the final
-    reward is also compared with the frozen warm start's reward on the same rollout steps (same prompts)."""
+def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions, planned_steps: int) -> dict[str, Any]:
+    """Spike steps, collapse and reward statistics of one run (definitions in :class:`Definitions`); collapse and
+    the final reward are judged against the frozen warm start's reward on the same rollout steps (same prompts)."""
     c = summary["curves"]
     spikes = spike_steps(c["step"], c["grad_norm"], d)
-    collapse, kind = collapse_step(c["reward_step"], c["reward_mean"], summary["last_step"], summary["diverged_at"], d)
+    frozen_at = dict(zip(frozen["reward_step"], frozen["reward_mean"], strict=True))
+    collapse = collapse_analysis(
+        c["reward_step"],
+        c["reward_mean"],
+        frozen_at,
+        last_step=summary["last_step"],
+        planned_steps=planned_steps,
+        diverged_at=summary["diverged_at"],
+        d=d,
+    )
     rewards = [r for r in c["reward_mean"] if finite(r)]
     norms = [g for g in c["grad_norm"] if finite(g)]
-    frozen_at = dict(zip(frozen["reward_step"], frozen["reward_mean"], strict=True))
     last_steps = c["reward_step"][-d.reward_window :]
     frozen_final = band([frozen_at[step] for step in last_steps if step in frozen_at])["mean"]
     final = band(rewards[-d.reward_window :])["mean"]
@@ -171,8 +217,7 @@ def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions) -> 
         "spike_count": len(spikes),
         "spike_rate": len(spikes) / summary["last_step"] if summary["last_step"] else None,
         "nonfinite_steps": sum(not finite(g) for g in c["grad_norm"]),
-        "collapse_step": collapse,
-        "collapse_kind": kind,
+        **collapse,
         "initial_reward": band(rewards[: d.initial_rollouts])["mean"],
         "final_reward": final,
         "frozen_final_reward": frozen_final,
@@ -200,6 +245,9 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
                     "collapsed": len(collapsed),
                     "collapse_steps": collapsed,
                     "collapse_kinds": sorted({r["collapse_kind"] for r in group if r["collapse_kind"]}),
+                    "transient_collapses": sum(r["transient_collapses"] for r in group),
+                    "zero_reward_steps": band([r["zero_reward_steps"] for r in group]),
+                    "above_frozen": sum(finite(r["final_vs_frozen"]) and r["final_vs_frozen"] > 0 for r in group),
                     "spikes": band([r["spike_count"] for r in group]),
                     "spike_rate": band([r["spike_rate"] for r in group]),
                     "nonfinite_steps": band([r["nonfinite_steps"] for r in group]),
@@ -263,7 +311,7 @@ def sweep(
                 "cpu_seconds": summary.get("cpu_seconds"),
                 "last_step": summary["last_step"],
                 "diverged_at": summary["diverged_at"],
-                **analyze(run, frozen[spec.seed], definitions),
+                **analyze(run, frozen[spec.seed], definitions, settings.budget.max_steps),
                 "curves": run["curves"],
             }
         )
@@ -321,15 +369,28 @@ def plot_sweep(
 CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
 
 
-def _train_settings(args: argparse.Namespace, path: Path, info: dict[str, Any]) -> TrainSettings:
-    options.check_positive(lr=args.lr, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
+def train_settings(args: argparse.Namespace, path: Path, learning_rate: float | None = None) -> TrainSettings:
+    """The settings of a training experiment: ``learning_rate``, else ``--lr``, else the rate the committed
+    learning-rate sweep chose (:func:`~stabledrl_bench.experiments.stress.common.chosen_lr`)."""
+    if learning_rate is None:
+        learning_rate = args.lr if args.lr is not None else chosen_lr(args.results)
+    options.check_positive(lr=learning_rate, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
+    if not 0 <= args.weight_decay < 1:
+        raise UserError(f"--weight-decay must be in [0, 1), got {args.weight_decay}")
     return TrainSettings(
         warm_start=str(path),
         budget=options.stress_budget(args, args.steps),
-        learning_rate=args.lr,
+        learning_rate=learning_rate,
         max_grad_norm=args.max_grad_norm,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler,
         noise=options.noise(args),
     )
+
+
+def effective_options(baseline: str, chosen: dict[str, Any]) -> dict[str, Any]:
+    """Every option of ``baseline``'s config as the run used it (defaults filled in): its beta, num_mc, ..."""
+    return dataclasses.asdict(build_baseline(baseline, **chosen).config)
 
 
 def training_experiment(
@@ -347,7 +408,7 @@ def training_experiment(
     seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
     definitions = options.definitions(args)
     path, info, model = options.warm_start(args)
-    settings = _train_settings(args, path, info)
+    settings = train_settings(args, path)
     specs = [make_spec(label, condition, seed) for label in labels for condition in conditions for seed in seeds]
     rows, frozen, cost = sweep(
         specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
@@ -360,14 +421,11 @@ def training_experiment(
         **(extra or {}),
         "settings": options.settings(args),
         "seeds": seeds,
-        "noise": {**settings.noise.__dict__, "text": settings.noise.describe()},
         "definitions": {**definitions.to_dict(), "text": definitions.describe()},
         "warm_start": info,
         "model": model,
-        "task": {"name": settings.task, "protocol": settings.protocol, "reward_profile": "d1"},
-        "optimizer": {"learning_rate": settings.learning_rate, "max_grad_norm": settings.max_grad_norm},
-        "budget": settings.budget.to_dict(),
-        "budget_hash": settings.budget.hash(),
+        **settings.describe(),
+        "learning_rate_source": "--lr" if args.lr is not None else f"stability/{LRSWEEP}.json",
         "runs": rows,
         "frozen": frozen,
         "summary": aggregate(rows, labels, conditions),
@@ -395,12 +453,22 @@ def method_sweep(
         chosen,
         lambda m, condition, seed: RunSpec(m, methods[m][0], tuple(sorted(methods[m][1].items())), condition, seed),
         shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
-        extra={**(extra or {}), "methods": {m: {"baseline": methods[m][0], "options": methods[m][1]} for m in chosen}},
+        extra={
+            **(extra or {}),
+            "methods": {
+                m: {
+                    "baseline": methods[m][0],
+                    "options": methods[m][1],
+                    "effective": effective_options(*methods[m]),
+                }
+                for m in chosen
+            },
+        },
     )
 
 
 def _run_exploding(args: argparse.Namespace) -> Path:
-    return method_sweep(args, "exploding", "Exploding-weight stress test", METHODS)
+    return method_sweep(args, "exploding", "Exploding-weight stress test", EXPLODING_METHODS)
 
 
 def _run_clip(args: argparse.Namespace) -> Path:
@@ -422,7 +490,7 @@ def _run_clip(args: argparse.Namespace) -> Path:
 
 
 def _exploding_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(EXPLODING_METHODS), help=f"subset of {', '.join(EXPLODING_METHODS)}")
     p.add_argument("--conditions", default=",".join(CONDITIONS))
     options.add_training_sweep(p)
 

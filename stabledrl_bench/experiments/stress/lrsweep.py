@@ -1,0 +1,173 @@
+"""``lrsweep``: the learning rate of the stability experiments, chosen by a recorded sweep instead of by hand.
+
+A stability verdict means something only at a learning rate where the methods can learn without being pushed off
+the start by the step size alone: at too large a rate every method falls below the frozen control and "collapse"
+says nothing about the estimators; at too small a rate nothing moves and "stable" says nothing either. So every
+method of the long run trains ``--steps`` (default 100) steps at each rate of ``--lrs`` on ``--seeds``, from the
+stress warm start under the stress settings, and each run is compared with the frozen control on the same rollouts:
+
+    change(method, lr) = mean over the rollouts of the second half of the run (steps > steps / 2), pooled over the
+                         seeds, of (the run's rollout reward - the frozen control's reward on the same prompts),
+
+with a percentile-bootstrap 95% interval over those rollouts. A method *falls below* at a rate when the whole
+interval is below 0, and *gains* when it is above 0. The chosen rate is the largest swept rate at which no method
+falls below (:func:`choose`); the record says which methods gain there. ``longrun``, ``exploding`` and ``clip`` read it
+(``--lr`` overrides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.errors import comma_list
+from stabledrl_bench.experiments.stress import options
+from stabledrl_bench.experiments.stress.common import (
+    COLORS,
+    LRSWEEP,
+    figure,
+    save_figure,
+    stability_dir,
+    write_record,
+)
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.training import METHODS, RunSpec, TrainSettings, sweep, train_settings
+from stabledrl_bench.training.runlog import finite
+
+LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+
+
+def second_half_change(run: Mapping[str, Any], frozen: Mapping[str, Any], steps: int) -> list[float]:
+    """Reward minus frozen reward on each rollout of the run's second half (steps > ``steps`` / 2)."""
+    frozen_at = dict(zip(frozen["reward_step"], frozen["reward_mean"], strict=True))
+    curves = run["curves"]
+    return [
+        reward - frozen_at[step]
+        for step, reward in zip(curves["reward_step"], curves["reward_mean"], strict=True)
+        if step > steps / 2 and finite(reward) and finite(frozen_at.get(step))
+    ]
+
+
+def summarise(rows: Sequence[Mapping[str, Any]], frozen: Mapping[int, Any], steps: int) -> dict[str, Any]:
+    """Per method: the pooled second-half change with its interval, per-seed means, and falls-below / gains."""
+    from stabledrl_bench.reporting.leaderboard import bootstrap_mean_ci
+
+    out = {}
+    for label in dict.fromkeys(r["label"] for r in rows):
+        per_seed, pooled = [], []
+        for r in (r for r in rows if r["label"] == label):
+            diffs = second_half_change(r, frozen[r["seed"]], steps)
+            pooled += diffs
+            per_seed.append(sum(diffs) / len(diffs) if diffs else None)
+        if not pooled:
+            out[label] = {"change": None, "low": None, "high": None, "per_seed": per_seed, "rollouts": 0}
+            continue
+        interval = bootstrap_mean_ci([pooled])
+        out[label] = {
+            "change": interval.mean,
+            "low": interval.low,
+            "high": interval.high,
+            "per_seed": per_seed,
+            "rollouts": len(pooled),
+            "falls_below": interval.high < 0,
+            "gains": interval.low > 0,
+        }
+    return out
+
+
+def choose(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> tuple[float | None, str]:
+    """The largest rate at which no method falls below the frozen control, and why (None when every rate fails)."""
+    safe = [lr for lr, methods in by_lr.items() if not any(m.get("falls_below") for m in methods.values())]
+    if not safe:
+        return None, "every swept rate has a method that falls below the frozen control"
+    lr = max(safe)
+    gaining = [name for name, m in by_lr[lr].items() if m.get("gains")]
+    learns = f"{', '.join(gaining)} gain(s) there" if gaining else "no method gains there"
+    return lr, f"largest swept rate at which no method falls below the frozen control; {learns}"
+
+
+def _plot(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]], results_dir: Path, chosen: float | None) -> str:
+    fig, (ax,) = figure(1, width=6.0, height=3.6)
+    rates = sorted(by_lr)
+    labels = list(dict.fromkeys(label for methods in by_lr.values() for label in methods))
+    for color, label in zip(COLORS, labels, strict=False):
+        points = [(lr, by_lr[lr][label]) for lr in rates if by_lr[lr].get(label, {}).get("change") is not None]
+        xs = [lr for lr, _ in points]
+        ax.plot(xs, [m["change"] for _, m in points], "o-", color=color, lw=1.2, ms=3, label=label)
+        ax.fill_between(xs, [m["low"] for _, m in points], [m["high"] for _, m in points], color=color, alpha=0.15)
+    ax.axhline(0.0, color="black", lw=0.8)
+    if chosen is not None:
+        ax.axvline(chosen, color="gray", ls="--", lw=1.0, label=f"chosen {chosen:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate", fontsize=8)
+    ax.set_ylabel("reward - frozen control, 2nd half", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    return save_figure(fig, stability_dir(results_dir) / f"{LRSWEEP}.png", "Learning-rate sweep (95% intervals)")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
+    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in LEARNING_RATES), help="learning rates to sweep")
+    options.add_training_sweep(p)
+    p.set_defaults(steps=100, seeds="0,1")
+
+
+def _run(args: argparse.Namespace) -> Path:
+    start = (time.perf_counter(), time.process_time())
+    chosen_methods = comma_list(args.methods, "--methods", choices=METHODS, what="method")
+    rates = sorted(comma_list(args.lrs, "--lrs", kind=float, what="learning rate"))
+    options.check_positive(**{f"lrs ({lr:g})": lr for lr in rates})
+    seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
+    definitions = options.definitions(args)
+    path, info, model = options.warm_start(args)
+    base = train_settings(args, path, learning_rate=rates[0])
+    by_lr, runs, cost = {}, [], {"jobs": 0, "jobs_reused": 0, "worker_cpu_seconds": 0.0}
+    for lr in rates:
+        settings: TrainSettings = dataclasses.replace(base, learning_rate=lr)
+        specs = [
+            RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), "normal", seed)
+            for m in chosen_methods
+            for seed in seeds
+        ]
+        rows, frozen, spent = sweep(
+            specs, settings, Path(args.runs), definitions, args.jobs, f"lr {lr:g}", lambda _: False
+        )
+        by_lr[lr] = summarise(rows, frozen, settings.budget.max_steps)
+        runs += [{**row, "learning_rate": lr} for row in rows]
+        cost = {key: cost[key] + spent[key] for key in cost}
+    lr, why = choose(by_lr)
+    payload = {
+        "title": "Learning-rate sweep",
+        "settings": options.settings(args),
+        "seeds": seeds,
+        "methods": {m: {"baseline": METHODS[m][0], "options": METHODS[m][1]} for m in chosen_methods},
+        "warm_start": info,
+        "model": model,
+        **base.describe(),
+        "definitions": {**definitions.to_dict(), "text": definitions.describe()},
+        "rule": (
+            "change = mean over the second half's rollouts (pooled over seeds) of reward - frozen control reward; "
+            "falls below: 95% bootstrap interval < 0; gains: > 0; chosen: the largest rate where none falls below"
+        ),
+        "by_lr": {f"{rate:g}": methods for rate, methods in by_lr.items()},
+        "chosen_lr": lr,
+        "choice": why,
+        "runs": runs,
+        "plots": {"sweep": _plot(by_lr, Path(args.results), lr)},
+        "jobs": cost,
+        **options.runtime(start, args.jobs, info, cost["worker_cpu_seconds"]),
+    }
+    return write_record(args.results, LRSWEEP, payload)
+
+
+EXPERIMENTS.register(
+    LRSWEEP,
+    Experiment(
+        LRSWEEP, "every long-run method at several learning rates: which rate the other tests use", _arguments, _run
+    ),
+)
