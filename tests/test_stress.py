@@ -41,7 +41,7 @@ from stabledrl_bench.experiments.stress.common import (
     spike_steps,
     stress_warm_start,
 )
-from stabledrl_bench.experiments.stress.drift import measure_update_norms
+from stabledrl_bench.experiments.stress.drift import log_weight_noise, measure_update_norms
 from stabledrl_bench.training.trainer import SampledBatch
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -101,6 +101,16 @@ def test_collapse_analysis_hand_computed():
     # A non-finite stop is always a collapse, at the step of the stop.
     stopped = collapse_analysis(steps[:2], rewards[:2], frozen, **{**run, "last_step": 3, "diverged_at": 3})
     assert (stopped["collapse_step"], stopped["collapse_kind"]) == (3, "nonfinite")
+
+
+def test_log_weight_noise_hand_computed():
+    log_ratio = torch.tensor([0.0, math.log(2.0), math.log(10.0), 0.0])
+    out = log_weight_noise(log_ratio, torch.tensor([0, 0, 1, 1]), clip_high=math.log(5.0))
+    assert out["log_weight_std"] == pytest.approx(float(log_ratio.double().std(unbiased=False)))
+    assert out["at_clip"] == 0.25  # only rho = 10 is above C = 5
+    # group 0: w = (1/3, 2/3), ESS = 1 / (1/9 + 4/9) = 9/5 of G = 2; group 1: rho = (5 after the clip, 1), w = (5/6,
+    # 1/6), ESS = 36/26 of 2.
+    assert out["ess"] == pytest.approx((9 / 5 / 2 + 36 / 26 / 2) / 2)
 
 
 def test_exploding_noise_scales_to_each_methods_log_ratio():
@@ -457,6 +467,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert exploding["warm_start"] == {"path": str(model), "source": "user"}
     assert list(exploding["frozen"]) == ["0"] and len(exploding["frozen"]["0"]["reward_mean"]) == 1
     assert records["drift"]["budget"]["max_steps"] == 2  # one rollout phase: rollout, then inner step mu = 2
+    start = records["drift"]["start_noise"]
+    assert set(start) == {"clip_only", "selfnorm_only", "stabledrl", "stabledrl_mc1"}  # the StableDRL family
+    assert start["stabledrl"]["log_weight_std"]["mean"] > 0 and 0 < start["stabledrl"]["ess"]["mean"] <= 1
     (spg,) = [r for r in exploding["runs"] if r["label"] == "spg"]
     assert spg["shared_with_normal"] and "-normal-" in Path(spg["run_dir"]).name  # no ratio: the normal run
     # StableDRL with C = 5 is the same configuration in both sweeps: one run folder, trained once.

@@ -75,6 +75,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "clip_only": ("stabledrl_clip_only", {}),
     "selfnorm_only": ("stabledrl_selfnorm_only", {}),
     "stabledrl": ("stabledrl", {}),
+    "stabledrl_mc1": ("stabledrl", {"num_mc": 1}),  # one mask sample per ELBO: how much noisier the log-weights are
 }
 CLIPPING = {
     "grpo": ("conditional (token)", "1/tokens"),
@@ -82,6 +83,7 @@ CLIPPING = {
     "clip_only": ("unconditional", "1/G"),
     "selfnorm_only": ("none", "self-normalised"),
     "stabledrl": ("unconditional", "self-normalised"),
+    "stabledrl_mc1": ("unconditional", "self-normalised"),
 }
 
 
@@ -171,6 +173,24 @@ def measure_update_norms(
     return records
 
 
+def log_weight_noise(log_ratio: torch.Tensor, group_ids: torch.Tensor, clip_high: float) -> dict[str, float]:
+    """How noisy StableDRL's log-weights log rho_i = E_theta_i - E_old_i are (per-completion ELBOs on the loss's
+    scale): their standard deviation in nats, the fraction of ratios above the clip C = exp(``clip_high``), and the
+    effective sample size of the clipped, self-normalised weights of each group, (sum w)^2 / sum w^2 / G, averaged
+    over groups (1: every completion counts equally; 1/G: one completion carries the whole group).
+
+    At zero drift the policy equals the rollout policy, so every rho is 1 and all of this is estimator noise: the
+    quantity the paper's argument is about."""
+    x = log_ratio.detach().double()
+    weights = [torch.softmax(x[group_ids == g].clamp(max=clip_high), 0) for g in group_ids.unique()]
+    ess = [float(1.0 / w.pow(2).sum() / w.numel()) for w in weights]
+    return {
+        "log_weight_std": float(x.std(unbiased=False)),
+        "at_clip": float((x > clip_high).double().mean()),
+        "ess": statistics.fmean(ess),
+    }
+
+
 def _variant_norms(
     baseline: Baseline,
     rollout: SampledBatch,
@@ -202,6 +222,26 @@ def _variant_norms(
             "ratio_max": metrics.get("ratio_max") if finite(metrics.get("ratio_max")) else None,
             "drift": metrics.get("drift") if finite(metrics.get("drift")) else None,
         }
+        if condition == "normal" and hasattr(baseline.config, "clip_high"):  # the StableDRL family's weights
+            out[condition]["noise"] = log_weight_noise(
+                new.elbo - old.elbo, rollout.group_ids, baseline.config.clip_high
+            )
+    return out
+
+
+def start_noise(records_by_seed: dict[int, list[dict[str, Any]]], variants: Sequence[str]) -> dict[str, Any]:
+    """Per StableDRL-family variant: :func:`log_weight_noise` at the smallest drift level (normally 0, the start),
+    mean and min/max over seeds and repeats."""
+    out = {}
+    for v in variants:
+        at_start = [
+            x["variants"][v]["normal"]["noise"]
+            for records in records_by_seed.values()
+            for x in records
+            if x["level"] == min(r["level"] for r in records) and "noise" in x["variants"][v].get("normal", {})
+        ]
+        if at_start:
+            out[v] = {key: band([n[key] for n in at_start]) for key in at_start[0]}
     return out
 
 
@@ -344,6 +384,7 @@ def _run_drift(args: argparse.Namespace) -> Path:
         "budget_hash": budget.hash(),
         "records": records_by_seed,
         "summary": summary,
+        "start_noise": start_noise(records_by_seed, variants),
         "plots": {"spikes": figure_name},
         **options.runtime(start, 1, info),
     }

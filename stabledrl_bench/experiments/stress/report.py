@@ -213,8 +213,21 @@ def _drift_block(record: Mapping[str, Any], link_base: str) -> str:
             "Cells: probability that the update norm is a spike (mean [min, max] over seeds) at parameter-noise "
             "level σ; the measured policy drift of each level is in the column header.",
             table(header, rows),
+            _start_noise_lines(record.get("start_noise") or {}),
             _image(link_base, (record.get("plots") or {}).get("spikes"), "spike probability vs drift"),
         ]
+    )
+
+
+def _start_noise_lines(noise: Mapping[str, Any]) -> str:
+    """The log-weight noise at the start (no drift: every true ratio is 1), per StableDRL-family variant."""
+    if not noise:
+        return ""
+    rows = [[v, fmt_band(n["log_weight_std"]), fmt_band(n["at_clip"]), fmt_band(n["ess"])] for v, n in noise.items()]
+    return (
+        "Log-weight noise at the start (σ = 0: the policy is the rollout policy, so every true ratio is 1 and this "
+        "is estimator noise alone); mean [min, max] over seeds and repeats:\n\n"
+        + table(["variant", "std of log ρ (nats)", "fraction of ρ above C", "ESS / G of the clipped weights"], rows)
     )
 
 
