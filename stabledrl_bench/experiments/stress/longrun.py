@@ -9,8 +9,9 @@ every method, and the learning rate the recorded sweep chose (``stress lrsweep``
 
 Collapse and spikes follow :class:`~stabledrl_bench.experiments.stress.common.Definitions` (judged against every
 seed's frozen control); ``--methods`` also offers the ablations that attribute a collapse to a cause: one
-Monte-Carlo sample instead of two (``*_mc1``) and StableDRL with the rollout's masks shared by the current estimate
-(``stabledrl_coupled``). Whatever happens is reported: the leaderboard's verdict compares it with the claim.
+Monte-Carlo sample instead of two (``*_mc1``), StableDRL with the rollout's masks shared by the current estimate
+(``stabledrl_coupled``), and the KL anchors switched on (``*_kl``, each method's default beta). Whatever happens
+is reported: the leaderboard's verdict compares it with the claim.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "spg_mc1": ("spg", {"num_mc": 1}),
     "stabledrl_mc1": ("stabledrl", {"num_mc": 1}),
     "stabledrl_coupled": ("stabledrl", {"coupled": True}),
+    # KL on: each method's own default anchor (GRPO k3 to the reference, ESPO k2 on the ELBO, TraDo k3 to the old
+    # policy); SPG and StableDRL have no KL term to switch on.
+    "grpo_kl": ("grpo", {}),
+    "espo_kl": ("espo", {}),
+    "trado_kl": ("trado", {}),
 }
 CHOICES = {**METHODS, **VARIANTS}
 
