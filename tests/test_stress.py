@@ -29,6 +29,7 @@ from stabledrl_bench.baselines.stabledrl import stabledrl_loss
 from stabledrl_bench.core.estimators import Estimate, SequenceBatch, build_estimator
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.reproduce import presets
 from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress import hull as hull_mod
 from stabledrl_bench.experiments.stress import main, stability_section
@@ -402,6 +403,36 @@ def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, abov
     assert f"grpo {grpo[0]}/2 collapsed" in line and "### Long run" in text
     assert "lr 3e-05 from the learning-rate sweep (linear schedule), weight decay 0.1, grad clip 0.2" in text
     assert "per method: grpo beta 0; stabledrl beta 0, num_mc 2" in text
+
+
+def test_a_training_experiment_runs_on_a_presets_task(tmp_path):
+    """``--preset P --task T``: the preset's data, rewards, budget (``--steps`` long) and precision, with the
+    experiment's knobs, e.g. the paper's on a real checkpoint; the rate must come from a sweep of the same settings."""
+    results, runs, model = tmp_path / "results", tmp_path / "runs", tmp_path / "model"
+    save_diffusion_lm(build_tiny(seed=0, **SMALL), model)
+    common = ["--results", str(results), "--runs", str(runs), "--no-leaderboard", "--warm-start", str(model)]
+    run = ["--methods", "stabledrl", "--seeds", "0", "--steps", "2", "--jobs", "1", *common]
+    with pytest.raises(UserError, match="needs --task, one of"):
+        main(["longrun", "--preset", "smoke", *run])
+    with pytest.raises(UserError, match="--task needs --preset"):
+        main(["longrun", "--task", "gsm8k", *run])
+    with pytest.raises(UserError, match="--preset nope: unknown"):
+        main(["longrun", "--preset", "nope", "--task", "gsm8k", *run])
+    with pytest.raises(UserError, match="trains a given model: pass --warm-start"):
+        main(["longrun", "--preset", "paper", "--task", "gsm8k", *run[:-2]])
+    with pytest.raises(UserError, match="run `stress lrsweep` first"):
+        main(["longrun", "--preset", "smoke", "--task", "sudoku", *run])
+    main(["longrun", "--preset", "smoke", "--task", "sudoku", "--lr", "1e-4", *run])
+    record = json.loads((results / "stability" / "longrun.json").read_text())
+    smoke = presets("table1")["smoke"]
+    assert record["preset"] == "smoke" and record["task"]["name"] == "sudoku"
+    assert record["budget"] == {**smoke.budget.to_dict(), "max_steps": 2}
+    assert record["task"]["protocol"] == smoke.prompt_protocol and record["optimizer"]["max_grad_norm"] == 0.2
+    stress_sweep = {"schema": "stabledrl-bench/stability/v1", "experiment": "lrsweep", "preset": None}
+    stress_sweep |= {"task": {"name": "sudoku_hard"}, "chosen_lr": 1e-4}
+    (results / "stability" / "lrsweep.json").write_text(json.dumps(stress_sweep))
+    with pytest.raises(UserError, match="swept the stress settings: run `stress lrsweep` with the same settings"):
+        main(["longrun", "--preset", "smoke", "--task", "sudoku", *run])
 
 
 def test_stability_section_rejects_a_foreign_record(tmp_path):

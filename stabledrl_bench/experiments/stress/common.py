@@ -283,12 +283,17 @@ def read_record(path: Path) -> dict[str, Any]:
     return read_json_record(path, SCHEMA)
 
 
-def chosen_lr(results_dir: Path | str) -> float:
-    """The learning rate the recorded sweep (``stress lrsweep``) chose, or one error line saying how to get one."""
+def chosen_lr(results_dir: Path | str, preset: str | None = None, task: str | None = None) -> float:
+    """The learning rate the recorded sweep (``stress lrsweep``) chose for these settings (the stress settings, or
+    ``preset``'s ``task``), or one error line saying how to get one."""
     path = stability_dir(results_dir) / f"{LRSWEEP}.json"
     if not path.is_file():
         raise UserError(f"no {path}: run `stress lrsweep` first (it chooses the learning rate), or pass --lr")
     record = read_record(path)
+    swept = (record.get("preset"), record["task"]["name"] if record.get("preset") else None)
+    if swept != (preset, task if preset else None):
+        what = f"--preset {swept[0]} --task {swept[1]}" if swept[0] else "the stress settings"
+        raise UserError(f"{path} swept {what}: run `stress lrsweep` with the same settings first, or pass --lr")
     if record.get("chosen_lr") is None:
         raise UserError(f"{path}: the sweep chose no learning rate ({record.get('choice')}); pass --lr")
     return float(record["chosen_lr"])

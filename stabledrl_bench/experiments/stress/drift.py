@@ -66,7 +66,7 @@ from stabledrl_bench.experiments.stress.common import (
     write_record,
 )
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
-from stabledrl_bench.experiments.stress.training import TrainSettings
+from stabledrl_bench.experiments.stress.training import TrainSettings, on_preset
 from stabledrl_bench.training.trainer import SampledBatch
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -345,6 +345,9 @@ def _run_drift(args: argparse.Namespace) -> Path:
     path, info, model = options.warm_start(args)
     budget = options.stress_budget(args, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
     settings = TrainSettings(warm_start=str(path), budget=budget, learning_rate=0.0, max_grad_norm=1.0, noise=noise)
+    if args.preset is not None:
+        settings = on_preset(settings, args.preset, args.task, budget.max_steps)
+        budget = settings.budget
     records_by_seed = {}
     for seed in seeds:
         control = control_config(settings.config("stabledrl", {}, seed), Path(args.runs) / "drift")

@@ -85,6 +85,12 @@ def add_output(p: argparse.ArgumentParser) -> None:
 
 def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
+    p.add_argument(
+        "--preset",
+        help="train on a Table 1 preset's --task (its data, rewards, budget, precision) instead of the stress task, "
+        "e.g. --preset paper --task gsm8k --warm-start /path/to/LLaDA-8B-Instruct",
+    )
+    p.add_argument("--task", help="the --preset's task")
     p.add_argument("--sft-steps", type=positive_int, help="SFT steps of the warm start (default: the preset's)")
     p.add_argument("--prompts", type=positive_int, default=4, help="prompts per step")
     # G = 8 for every method: 16 (the official) doubles every run's cost, which 2 CPU cores cannot afford for
@@ -141,11 +147,36 @@ def definitions(args: argparse.Namespace) -> Definitions:
     )
 
 
+def preset(name: str, task: str | None) -> Any:
+    """The Table 1 preset ``name``, checked to have ``task`` (one error line otherwise)."""
+    from stabledrl_bench.experiments.reproduce import presets
+
+    known = presets("table1")
+    if name not in known:
+        raise UserError(f"--preset {name}: unknown; choose from {', '.join(known)}")
+    if task not in known[name].tasks:
+        raise UserError(f"--preset {name} needs --task, one of {', '.join(known[name].tasks)}")
+    return known[name]
+
+
 def warm_start(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """Warm-start folder, its description and the model summary (parameter count etc.)."""
+    """Warm-start folder, its description and the model summary (parameter count etc.): ``--warm-start``, else the
+    stress warm start, or with ``--preset`` that preset's warm start of ``--task`` (training seed 0)."""
     from stabledrl_bench.core.models.backends import load_diffusion_lm
 
-    path, info = ensure_warm_start(stress_warm_start(args.sft_steps), Path(args.runs) / "sft", override=args.warm_start)
+    if args.preset is None:
+        if args.task is not None:
+            raise UserError("--task needs --preset (the stress settings have their own task)")
+        spec, folder = stress_warm_start(args.sft_steps), Path(args.runs) / "sft"
+    else:
+        from stabledrl_bench.experiments.reproduce import warm_start_spec
+
+        chosen = preset(args.preset, args.task)
+        if chosen.task_sft(args.task) is None and args.warm_start is None:
+            raise UserError(f"--preset {args.preset} trains a given model: pass --warm-start /path/to/model")
+        spec = None if args.warm_start else warm_start_spec(chosen, args.task, chosen.model, seed=0)
+        folder = Path(args.runs) / f"sft-{args.preset}-{args.task}"
+    path, info = ensure_warm_start(spec, folder, override=args.warm_start)
     return path, info, load_diffusion_lm(path).config_summary()
 
 

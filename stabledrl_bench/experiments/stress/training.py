@@ -96,6 +96,15 @@ class TrainSettings:
     task: str = STRESS_TASK
     generator_options: tuple[tuple[str, Any], ...] = tuple(STRESS_GENERATOR.items())
     protocol: str = STRESS_PROTOCOL
+    # A Table 1 preset's task instead of the stress task (``--preset paper --task gsm8k --warm-start MODEL``): its
+    # data, rewards, budget and precision, with the knobs above. None: the stress settings.
+    preset: str | None = None
+    reward_profile: str = "d1"
+    train_split: str = "generated"
+    per_device_prompts: int | None = None  # None: the whole step on one micro-batch
+    dtype: str = "float32"
+    bf16: bool = False
+    gradient_checkpointing: bool = False
 
     def optim(self) -> OptimConfig:
         return OptimConfig(
@@ -108,11 +117,18 @@ class TrainSettings:
     def describe(self) -> dict[str, Any]:
         """The record's account of these settings (the warm start is described by its builder)."""
         return {
+            "preset": self.preset,
             "task": {
                 "name": self.task,
                 "generator_options": dict(self.generator_options),
                 "protocol": self.protocol,
-                "reward_profile": "d1",
+                "reward_profile": self.reward_profile,
+                "train_split": self.train_split,
+            },
+            "precision": {
+                "dtype": self.dtype,
+                "bf16": self.bf16,
+                "gradient_checkpointing": self.gradient_checkpointing,
             },
             "optimizer": dataclasses.asdict(self.optim()),
             "budget": self.budget.to_dict(),
@@ -127,13 +143,16 @@ class TrainSettings:
             task=self.task,
             model=self.warm_start,
             protocol=self.protocol,
-            reward_profile="d1",
-            train_split="generated",
+            reward_profile=self.reward_profile,
+            train_split=self.train_split,
             generator_options=dict(self.generator_options),
             budget=self.budget,
             optim=self.optim(),
             baseline_options=options,
-            per_device_prompts=self.budget.prompts_per_step,
+            per_device_prompts=self.per_device_prompts or self.budget.prompts_per_step,
+            dtype=self.dtype,
+            bf16=self.bf16,
+            gradient_checkpointing=self.gradient_checkpointing,
             seed=seed,
             output_dir="",
             progress=False,
@@ -373,11 +392,11 @@ def train_settings(args: argparse.Namespace, path: Path, learning_rate: float | 
     """The settings of a training experiment: ``learning_rate``, else ``--lr``, else the rate the committed
     learning-rate sweep chose (:func:`~stabledrl_bench.experiments.stress.common.chosen_lr`)."""
     if learning_rate is None:
-        learning_rate = args.lr if args.lr is not None else chosen_lr(args.results)
+        learning_rate = args.lr if args.lr is not None else chosen_lr(args.results, args.preset, args.task)
     options.check_positive(lr=learning_rate, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
     if not 0 <= args.weight_decay < 1:
         raise UserError(f"--weight-decay must be in [0, 1), got {args.weight_decay}")
-    return TrainSettings(
+    settings = TrainSettings(
         warm_start=str(path),
         budget=options.stress_budget(args, args.steps),
         learning_rate=learning_rate,
@@ -385,6 +404,28 @@ def train_settings(args: argparse.Namespace, path: Path, learning_rate: float | 
         weight_decay=args.weight_decay,
         lr_scheduler_type=args.lr_scheduler,
         noise=options.noise(args),
+    )
+    return settings if args.preset is None else on_preset(settings, args.preset, args.task, args.steps)
+
+
+def on_preset(settings: TrainSettings, name: str, task: str, steps: int) -> TrainSettings:
+    """``settings`` moved onto a Table 1 preset's ``task``: its data, rewards, budget (``steps`` long) and
+    precision, e.g. the paper's on a real checkpoint; the optimiser knobs and the rate stay the experiment's."""
+    preset = options.preset(name, task)
+    recipe = preset.tasks[task]
+    return dataclasses.replace(
+        settings,
+        budget=dataclasses.replace(preset.budget, max_steps=steps),
+        task=task,
+        generator_options=tuple(recipe.generator_options.items()),
+        protocol=preset.prompt_protocol,
+        preset=name,
+        reward_profile=preset.reward_profile,
+        train_split=recipe.train_split,
+        per_device_prompts=preset.per_device_prompts,
+        dtype=preset.dtype,
+        bf16=preset.bf16,
+        gradient_checkpointing=preset.gradient_checkpointing,
     )
 
 
