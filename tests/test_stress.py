@@ -514,4 +514,6 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
             assert (results / "stability" / name).is_file()
     text = stability_section(results)
     assert "### What we observed" in text and "not run (`python" not in text
+    assert "* **observation** — learning-rate sweep:" in text and "### Learning-rate sweep" in text
+    assert "per method: grpo beta 0; stabledrl beta 0, num_mc 2" in text  # the sweep's effective options
     assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stabledrl_bench.errors import CommandParser, UserError, positive_int
 from stabledrl_bench.experiments.stress import options
+from stabledrl_bench.experiments.stress.common import LRSWEEP
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS
 
 
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
-    names = list(EXPERIMENTS.entries()) if args.experiment == "all" else [args.experiment]
+    # `all` runs the learning-rate sweep first: the training experiments use the rate it chooses.
+    everything = [LRSWEEP, *(name for name in EXPERIMENTS.entries() if name != LRSWEEP)]
+    names = everything if args.experiment == "all" else [args.experiment]
     for name in names:
         sub_args = args
         if args.experiment == "all":  # each experiment's defaults, and the shared options it has

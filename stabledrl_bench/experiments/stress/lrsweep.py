@@ -35,7 +35,14 @@ from stabledrl_bench.experiments.stress.common import (
     write_record,
 )
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
-from stabledrl_bench.experiments.stress.training import METHODS, RunSpec, TrainSettings, sweep, train_settings
+from stabledrl_bench.experiments.stress.training import (
+    METHODS,
+    RunSpec,
+    TrainSettings,
+    effective_options,
+    sweep,
+    train_settings,
+)
 from stabledrl_bench.training.runlog import finite
 
 LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
@@ -145,7 +152,10 @@ def _run(args: argparse.Namespace) -> Path:
         "title": "Learning-rate sweep",
         "settings": options.settings(args),
         "seeds": seeds,
-        "methods": {m: {"baseline": METHODS[m][0], "options": METHODS[m][1]} for m in chosen_methods},
+        "methods": {
+            m: {"baseline": METHODS[m][0], "options": METHODS[m][1], "effective": effective_options(*METHODS[m])}
+            for m in chosen_methods
+        },
         "warm_start": info,
         "model": model,
         **base.describe(),

@@ -18,7 +18,7 @@ from typing import Any
 from stabledrl_bench.experiments.stress.common import read_record, stability_dir
 from stabledrl_bench.reporting.results import STABILITY_DIR, hardware_label
 
-EXPERIMENTS = ("exploding", "drift", "clip", "hull", "longrun")
+EXPERIMENTS = ("lrsweep", "exploding", "drift", "clip", "hull", "longrun")
 IMMEDIATE_FRACTION = 0.25  # "collapses immediately": within the first quarter of the run
 MISSING = "–"
 
@@ -72,8 +72,9 @@ def _setting_line(record: Mapping[str, Any]) -> str:
     if record.get("optimizer"):
         opt = record["optimizer"]
         source = " from the learning-rate sweep" if record.get("learning_rate_source", "").endswith(".json") else ""
+        rate = f"lr {fmt(opt['learning_rate'])}{source}" if "learning_rate" in opt else "lr per column"
         parts.append(
-            f"AdamW lr {fmt(opt['learning_rate'])}{source} ({opt['lr_scheduler_type']} schedule), weight decay "
+            f"AdamW {rate} ({opt['lr_scheduler_type']} schedule), weight decay "
             f"{fmt(opt['weight_decay'])}, grad clip {fmt(opt['max_grad_norm'])}"
         )
     task = record.get("task") or {}
@@ -81,13 +82,21 @@ def _setting_line(record: Mapping[str, Any]) -> str:
         options = ", ".join(f"{k} {v}" for k, v in (task.get("generator_options") or {}).items())
         parts.append(f"task {task['name']}" + (f" ({options})" if options else ""))
     methods = record.get("methods") or {}
-    if methods:
+    if methods and all("effective" in m for m in methods.values()):  # the sweep of 847549f recorded only options
         knobs = [
             f"{name} beta {fmt(m['effective'].get('beta'))}"
             + (f", num_mc {m['effective']['num_mc']}" if "num_mc" in m["effective"] else "")
             for name, m in methods.items()
         ]
         parts.append("per method: " + "; ".join(knobs))
+    elif methods:
+        parts.append(
+            "per method, options over the defaults: "
+            + "; ".join(
+                f"{name} {', '.join(f'{k} {fmt(v)}' for k, v in m['options'].items()) or 'none'}"
+                for name, m in methods.items()
+            )
+        )
     parts.append(f"seeds {', '.join(str(s) for s in record.get('seeds', []))}")
     runtime = f"{hardware_label(record.get('environment') or {})}: {fmt(record.get('runtime_s'))} s wall"
     jobs = record.get("jobs") or {}
@@ -177,11 +186,13 @@ def _lrsweep_block(record: Mapping[str, Any], link_base: str) -> str:
         return f"{m['change']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}]{mark}"
 
     rows = [[label, *(cell(record["by_lr"][lr].get(label)) for lr in rates)] for label in labels]
+    # Every setting but the rate is shared; the rate is the column.
+    shared = {**record, "optimizer": {k: v for k, v in record["optimizer"].items() if k != "learning_rate"}}
     chosen = fmt(record["chosen_lr"]) if record.get("chosen_lr") is not None else "none"
     return "\n\n".join(
         [
             f"### {record['title']}",
-            _setting_line(record),
+            _setting_line(shared),
             f"Rule: {record['rule']}. Chosen: **{chosen}** ({record['choice']}).",
             table(["method", *(f"lr {lr}" for lr in rates)], rows),
             _image(link_base, (record.get("plots") or {}).get("sweep"), "learning-rate sweep"),
@@ -474,6 +485,24 @@ def _hull_claims(record: Mapping[str, Any] | None) -> list[str]:
     ]
 
 
+def _lrsweep_observations(record: Mapping[str, Any] | None) -> list[str]:
+    """Not a paper claim: which methods first fall below the frozen control as the rate grows (the tolerance of
+    each method to the step size, under one setting for all)."""
+    if record is None:
+        return ["* Learning-rate sweep: not run (`python -m stabledrl_bench stress lrsweep`)."]
+    for rate, methods in record["by_lr"].items():  # increasing rates
+        below = [name for name, m in methods.items() if m.get("falls_below")]
+        if below:
+            gaining = [name for name, m in methods.items() if m.get("gains")]
+            still = f"; {', '.join(gaining)} still gain(s)" if gaining else ""
+            return [
+                f"* **observation** — learning-rate sweep: the first swept rate at which a method falls below the "
+                f"frozen control is {rate}: {', '.join(below)}{still} (second half of {record['budget']['max_steps']}"
+                " steps, 95% intervals)."
+            ]
+    return ["* **observation** — learning-rate sweep: no method falls below the frozen control at any swept rate."]
+
+
 def _longrun_claims(record: Mapping[str, Any] | None) -> list[str]:
     if record is None:
         return ["* Long run without injected noise: not run (`python -m stabledrl_bench stress longrun`)."]
@@ -547,6 +576,7 @@ def stability_section(results_dir: Path | str) -> str | None:
     if "longrun" in records:
         parts.append(_training_block(records["longrun"], link_base, "method"))
     observed = [
+        *_lrsweep_observations(records.get("lrsweep")),
         *_exploding_claims(records.get("exploding")),
         *_drift_claims(records.get("drift")),
         *_clip_claims(records.get("clip")),
