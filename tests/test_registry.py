@@ -287,10 +287,16 @@ def test_external_plugin_through_entry_points(what: str, plugin_dir: Path) -> No
 
         assert entry.family == name and family_of("tiny_fork") == name
     elif what == "stress-experiments":
+        from stabledrl_bench.experiments.stress import stability_section
         from stabledrl_bench.experiments.stress.cli import build_parser
+        from stabledrl_bench.experiments.stress.common import write_record
 
         args = build_parser().parse_args(["echo", "--results", "elsewhere"])
         assert entry.run(args) == Path("elsewhere/echo.json")
+        # Its record shows in the leaderboard's Stability section with no report code of its own.
+        write_record(plugin_dir / "results", "echo", {"title": "Echo experiment", "seeds": [0]})
+        text = stability_section(plugin_dir / "results")
+        assert "### Echo experiment" in text and "stress {lrsweep," in text and ",echo}" in text
 
 
 def test_plugins_compose(plugin_dir: Path) -> None:

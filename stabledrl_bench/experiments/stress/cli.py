@@ -16,7 +16,6 @@ from pathlib import Path
 
 from stabledrl_bench.errors import CommandParser, UserError, positive_int
 from stabledrl_bench.experiments.stress import options
-from stabledrl_bench.experiments.stress.common import LRSWEEP
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS
 
 
@@ -62,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     torch.set_num_threads(1)
-    # `all` runs the learning-rate sweep first: the training experiments use the rate it chooses.
-    everything = [LRSWEEP, *(name for name in EXPERIMENTS.entries() if name != LRSWEEP)]
-    names = everything if args.experiment == "all" else [args.experiment]
+    names = options.in_order() if args.experiment == "all" else [args.experiment]
     for name in names:
         sub_args = args
         if args.experiment == "all":  # each experiment's defaults, and the shared options it has

@@ -20,6 +20,7 @@ from stabledrl_bench.core.registry import Registry
 from stabledrl_bench.errors import UserError, positive_int
 from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress.common import (
+    LRSWEEP,
     STRESS_CANVAS,
     Definitions,
     ExplodingNoise,
@@ -30,12 +31,19 @@ from stabledrl_bench.training.budget import Budget
 
 @dataclass(frozen=True)
 class Experiment:
-    """One ``stress`` command: its help line, its options and what it runs (returns the record it wrote)."""
+    """One ``stress`` command: its help line, its options and what it runs (returns the record it wrote).
+
+    ``report(record, link_base)`` renders its record in the leaderboard's Stability section and
+    ``observations(record or None)`` gives its lines under "What we observed"; left out, the built-in experiments
+    use :mod:`.report`'s and a plugin gets a generic block (title, settings, plots) and no verdict.
+    """
 
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], Path]
+    report: Callable[[Mapping[str, Any], str], str] | None = None
+    observations: Callable[[Mapping[str, Any] | None], list[str]] | None = None
 
 
 def _experiment(name: str, experiment: Experiment) -> Experiment:
@@ -56,6 +64,11 @@ EXPERIMENTS: Registry[Experiment] = Registry(
     ),
     check=_experiment,
 )
+
+
+def in_order() -> list[str]:
+    """Every registered experiment, the learning-rate sweep first (the training experiments use its rate)."""
+    return [LRSWEEP, *(name for name in EXPERIMENTS.entries() if name != LRSWEEP)]
 
 
 def stress_budget(args: argparse.Namespace, steps: int) -> Budget:

@@ -9,16 +9,16 @@ Plot links are relative to the leaderboard file, which sits at the repository ro
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.experiments.stress.common import read_record, stability_dir
 from stabledrl_bench.reporting.results import STABILITY_DIR, hardware_label
 
-EXPERIMENTS = ("lrsweep", "exploding", "drift", "clip", "hull", "longrun")
 IMMEDIATE_FRACTION = 0.25  # "collapses immediately": within the first quarter of the run
 MISSING = "–"
 
@@ -536,21 +536,49 @@ def _longrun_claims(record: Mapping[str, Any] | None) -> list[str]:
     return [_claim(claim, verdict, f"{setting}: {evidence}")]
 
 
+def _generic_block(record: Mapping[str, Any], link_base: str) -> str:
+    """A plugin experiment's record without a report of its own: title, settings and plots."""
+    plots = " ".join(
+        _image(link_base, name, f"{record['experiment']} {key}") for key, name in record.get("plots", {}).items()
+    )
+    return "\n\n".join(
+        p for p in (f"### {record.get('title', record['experiment'])}", _setting_line(record), plots) if p
+    )
+
+
+# The built-in experiments' blocks and observations (an Experiment's own ``report``/``observations`` come first).
+BUILTIN: dict[str, tuple[Callable[[Mapping[str, Any], str], str], Callable[[Mapping[str, Any] | None], list[str]]]] = {
+    "lrsweep": (_lrsweep_block, _lrsweep_observations),
+    "exploding": (functools.partial(_training_block, label_name="method"), _exploding_claims),
+    "clip": (functools.partial(_training_block, label_name="clip threshold"), _clip_claims),
+    "drift": (_drift_block, _drift_claims),
+    "hull": (_hull_block, _hull_claims),
+    "longrun": (functools.partial(_training_block, label_name="method"), _longrun_claims),
+}
+
+
 def stability_section(results_dir: Path | str) -> str | None:
-    """Markdown of the Stability section, or None when no stability record exists."""
+    """Markdown of the Stability section, or None when no stability record exists: one block per registered
+    experiment that has a record (plugins included), then every experiment's observations."""
+    from stabledrl_bench.experiments.stress.options import EXPERIMENTS, in_order
+
     results_dir = Path(results_dir)
     folder = stability_dir(results_dir)
-    records = {
-        name: read_record(folder / f"{name}.json") for name in EXPERIMENTS if (folder / f"{name}.json").is_file()
-    }
+    names = in_order()
+    records = {name: read_record(folder / f"{name}.json") for name in names if (folder / f"{name}.json").is_file()}
     if not records:
         return None
+
+    def rendering(name: str) -> tuple[Callable, Callable | None]:
+        experiment = EXPERIMENTS.get(name)
+        block, observations = BUILTIN.get(name, (_generic_block, None))
+        return experiment.report or block, experiment.observations or observations
+
     link_base = f"{results_dir.as_posix()}/{STABILITY_DIR}"
     model = next((r["model"] for r in records.values() if r.get("model")), None)
     warm = next((r["warm_start"] for r in records.values() if r.get("warm_start")), None)
     intro = (
-        "Measured by `python -m stabledrl_bench stress {lrsweep,exploding,drift,clip,hull,longrun}` (one command each; "
-        "records in "
+        f"Measured by `python -m stabledrl_bench stress {{{','.join(names)}}}` (one command each; records in "
         f"`{link_base}/`). These experiments test the paper's *mechanism* (estimated ratios, conditional vs "
         "unconditional clipping, self-normalisation) on a tiny model on CPU, not its 8B accuracy numbers"
     )
@@ -563,26 +591,8 @@ def stability_section(results_dir: Path | str) -> str | None:
             f"(`{sft['protocol']}` protocol), shared by every run"
         )
     parts = ["## Stability (stress tests on a tiny model)", intro + "."]
-    if "lrsweep" in records:
-        parts.append(_lrsweep_block(records["lrsweep"], link_base))
-    if "exploding" in records:
-        parts.append(_training_block(records["exploding"], link_base, "method"))
-    if "drift" in records:
-        parts.append(_drift_block(records["drift"], link_base))
-    if "clip" in records:
-        parts.append(_training_block(records["clip"], link_base, "clip threshold"))
-    if "hull" in records:
-        parts.append(_hull_block(records["hull"], link_base))
-    if "longrun" in records:
-        parts.append(_training_block(records["longrun"], link_base, "method"))
-    observed = [
-        *_lrsweep_observations(records.get("lrsweep")),
-        *_exploding_claims(records.get("exploding")),
-        *_drift_claims(records.get("drift")),
-        *_clip_claims(records.get("clip")),
-        *_hull_claims(records.get("hull")),
-        *_longrun_claims(records.get("longrun")),
-    ]
+    parts += [rendering(name)[0](record, link_base) for name, record in records.items()]
+    observed = [line for name in names if (say := rendering(name)[1]) for line in say(records.get(name))]
     parts.append(
         "### What we observed\n\nEach paper claim (§ numbers refer to [docs/published-numbers.md]"
         "(docs/published-numbers.md); the stress-test claims are grade S, qualitative only) against this run's "
