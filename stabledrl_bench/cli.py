@@ -52,6 +52,15 @@ def _add_trust(p) -> None:
     )
 
 
+def _add_set(p) -> None:
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any config field by its path, e.g. --set optim.learning_rate=1e-6 (repeatable)",
+    )
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="RL-train one baseline on one task (config file + overrides)")
     p.add_argument("--config", help="YAML/JSON TrainConfig (see configs/)")
@@ -67,6 +76,7 @@ def _add_train(sub) -> None:
         help="require a checkpoint to continue from (without it, a run with checkpoints resumes, a new one starts)",
     )
     p.add_argument("--stop-after", type=positive_int, help="stop (with a checkpoint) after this many optimizer steps")
+    _add_set(p)
     _add_skip_check(p)
     _add_trust(p)
 
@@ -79,6 +89,7 @@ def _add_sft(sub) -> None:
     p.add_argument("--output-dir")
     p.add_argument("--max-steps", type=positive_int)
     p.add_argument("--seed", type=seed_int)
+    _add_set(p)
     _add_trust(p)
 
 
@@ -179,13 +190,16 @@ def _cmd_list(args) -> int:
     return 0
 
 
-def _load_config(cls, args, overrides: dict):
-    """``--config`` file (if any) with command-line overrides on top; every mistake is a one-line UserError."""
-    from stabledrl_bench.config import from_dict
+def _load_config(cls, args, flags: dict):
+    """``--config`` file (if any), then the flags, then ``--set key.path=value`` items on top; every mistake is a
+    one-line UserError naming the field."""
+    from stabledrl_bench.config import deep_merge, dotted_overrides
 
+    given = {k: v for k, v in flags.items() if v is not None}
+    overrides = deep_merge(given, dotted_overrides(args.set or []))
     if args.config:
         return cls.from_file(args.config, **overrides)
-    return from_dict(cls, {k: v for k, v in overrides.items() if v is not None}, where="command line")
+    return cls.from_mapping(overrides, where="command line")
 
 
 def _cmd_train(args) -> int:

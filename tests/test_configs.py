@@ -139,3 +139,29 @@ def test_a_renamed_key_names_its_new_name(tmp_path):
     path.write_text("completion_length: 64\n")
     with pytest.raises(UserError, match=r"renamed key\(s\) completion_length \(now max_completion_length\)"):
         SFTConfig.from_file(path)
+
+
+def test_set_overrides_any_field_by_its_path(tmp_path: Path) -> None:
+    """``--set key.path=value`` reaches every field of a config (here one the flags never offered, the learning rate),
+    merges into the file's mapping key by key, and is checked like the file."""
+    from stabledrl_bench.cli import _load_config, build_parser
+
+    path = tmp_path / "run.yaml"
+    path.write_text("baseline: grpo\ntask: sudoku\noptim:\n  learning_rate: 3.0e-6\n  weight_decay: 0.05\n")
+    argv = ["train", "--config", str(path), "--seed", "3", "--set", "optim.learning_rate=1e-6"]
+    args = build_parser().parse_args(
+        [*argv, "--set", "budget.num_generations=4", "--set", "baseline_options={beta: 0}"]
+    )
+    cfg = _load_config(TrainConfig, args, {"seed": args.seed, "task": None})
+    assert cfg.optim.learning_rate == 1e-6 and cfg.optim.weight_decay == 0.05  # the file's other optim field kept
+    assert cfg.budget.num_generations == 4 and cfg.seed == 3 and cfg.baseline_options == {"beta": 0}
+    for item, message in (
+        ("optim.learning_rate", "expected key.path=value"),
+        ("optim..lr=1", "expected key.path=value"),
+        ("optim.learning_rate=[1", "the value is not YAML"),
+        ("optim.learning_rat=1", "unknown key"),
+        ("optim.learning_rate=abc", "learning_rate"),
+    ):
+        bad = build_parser().parse_args(["train", "--config", str(path), "--set", item])
+        with pytest.raises(UserError, match=message):
+            _load_config(TrainConfig, bad, {})

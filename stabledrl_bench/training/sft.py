@@ -25,7 +25,15 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from stabledrl_bench.atomic import atomic_write_text
-from stabledrl_bench.config import NOT_IDENTITY, from_dict, read_mapping, require_positive, stable_hash, to_dict
+from stabledrl_bench.config import (
+    NOT_IDENTITY,
+    deep_merge,
+    from_dict,
+    read_mapping,
+    require_positive,
+    stable_hash,
+    to_dict,
+)
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
@@ -89,9 +97,12 @@ class SFTConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides) -> SFTConfig:
-        data = read_mapping(path)
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return from_dict(cls, data, where=str(path))
+        """A YAML/JSON config with ``overrides`` merged in key by key."""
+        return cls.from_mapping(deep_merge(read_mapping(path), overrides), where=str(path))
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], where: str = "config") -> SFTConfig:
+        return from_dict(cls, data, where=where)
 
 
 def _resume(acc, cfg: SFTConfig, stream: PromptStream, generator: torch.Generator) -> tuple[int, int]:

@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from stabledrl_bench.atomic import atomic_write_text
-from stabledrl_bench.config import from_dict, read_mapping, require_positive, to_dict
+from stabledrl_bench.config import deep_merge, from_dict, read_mapping, require_positive, to_dict
 from stabledrl_bench.core.baseline import LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, SequenceBatch
 from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, load_model_spec
@@ -133,12 +133,17 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        """A YAML/JSON config; its ``budget:`` states what differs from the StableDRL recipe's budget."""
-        data = read_mapping(path)
-        data.update({k: v for k, v in overrides.items() if v is not None})
+        """A YAML/JSON config with ``overrides`` merged in key by key (``{"optim": {"learning_rate": 1e-6}}``
+        changes that one field of the file's ``optim``)."""
+        return cls.from_mapping(deep_merge(read_mapping(path), overrides), where=str(path))
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
+        """A config from plain data; its ``budget:`` states what differs from the StableDRL recipe's budget."""
+        data = dict(data)
         if isinstance(data.get("budget"), dict):
             data["budget"] = {**paper_budget().to_dict(), **data["budget"]}
-        return from_dict(cls, data, where=str(path))
+        return from_dict(cls, data, where=where)
 
 
 @dataclass
