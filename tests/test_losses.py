@@ -14,6 +14,7 @@ from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.spg import sandwich_bound, spg_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, log_importance_weights, stabledrl_loss
 from stabledrl_bench.baselines.trado import trado_loss
+from stabledrl_bench.baselines.wd1 import wd1_loss
 from stabledrl_bench.core.advantages import compute_dtype
 from stabledrl_bench.core.baseline import LossInputs, build_baseline
 from stabledrl_bench.core.estimators import Estimate
@@ -385,7 +386,7 @@ def test_loss_options_validated() -> None:
 # reads: two groups of two sequences, three token positions, a completion canvas of width 1 (so ESPO's L = 1 and its
 # log-ratio Delta ELBO / L equals StableDRL's Delta ELBO). Group 0 gets advantage ``adv`` and log-ratio ``x`` on
 # every token and sequence; group 1 is ordinary (A = +-0.5). Values are dyadic, hence exact in bf16 / fp16 too.
-BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only")
+BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only", "wd1")
 UNCLAMPED = {"trado": {"log_ratio_clamp": math.inf}, "stabledrl_clip_only": {"clip_threshold": math.inf}}
 HUGE = [(torch.float64, 100.0), (torch.float64, 500.0), (torch.float64, 1000.0), (torch.float32, 100.0)]
 
@@ -603,3 +604,53 @@ def test_named_aggregations_against_hand_computed_values() -> None:
     assert mean_over_groups(per_seq, torch.tensor([7, 7, 9])).item() == pytest.approx(5 / 2)
     inf_off_mask = torch.tensor([[1.0, float("inf")]])
     assert token_mean(inf_off_mask, torch.tensor([[True, False]])).item() == 1.0  # dropped, not multiplied by 0
+
+
+# ------------------------------------------------------------------------------------------------------------ wd1
+def test_wd1_loss_hand_computed() -> None:
+    """Group 0: A = (1, -1), so softmax(A) = (s(2), s(-2)) with s the logistic, and w- - w+ = (-tanh 1, tanh 1);
+    group 1: A = (0.5, 0.5), equal weights both ways, coefficient 0. l_i sums the masked token log-probs."""
+    logp = torch.tensor([[-1.0, -0.5, -9.0], [-2.0, -0.25, -0.75], [-1.0, -1.0, -1.0], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    logp.requires_grad_()
+    loss, metrics = wd1_loss(logp, mask, torch.tensor([1.0, -1.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1]))
+    t = math.tanh(1.0)
+    assert close(loss.item(), (-t * (-1.5) + t * (-3.0)) / 2, 1e-6)  # mean over the two groups
+    (grad,) = torch.autograd.grad(loss, logp)
+    expected = torch.tensor([[-t, -t, 0.0], [t, t, t], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]) / 2
+    torch.testing.assert_close(grad, expected * mask)
+    assert close(metrics["weight_max"], 1 / (1 + math.exp(-2.0)), 1e-6)
+
+
+def _wd1_loop(logp, mask, advantages, group_ids, row_to_seq) -> torch.Tensor:
+    """The same loss with Python loops and math.exp, one sequence at a time (the independent implementation)."""
+    groups = sorted(set(group_ids.tolist()))
+    total = logp.new_zeros(())
+    for g in groups:
+        members = [i for i in range(len(group_ids)) if group_ids[i].item() == g]
+        up = [math.exp(advantages[i].item()) for i in members]
+        down = [math.exp(-advantages[i].item()) for i in members]
+        for k, i in enumerate(members):
+            coefficient = down[k] / sum(down) - up[k] / sum(up)
+            for r in range(logp.shape[0]):
+                if row_to_seq[r].item() == i:
+                    for t in range(logp.shape[1]):
+                        if mask[r, t]:
+                            total = total + coefficient * logp[r, t]
+    return total / len(groups)
+
+
+def test_wd1_loss_equals_a_loop_implementation_over_replay_rows() -> None:
+    """Random rewards in three groups of four, two estimator rows per sequence (as trajectory replay has)."""
+    gen = torch.Generator().manual_seed(11)
+    group_ids = torch.arange(3).repeat_interleave(4)
+    advantages = torch.randn(12, generator=gen, dtype=torch.float64)
+    row_to_seq = torch.arange(12).repeat_interleave(2)
+    logp = (-torch.rand(24, 5, generator=gen, dtype=torch.float64) * 3).requires_grad_()
+    mask = torch.rand(24, 5, generator=gen) > 0.3
+    loss, _ = wd1_loss(logp, mask, advantages, group_ids, row_to_seq)
+    reference = _wd1_loop(logp, mask, advantages, group_ids, row_to_seq)
+    torch.testing.assert_close(loss, reference, rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (expected,) = torch.autograd.grad(reference, logp)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
