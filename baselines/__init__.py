@@ -14,6 +14,7 @@ name                        file                 in one line
 ``stabledrl_clip_only``     ``ablations.py``     ablation: clip, fixed 1/G normalisation
 ``stabledrl_selfnorm_only`` ``ablations.py``     ablation: self-normalisation, no clip
 ``wd1``                     ``wd1.py``           wd1: ratio-free likelihood, softmax(A) up / softmax(-A) down
+``coupled_grpo``            ``coupled_grpo.py``  DiffuCoder: d1 token PPO on complementary-mask estimates
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -31,7 +32,16 @@ inputs are upcast to float32 and float64 stays float64. Exponentials of log-rati
 
 from importlib import import_module
 
-BUILTIN_MODULES = ("grpo", "spg", "espo", "trado", "stabledrl", "ablations", "wd1")  # registration (= listing) order
+BUILTIN_MODULES = (
+    "grpo",
+    "spg",
+    "espo",
+    "trado",
+    "stabledrl",
+    "ablations",
+    "wd1",
+    "coupled_grpo",
+)  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:
     import_module(f"{__name__}.{_module}")

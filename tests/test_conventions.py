@@ -40,7 +40,7 @@ EMULATED = {
     "sdar-chat": SDARBackend,
     "sdar-trado": SDARBackend,
 }
-BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl", "wd1")
+BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl", "wd1", "coupled_grpo")
 
 
 def attention_of(convention: str) -> str:

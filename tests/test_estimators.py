@@ -16,6 +16,7 @@ import torch
 
 from stabledrl_bench.core.estimators import (
     ESTIMATORS,
+    CoupledNoise,
     ESPONoise,
     SequenceBatch,
     build_estimator,
@@ -133,6 +134,21 @@ def slow_d1(model, batch, noise):
         lps = context_logps(model, prompt, [model.mask_id] * L, batch.completion_ids[i].tolist())
         for k in range(L):
             out[i, k] = lps[k] if batch.completion_mask[i, k] else 0.0
+    return out
+
+
+def slow_coupled(model, batch, noise):
+    """Coupled-GRPO's estimate one sequence and one version at a time, combined with plain Python floats."""
+    out = torch.zeros(3, L, dtype=torch.float64)
+    for i in range(3):
+        prompt = real_prompt(batch, i, noise.prompt_masked[i], model.mask_id)
+        clean, t, u = batch.completion_ids[i].tolist(), float(noise.t[i]), noise.u[i].tolist()
+        full = context_logps(model, prompt, [model.mask_id] * L, clean)
+        first = context_logps(model, prompt, [model.mask_id if u[k] < t else clean[k] for k in range(L)], clean)
+        second = context_logps(model, prompt, [model.mask_id if u[k] > t else clean[k] for k in range(L)], clean)
+        for k in range(L):
+            pair = first[k] / t if u[k] < t else second[k] / (1 - t)
+            out[i, k] = (full[k] + pair) / 2 if batch.completion_mask[i, k] else 0.0
     return out
 
 
@@ -277,6 +293,47 @@ def test_d1_matches_slow_loop(any_model):
     out = est.evaluate(any_model, batch, noise)
     assert torch.equal(out.token_mask, batch.completion_mask)
     assert close(out.token_logp, slow_d1(any_model, batch, noise))
+
+
+def test_coupled_pair_matches_slow_loop(any_model):
+    batch = make_batch(any_model)
+    est = build_estimator("coupled_pair", p_mask_prompt=0.5)
+    noise = est.draw(batch, gen(1))
+    assert noise.prompt_masked.any() and 0.2 <= float(noise.t[0]) <= 0.8 and bool((noise.t == noise.t[0]).all())
+    out = est.evaluate(any_model, batch, noise)
+    assert torch.equal(out.token_mask, batch.completion_mask)
+    assert close(out.token_logp, slow_coupled(any_model, batch, noise))
+
+
+def test_coupled_pair_hand_computed_weights():
+    """With a model whose every log-prob is the same number c, the estimate is (c + c / t) / 2 on the u < t
+    positions and (c + c / (1 - t)) / 2 on the others: the official 1/t and 1/(1 - t) weights."""
+
+    class Constant:
+        mask_id, attention = 0, "full"
+
+        def context_attention(self, prompt_mask, length):
+            return torch.ones(prompt_mask.shape[0], prompt_mask.shape[1] + length, dtype=torch.bool)
+
+        def agreed_passes(self, passes):
+            return passes
+
+        def logits(self, ids, attention, positions):
+            return torch.zeros(*ids.shape, 4)  # log p = log(1/4) for every token
+
+    batch = SequenceBatch(
+        prompt_ids=torch.tensor([[1, 2]]),
+        prompt_mask=torch.ones(1, 2, dtype=torch.bool),
+        completion_ids=torch.tensor([[1, 2, 3]]),
+        completion_mask=torch.ones(1, 3, dtype=torch.bool),
+    )
+    noise = CoupledNoise(
+        prompt_masked=torch.zeros(1, 2, dtype=torch.bool), t=torch.tensor([0.25]), u=torch.tensor([[0.1, 0.9, 0.5]])
+    )
+    out = build_estimator("coupled_pair").evaluate(Constant(), batch, noise)
+    c = math.log(0.25)
+    expected = torch.tensor([[(c + c / 0.25) / 2, (c + c / 0.75) / 2, (c + c / 0.75) / 2]])
+    torch.testing.assert_close(out.token_logp.double(), expected.double())
 
 
 def test_spg_matches_slow_loop(any_model):
@@ -479,6 +536,7 @@ def test_espo_empty_sets_are_finite(full_model, reduce_var):
 # ====================================================================================== coupling, chunking, grads
 ALL_CASES = [
     ("d1_one_step", {}),
+    ("coupled_pair", {}),
     ("spg_block", {"block_length": BLOCK}),
     ("espo_elbo", {}),
     ("trace_replay", {"shrink": 2}),
@@ -502,7 +560,7 @@ def test_coupled_identical_and_independent_differs(any_model, name, kwargs):
         assert torch.equal(value, _tensors(new)[key].detach()), key
     if name != "trace_replay":
         other = est.evaluate(any_model, batch, est.draw(batch, gen(15)))
-        main = "token_logp" if name == "d1_one_step" else "elbo"
+        main = "token_logp" if name in ("d1_one_step", "coupled_pair") else "elbo"
         assert not torch.equal(_tensors(old)[main], _tensors(other)[main].detach())
 
 
@@ -550,6 +608,8 @@ def test_float32_model_gives_float32_logps():
         ("nope", {}, "unknown estimator"),
         ("d1_one_step", {"num_mc": 2}, "no option"),
         ("d1_one_step", {"p_mask_prompt": 1.5}, "p_mask_prompt"),
+        ("coupled_pair", {"t_min": 0.9, "t_max": 0.5}, "t_min"),
+        ("coupled_pair", {"t_max": 1.0}, "t_max"),
         ("spg_block", {"num_mc": 0}, "num_mc"),
         ("spg_block", {"min_t": 0.8, "max_t": 0.2}, "min_t"),
         ("spg_block", {"eubo_beta": 0}, "eubo_beta"),

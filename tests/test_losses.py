@@ -386,7 +386,17 @@ def test_loss_options_validated() -> None:
 # reads: two groups of two sequences, three token positions, a completion canvas of width 1 (so ESPO's L = 1 and its
 # log-ratio Delta ELBO / L equals StableDRL's Delta ELBO). Group 0 gets advantage ``adv`` and log-ratio ``x`` on
 # every token and sequence; group 1 is ordinary (A = +-0.5). Values are dyadic, hence exact in bf16 / fp16 too.
-BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only", "wd1")
+BUILTIN = (
+    "grpo",
+    "spg",
+    "espo",
+    "trado",
+    "stabledrl",
+    "stabledrl_clip_only",
+    "stabledrl_selfnorm_only",
+    "wd1",
+    "coupled_grpo",
+)
 UNCLAMPED = {"trado": {"log_ratio_clamp": math.inf}, "stabledrl_clip_only": {"clip_threshold": math.inf}}
 HUGE = [(torch.float64, 100.0), (torch.float64, 500.0), (torch.float64, 1000.0), (torch.float32, 100.0)]
 
@@ -553,7 +563,7 @@ def test_zero_bound_under_an_infinite_weight_contributes_exactly_zero() -> None:
 # Loss / e^t when group 0 has A = -e^(t - x): GRPO -(1/12) sum over 6 tokens of rho A; ESPO -(1/4) sum over two
 # sequences; TraDo (length) -(1/4) sum of the two rows' (1/3) sum of 3 tokens; clip-only with C = inf:
 # -(1/2) sum_i (rho / 2) A_i bound_i, bounds mix(-2, -3) = -2.5 and mix(-2, -2.5) = -2.25.
-PASSING_FACTOR = {"grpo": 0.5, "espo": 0.5, "trado": 0.5, "stabledrl_clip_only": -0.25 * 4.75}
+PASSING_FACTOR = {"grpo": 0.5, "coupled_grpo": 0.5, "espo": 0.5, "trado": 0.5, "stabledrl_clip_only": -0.25 * 4.75}
 
 
 @pytest.mark.parametrize("name", BUILTIN)

@@ -32,7 +32,17 @@ from stabledrl_bench.evaluation.protocols import PROTOCOLS
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS
 from stabledrl_bench.tasks import REWARD_PROFILES, TASKS, get_task
 
-BUILTIN = ["grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only", "wd1"]
+BUILTIN = [
+    "grpo",
+    "spg",
+    "espo",
+    "trado",
+    "stabledrl",
+    "stabledrl_clip_only",
+    "stabledrl_selfnorm_only",
+    "wd1",
+    "coupled_grpo",
+]
 ALL = {
     "baselines": BASELINES,
     "estimators": ESTIMATORS,

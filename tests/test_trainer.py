@@ -62,7 +62,17 @@ def _config(model: Path, out: Path, baseline: str = "stabledrl", steps: int = 2,
 REQUIRED_LOG_KEYS = {"step", "reward_mean", "loss", "grad_norm", "learning_rate", "seconds", "nfe_total"}
 
 
-BUILTIN = ("grpo", "spg", "espo", "trado", "stabledrl", "stabledrl_clip_only", "stabledrl_selfnorm_only", "wd1")
+BUILTIN = (
+    "grpo",
+    "spg",
+    "espo",
+    "trado",
+    "stabledrl",
+    "stabledrl_clip_only",
+    "stabledrl_selfnorm_only",
+    "wd1",
+    "coupled_grpo",
+)
 
 
 def test_builtin_list_is_complete():

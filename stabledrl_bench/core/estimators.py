@@ -118,7 +118,17 @@ class StaircaseNoise:
     block_size: int
 
 
-Noise = D1Noise | SPGNoise | ESPONoise | TraceNoise | StaircaseNoise
+@dataclass
+class CoupledNoise:
+    """Coupled-GRPO: one mask ratio per draw and a uniform per completion position; the pair of partial masks is
+    ``u < t`` and its complement ``u > t``."""
+
+    prompt_masked: torch.Tensor  # [B, P] bool
+    t: torch.Tensor  # [B] float, the mask ratio (one value per draw, as the official code draws it)
+    u: torch.Tensor  # [B, L] float in [0, 1)
+
+
+Noise = D1Noise | SPGNoise | ESPONoise | TraceNoise | StaircaseNoise | CoupledNoise
 
 
 # ====================================================================================== shared pieces
@@ -319,6 +329,71 @@ class D1OneStep(Estimator):
         )
         mask = batch.completion_mask.bool()
         return Estimate(token_logp=torch.where(mask, logp, torch.zeros_like(logp)), token_mask=mask)
+
+
+# ====================================================================================== coupled
+@ESTIMATORS.register("coupled_pair")
+@dataclass(frozen=True, kw_only=True)
+class CoupledPair(Estimator):
+    """Coupled-GRPO's complementary-mask token log-probs (docs/estimators.md#coupled_pair).
+
+    DiffuCoder (``apple/ml-diffucoder``, ``src/open_r1/coupled_grpo.py``: ``forward_process``,
+    ``selective_log_softmax``). Three forward passes per sequence: every completion position masked (p0, d1's
+    one-step estimate), the positions with u_k < t masked (p1) and the complement u_k > t masked (p2), with
+    t ~ U(``t_min``, ``t_max``) once per draw and u_k ~ U(0, 1) per position. Every completion token is masked in
+    exactly one of the pair, and
+
+        log pi^(y^k) = (p0_k + (p1_k / t if u_k < t else p2_k / (1 - t))) / 2
+
+    (the 1/t and 1/(1 - t) are the official code's importance weights of the two partial masks). Real prompt
+    tokens are masked with probability ``p_mask_prompt`` (official: 0).
+    """
+
+    t_min: float = 0.2
+    t_max: float = 0.8
+    p_mask_prompt: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(
+            0.0 < self.t_min <= self.t_max < 1.0,
+            f"need 0 < t_min <= t_max < 1, got t_min={self.t_min!r}, t_max={self.t_max!r}",
+        )
+        _require(_is_prob(self.p_mask_prompt), f"p_mask_prompt must be in [0, 1], got {self.p_mask_prompt!r}")
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> CoupledNoise:
+        device = batch.prompt_ids.device
+        prompt_u = _uniform(generator, tuple(batch.prompt_ids.shape), device)
+        t = self.t_min + (self.t_max - self.t_min) * _uniform(generator, (1,), device)
+        return CoupledNoise(
+            prompt_masked=batch.prompt_mask.bool() & (prompt_u < self.p_mask_prompt),
+            t=t.expand(batch.completion_ids.shape[0]).clone(),
+            u=_uniform(generator, tuple(batch.completion_ids.shape), device),
+        )
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: CoupledNoise) -> Estimate:
+        prompt = torch.where(noise.prompt_masked, model.mask_id, batch.prompt_ids)
+        clean, t = batch.completion_ids, noise.t[:, None]
+        first = noise.u < t
+        versions = (
+            torch.full_like(clean, model.mask_id),
+            torch.where(first, model.mask_id, clean),
+            torch.where(noise.u > t, model.mask_id, clean),
+        )
+        inputs = torch.cat([torch.cat((prompt, v), dim=1) for v in versions], dim=0)
+        attention = model.context_attention(batch.prompt_mask, clean.shape[1])
+        logp = self._clean_token_logps(
+            model,
+            inputs,
+            attention.repeat(3, *([1] * (attention.dim() - 1))),
+            None,
+            clean.repeat(3, 1),
+            prompt.shape[1],
+        )
+        p0, p1, p2 = logp.split(clean.shape[0], dim=0)
+        combined = (p0 + torch.where(first, p1 / t, p2 / (1 - t))) / 2
+        mask = batch.completion_mask.bool()
+        return Estimate(token_logp=torch.where(mask, combined, torch.zeros_like(combined)), token_mask=mask)
 
 
 # ====================================================================================== SPG
