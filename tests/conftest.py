@@ -11,6 +11,18 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import pytest  # noqa: E402  (the environment above must be set before anything imports transformers)
 
 # A 2-layer tiny model: the cheapest real checkpoint, for tests that need a model folder but no particular weights.
+# Every built-in baseline, written out independently of the registry (the tests check the registry against it).
+BUILTIN_BASELINES = (
+    "grpo",
+    "spg",
+    "espo",
+    "trado",
+    "stabledrl",
+    "stabledrl_clip_only",
+    "stabledrl_selfnorm_only",
+    "wd1",
+    "coupled_grpo",
+)
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import BUILTIN_BASELINES
 
 from stabledrl_bench.baselines.espo import espo_loss
 from stabledrl_bench.baselines.grpo import grpo_loss
@@ -386,17 +387,6 @@ def test_loss_options_validated() -> None:
 # reads: two groups of two sequences, three token positions, a completion canvas of width 1 (so ESPO's L = 1 and its
 # log-ratio Delta ELBO / L equals StableDRL's Delta ELBO). Group 0 gets advantage ``adv`` and log-ratio ``x`` on
 # every token and sequence; group 1 is ordinary (A = +-0.5). Values are dyadic, hence exact in bf16 / fp16 too.
-BUILTIN = (
-    "grpo",
-    "spg",
-    "espo",
-    "trado",
-    "stabledrl",
-    "stabledrl_clip_only",
-    "stabledrl_selfnorm_only",
-    "wd1",
-    "coupled_grpo",
-)
 UNCLAMPED = {"trado": {"log_ratio_clamp": math.inf}, "stabledrl_clip_only": {"clip_threshold": math.inf}}
 HUGE = [(torch.float64, 100.0), (torch.float64, 500.0), (torch.float64, 1000.0), (torch.float32, 100.0)]
 
@@ -436,7 +426,7 @@ def test_compute_dtype_rule() -> None:
         assert compute_dtype(*(torch.zeros(1, dtype=d) for d in dtypes), None) == expected
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", BUILTIN_BASELINES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 def test_every_loss_computes_and_returns_at_least_the_input_precision(name: str, dtype: torch.dtype) -> None:
     """float64 in -> float64 out; bf16 / fp16 in -> computed in float32: the very number float32 inputs give."""
@@ -522,7 +512,7 @@ def test_scaled_exp(log_scale: float, factor: float, dtype: torch.dtype, expecte
         assert torch.equal(value, torch.exp(x.detach()) * factor)
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", BUILTIN_BASELINES)
 @pytest.mark.parametrize(("dtype", "x"), HUGE)
 def test_zero_advantage_contributes_exactly_zero_at_huge_ratios(name: str, dtype: torch.dtype, x: float) -> None:
     """A = 0 with rho = e^x far beyond the dtype's range (every clamp removed): loss and gradient are exactly those
@@ -534,7 +524,7 @@ def test_zero_advantage_contributes_exactly_zero_at_huge_ratios(name: str, dtype
     assert all(torch.equal(g, c) for g, c in zip(grads, calm_grads, strict=True))
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", BUILTIN_BASELINES)
 @pytest.mark.parametrize(("dtype", "x"), HUGE)
 def test_clipped_branch_stays_finite_at_huge_ratios(name: str, dtype: torch.dtype, x: float) -> None:
     """A > 0 and rho = e^x: the PPO clip (GRPO, ESPO, TraDo, also unclamped) or StableDRL's clip / self-normalisation
@@ -566,7 +556,7 @@ def test_zero_bound_under_an_infinite_weight_contributes_exactly_zero() -> None:
 PASSING_FACTOR = {"grpo": 0.5, "coupled_grpo": 0.5, "espo": 0.5, "trado": 0.5, "stabledrl_clip_only": -0.25 * 4.75}
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", BUILTIN_BASELINES)
 @pytest.mark.parametrize(("dtype", "x"), HUGE)
 def test_unclipped_term_is_finite_when_its_value_is(name: str, dtype: torch.dtype, x: float) -> None:
     """A < 0 and rho = e^x beyond the range, but rho |A| = e^t representable (t = 20 below the dtype's log max):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SMALL, small_budget
+from conftest import BUILTIN_BASELINES, SMALL, small_budget
 
 from stabledrl_bench.config import from_dict
 from stabledrl_bench.core.baseline import BASELINES
@@ -62,24 +62,11 @@ def _config(model: Path, out: Path, baseline: str = "stabledrl", steps: int = 2,
 REQUIRED_LOG_KEYS = {"step", "reward_mean", "loss", "grad_norm", "learning_rate", "seconds", "nfe_total"}
 
 
-BUILTIN = (
-    "grpo",
-    "spg",
-    "espo",
-    "trado",
-    "stabledrl",
-    "stabledrl_clip_only",
-    "stabledrl_selfnorm_only",
-    "wd1",
-    "coupled_grpo",
-)
-
-
 def test_builtin_list_is_complete():
-    assert set(BUILTIN) <= set(BASELINES.entries())
+    assert set(BUILTIN_BASELINES) <= set(BASELINES.entries())
 
 
-@pytest.mark.parametrize("baseline", BUILTIN)
+@pytest.mark.parametrize("baseline", BUILTIN_BASELINES)
 def test_each_baseline_runs_and_writes_log_plot_checkpoint(baseline, small_models, tmp_path):
     options = {"baseline_options": {"keep_range": [0.0, 1.0]}} if baseline == "trado" else {}
     final = RLTrainer(_config(small_models["full"], tmp_path, baseline, **options)).train()
