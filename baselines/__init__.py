@@ -15,6 +15,7 @@ name                        file                 in one line
 ``stabledrl_selfnorm_only`` ``ablations.py``     ablation: self-normalisation, no clip
 ``wd1``                     ``wd1.py``           wd1: ratio-free likelihood, softmax(A) up / softmax(-A) down
 ``coupled_grpo``            ``coupled_grpo.py``  DiffuCoder: d1 token PPO on complementary-mask estimates
+``gdpo``                    ``gdpo.py``          GDPO: sequence PPO clip on a Gauss-quadrature ELBO, no KL
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -41,6 +42,7 @@ BUILTIN_MODULES = (
     "ablations",
     "wd1",
     "coupled_grpo",
+    "gdpo",
 )  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:

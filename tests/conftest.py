@@ -22,6 +22,7 @@ BUILTIN_BASELINES = (
     "stabledrl_selfnorm_only",
     "wd1",
     "coupled_grpo",
+    "gdpo",
 )
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

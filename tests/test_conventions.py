@@ -40,7 +40,7 @@ EMULATED = {
     "sdar-chat": SDARBackend,
     "sdar-trado": SDARBackend,
 }
-BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl", "wd1", "coupled_grpo")
+BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl", "wd1", "coupled_grpo", "gdpo")
 
 
 def attention_of(convention: str) -> str:

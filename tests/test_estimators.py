@@ -197,6 +197,27 @@ def slow_espo(model, batch, noise, reduce_var):
     return torch.tensor(elbos)
 
 
+def slow_sdmc(model, batch, noise, nodes: int, draws: int):
+    """GDPO's ELBO one sequence and one masked row at a time, with the textbook Gauss-Legendre weights."""
+    points = {1: ([0.5], [1.0]), 2: ([0.5 - 0.5 / math.sqrt(3), 0.5 + 0.5 / math.sqrt(3)], [0.5, 0.5])}
+    points[3] = ([0.5 - 0.5 * math.sqrt(0.6), 0.5, 0.5 + 0.5 * math.sqrt(0.6)], [5 / 18, 8 / 18, 5 / 18])
+    times, weights = points[nodes]
+    rows = [(t, w) for t, w in zip(times, weights, strict=True) for _ in range(draws)]
+    elbos = []
+    for i in range(3):
+        prompt = real_prompt(batch, i, None, model.mask_id)
+        clean = batch.completion_ids[i].tolist()
+        total = 0.0
+        for j, (t, w) in enumerate(rows):
+            masked = [bool(v) for v in noise.masked[i, j]]
+            lps = context_logps(
+                model, prompt, [model.mask_id if m else c for m, c in zip(masked, clean, strict=True)], clean
+            )
+            total += w / (t * draws) * sum(lps[k] for k in range(L) if masked[k])
+        elbos.append(total)
+    return torch.tensor(elbos)
+
+
 def staircase_block_logps(model, prompt, clean, noisy_block, b):
     """log p(clean block b) from a separate pass of [prompt | clean blocks < b | noisy block b] (block-causal)."""
     start = b * BLOCK
@@ -334,6 +355,29 @@ def test_coupled_pair_hand_computed_weights():
     c = math.log(0.25)
     expected = torch.tensor([[(c + c / 0.25) / 2, (c + c / 0.75) / 2, (c + c / 0.75) / 2]])
     torch.testing.assert_close(out.token_logp.double(), expected.double())
+
+
+@pytest.mark.parametrize(("nodes", "draws"), [(3, 1), (2, 2)])
+def test_sdmc_matches_slow_loop(full_model, nodes, draws):
+    batch = make_batch(full_model)
+    est = build_estimator("sdmc_elbo", nodes=nodes, mc_samples=draws)
+    noise = est.draw(batch, gen(2))
+    lengths = batch.completion_mask.sum(-1)
+    times = [t for t in est.quadrature()[0] for _ in range(draws)]
+    for j, t in enumerate(times):  # exactly max(1, floor(t l)) scored positions, and nothing else, per row
+        assert torch.equal(noise.masked[:, j].sum(-1), torch.clamp(torch.floor(lengths * t).long(), min=1))
+    assert not (noise.masked & ~batch.completion_mask.unsqueeze(1)).any()
+    out = est.evaluate(full_model, batch, noise)
+    assert close(out.elbo, slow_sdmc(full_model, batch, noise, nodes, draws))
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_sdmc_quadrature_is_exact_for_polynomials_of_degree_2n_minus_1(nodes):
+    """Gauss-Legendre with n points integrates t^d exactly on [0, 1] for d <= 2n - 1, and its weights sum to 1."""
+    times, weights = build_estimator("sdmc_elbo", nodes=nodes).quadrature()
+    for degree in range(2 * nodes):
+        integral = sum(w * t**degree for t, w in zip(times, weights, strict=True))
+        assert integral == pytest.approx(1 / (degree + 1), abs=1e-12)
 
 
 def test_spg_matches_slow_loop(any_model):
@@ -537,6 +581,7 @@ def test_espo_empty_sets_are_finite(full_model, reduce_var):
 ALL_CASES = [
     ("d1_one_step", {}),
     ("coupled_pair", {}),
+    ("sdmc_elbo", {}),
     ("spg_block", {"block_length": BLOCK}),
     ("espo_elbo", {}),
     ("trace_replay", {"shrink": 2}),
@@ -610,6 +655,8 @@ def test_float32_model_gives_float32_logps():
         ("d1_one_step", {"p_mask_prompt": 1.5}, "p_mask_prompt"),
         ("coupled_pair", {"t_min": 0.9, "t_max": 0.5}, "t_min"),
         ("coupled_pair", {"t_max": 1.0}, "t_max"),
+        ("sdmc_elbo", {"nodes": 7}, "nodes"),
+        ("sdmc_elbo", {"mc_samples": 0}, "mc_samples"),
         ("spg_block", {"num_mc": 0}, "num_mc"),
         ("spg_block", {"min_t": 0.8, "max_t": 0.2}, "min_t"),
         ("spg_block", {"eubo_beta": 0}, "eubo_beta"),

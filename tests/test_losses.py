@@ -11,6 +11,7 @@ import torch
 from conftest import BUILTIN_BASELINES
 
 from stabledrl_bench.baselines.espo import espo_loss
+from stabledrl_bench.baselines.gdpo import gdpo_loss
 from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.spg import sandwich_bound, spg_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, log_importance_weights, stabledrl_loss
@@ -553,7 +554,14 @@ def test_zero_bound_under_an_infinite_weight_contributes_exactly_zero() -> None:
 # Loss / e^t when group 0 has A = -e^(t - x): GRPO -(1/12) sum over 6 tokens of rho A; ESPO -(1/4) sum over two
 # sequences; TraDo (length) -(1/4) sum of the two rows' (1/3) sum of 3 tokens; clip-only with C = inf:
 # -(1/2) sum_i (rho / 2) A_i bound_i, bounds mix(-2, -3) = -2.5 and mix(-2, -2.5) = -2.25.
-PASSING_FACTOR = {"grpo": 0.5, "coupled_grpo": 0.5, "espo": 0.5, "trado": 0.5, "stabledrl_clip_only": -0.25 * 4.75}
+PASSING_FACTOR = {
+    "grpo": 0.5,
+    "coupled_grpo": 0.5,
+    "espo": 0.5,
+    "gdpo": 0.5,
+    "trado": 0.5,
+    "stabledrl_clip_only": -0.25 * 4.75,
+}
 
 
 @pytest.mark.parametrize("name", BUILTIN_BASELINES)
@@ -654,3 +662,28 @@ def test_wd1_loss_equals_a_loop_implementation_over_replay_rows() -> None:
     (grad,) = torch.autograd.grad(loss, logp)
     (expected,) = torch.autograd.grad(reference, logp)
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------------- GDPO
+def test_gdpo_loss_hand_computed() -> None:
+    """rho = exp(dELBO / l): (1) dELBO 4 over 8 tokens, A = 1: rho = e^0.5 > 1.5, so the term is the clipped 1.5
+    (no gradient); (2) dELBO 3 over 2 tokens, A = -2: rho = e^1.5 > 1.5 and A < 0, so min(rho A, 1.5 A) = rho A
+    passes (the conditional clip's bypass); loss = -(1.5 - 2 e^1.5) / 2, and d loss / d E_2 = -(1/2) A rho / l
+    = e^1.5 / 2."""
+    elbo = torch.tensor([-10.0, -3.0], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([-14.0, -6.0], dtype=torch.float64)
+    loss, metrics = gdpo_loss(elbo, old, torch.tensor([8, 2]), torch.tensor([1.0, -2.0], dtype=torch.float64))
+    assert close(loss.item(), -(1.5 - 2 * math.exp(1.5)) / 2, 1e-12) and metrics["clip_ratio"] == 0.5
+    (grad,) = torch.autograd.grad(loss, elbo)
+    torch.testing.assert_close(grad, torch.tensor([0.0, math.exp(1.5) / 2], dtype=torch.float64))
+
+
+def test_gdpo_loss_is_espos_when_every_completion_fills_the_canvas() -> None:
+    """Same shape as ESPO's loss (no KL): with l_i = L for every sequence the two agree exactly."""
+    gen = torch.Generator().manual_seed(5)
+    elbo = (torch.randn(12, generator=gen, dtype=torch.float64) * 20).requires_grad_()
+    old, adv = torch.randn(12, generator=gen, dtype=torch.float64) * 20, torch.randn(12, generator=gen).double()
+    ours, _ = gdpo_loss(elbo, old, torch.full((12,), 16), adv, epsilon=0.5)
+    theirs, _ = espo_loss(elbo, old, None, adv, max_completion_length=16, epsilon=0.5, beta=0.0)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(*(torch.autograd.grad(x, elbo)[0] for x in (ours, theirs)))

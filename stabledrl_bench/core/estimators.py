@@ -128,7 +128,15 @@ class CoupledNoise:
     u: torch.Tensor  # [B, L] float in [0, 1)
 
 
-Noise = D1Noise | SPGNoise | ESPONoise | TraceNoise | StaircaseNoise | CoupledNoise
+@dataclass
+class SDMCNoise:
+    """GDPO's masks: for every quadrature node and Monte-Carlo draw, an exact-count subset of the completion."""
+
+    masked: torch.Tensor  # [B, N, L] bool, N = nodes x draws
+    coefficient: torch.Tensor  # [N] float, w_n / (t_n draws): the weight of each masked row's log-probs
+
+
+Noise = D1Noise | SPGNoise | ESPONoise | TraceNoise | StaircaseNoise | CoupledNoise | SDMCNoise
 
 
 # ====================================================================================== shared pieces
@@ -394,6 +402,79 @@ class CoupledPair(Estimator):
         combined = (p0 + torch.where(first, p1 / t, p2 / (1 - t))) / 2
         mask = batch.completion_mask.bool()
         return Estimate(token_logp=torch.where(mask, combined, torch.zeros_like(combined)), token_mask=mask)
+
+
+# ====================================================================================== GDPO
+# Gauss-Legendre nodes and weights on [-1, 1] (textbook values), mapped to t = (x + 1) / 2, w = w_x / 2 on [0, 1].
+GAUSS_LEGENDRE: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    1: ((0.0,), (2.0,)),
+    2: ((-((1 / 3) ** 0.5), (1 / 3) ** 0.5), (1.0, 1.0)),
+    3: ((-((3 / 5) ** 0.5), 0.0, (3 / 5) ** 0.5), (5 / 9, 8 / 9, 5 / 9)),
+}
+
+
+@ESTIMATORS.register("sdmc_elbo")
+@dataclass(frozen=True, kw_only=True)
+class SDMCElbo(Estimator):
+    """GDPO's semi-deterministic Monte-Carlo ELBO (docs/estimators.md#sdmc_elbo).
+
+    NVIDIA NeMo RL ``research/gdpo/gdpo/elbo.py`` (``SdmcElboEstimator``). The time integral of the ELBO is a
+    Gauss-Legendre rule over t with ``nodes`` points; only the mask at each node is random. For node n (t_n, w_n)
+    and each of ``mc_samples`` draws, exactly max(1, floor(t_n l_i)) of the l_i scored completion positions are
+    masked, uniformly at random, and
+
+        E_i = sum_n w_n / (t_n mc_samples) sum_draws sum_{k masked} log p(y^k | z_{i,n})
+
+    ``elbo`` [B] on the sum scale, from one forward pass over B * nodes * mc_samples rows. Scored positions are
+    the completion mask (up to and including the first EOS); later positions stay clean and visible, where the
+    official code has cut the response at its stop token. No prompt token is masked (the recipe's
+    ``p_mask_prompt: 0.0``).
+    """
+
+    nodes: int = 3  # "gauss-3", the published recipe
+    mc_samples: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.nodes in GAUSS_LEGENDRE, f"nodes must be one of {sorted(GAUSS_LEGENDRE)}, got {self.nodes!r}")
+        _require(_is_int(self.mc_samples, 1), f"mc_samples must be a positive integer, got {self.mc_samples!r}")
+
+    def quadrature(self) -> tuple[list[float], list[float]]:
+        """The nodes t_n and weights w_n on [0, 1] (the weights sum to 1)."""
+        xs, ws = GAUSS_LEGENDRE[self.nodes]
+        return [0.5 * x + 0.5 for x in xs], [0.5 * w for w in ws]
+
+    def for_attention(self, attention: str) -> Estimator:
+        """Block attention: the staircase ELBO on the sum scale with as many masked copies as forward rows here."""
+        if attention != "block":
+            return self
+        return StaircaseElbo(num_mc=self.nodes * self.mc_samples, scale="sum", micro_batch_size=self.micro_batch_size)
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> SDMCNoise:
+        times, weights = self.quadrature()
+        rows = [
+            (t, w / (t * self.mc_samples)) for t, w in zip(times, weights, strict=True) for _ in range(self.mc_samples)
+        ]
+        scored = batch.completion_mask.bool()
+        lengths = scored.sum(-1, keepdim=True)  # [B, 1]
+        t = torch.tensor([r[0] for r in rows], dtype=torch.float64, device=scored.device)
+        count = torch.minimum(torch.floor(lengths * t).long().clamp(min=1), lengths)  # [B, N]
+        allowed = scored.unsqueeze(1).expand(-1, len(rows), -1)
+        masked = _random_subsets(generator, allowed, count.unsqueeze(-1))
+        coefficient = torch.tensor([r[1] for r in rows], dtype=torch.float64, device=scored.device)
+        return SDMCNoise(masked=masked, coefficient=coefficient)
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: SDMCNoise) -> Estimate:
+        n_seq, n_rows, length = noise.masked.shape
+        seq = torch.arange(n_seq, device=noise.masked.device).repeat_interleave(n_rows)
+        completion = torch.where(noise.masked.flatten(0, 1), model.mask_id, batch.completion_ids[seq])
+        input_ids = torch.cat((batch.prompt_ids[seq], completion), dim=1)
+        attention = model.context_attention(batch.prompt_mask, length)[seq]
+        logp = self._clean_token_logps(
+            model, input_ids, attention, None, batch.completion_ids[seq], batch.prompt_ids.shape[1]
+        ).view(n_seq, n_rows, length)
+        per_row = torch.where(noise.masked, logp, torch.zeros_like(logp)).sum(-1)
+        return Estimate(elbo=(per_row * noise.coefficient.to(per_row.dtype)).sum(-1))
 
 
 # ====================================================================================== SPG
