@@ -76,6 +76,9 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
 # The exploding test: every method with a ratio to explode (TraDo replays traces, out of its noise model) and SPG.
 EXPLODING_METHODS = {**{m: METHODS[m] for m in ("grpo", "espo", "spg", "stabledrl")}, **ABLATIONS}
 CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
+# A checkpoint every 100 steps, so a 500-step run cut short resumes instead of starting again (not part of a run's
+# identity: cached runs stay valid).
+SAVE_EVERY = 100
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class TrainSettings:
             seed=seed,
             output_dir="",
             progress=False,
+            save_every=SAVE_EVERY,
         )
 
 
