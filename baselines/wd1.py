@@ -17,8 +17,8 @@ Where it departs from GRPO (``grpo.py``): no ratio and no clip; sequence weights
 advantages instead of per-token ratio x advantage; the sequence log-likelihood summed over tokens, not a token mean;
 no KL term (``train.yaml`` sets beta = 0.04, which this trainer's ``compute_loss`` never reads).
 
-Official settings (``wd1/train.yaml``, ``run/wll_NP_*.sh``): p_mask_prompt = 0.15, mu = 8 inner iterations
-(``num_iterations``: a budget setting here, shared by every method of a comparison), lr 3e-6, 6 completions per
+Official settings (``wd1/train.yaml``, ``run/wll_NP_*.sh``): p_mask_prompt = 0.15, mu = 12 inner iterations (8 on
+Sudoku; ``num_iterations``: a budget setting here, shared by every method of a comparison), lr 3e-6, 6 completions per
 prompt on one device per micro-batch, which is what makes the official softmax over the micro-batch a softmax over
 one group; here it is taken per group explicitly, whatever the micro-batch holds.
 """
