@@ -474,8 +474,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     common = ["--results", str(results), "--runs", str(runs), "--no-leaderboard", "--warm-start", str(model)]
     toy = ["--prompts", "2", "--generations", "2", "--diffusion-steps", "6", "--seeds", "0"]
     train = [*toy, "--steps", "2", "--jobs", "1", "--conditions", "exploding"]
-    with pytest.raises(UserError, match="run `stress lrsweep` first"):  # the rate comes from the recorded sweep
-        main(["exploding", "--methods", "spg", *train, *common])
+    with pytest.raises(UserError, match="run `stress lrsweep` first"):  # the rate comes from the recorded sweep,
+        main(["exploding", "--methods", "spg", *train, *common[:-2]])  # checked before a warm start is built
+    assert not (runs / "sft").exists()
     main(["lrsweep", "--methods", "grpo,stabledrl", "--lrs", "1e-4,1e-3", *toy, "--steps", "4", "--jobs", "1", *common])
     main(["exploding", "--methods", "spg,stabledrl", *train, *common])
     main(["clip", "--thresholds", "5", *train, *common])

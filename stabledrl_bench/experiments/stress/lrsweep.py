@@ -131,8 +131,9 @@ def _run(args: argparse.Namespace) -> Path:
     options.check_positive(**{f"lrs ({lr:g})": lr for lr in rates})
     seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
     definitions = options.definitions(args)
+    base = train_settings(args, learning_rate=rates[0])
     path, info, model = options.warm_start(args)
-    base = train_settings(args, path, learning_rate=rates[0])
+    base = dataclasses.replace(base, warm_start=str(path))
     by_lr, runs, cost = {}, [], {"jobs": 0, "jobs_reused": 0, "worker_cpu_seconds": 0.0}
     for lr in rates:
         settings: TrainSettings = dataclasses.replace(base, learning_rate=lr)

@@ -172,21 +172,30 @@ def preset(name: str, task: str | None) -> Any:
     return known[name]
 
 
+def chosen_preset(args: argparse.Namespace) -> Any:
+    """``--preset`` checked with its ``--task`` and, for a preset without a warm start of its own, ``--warm-start``
+    (None: the stress settings, which take no ``--task``)."""
+    if args.preset is None:
+        if args.task is not None:
+            raise UserError("--task needs --preset (the stress settings have their own task)")
+        return None
+    chosen = preset(args.preset, args.task)
+    if chosen.task_sft(args.task) is None and args.warm_start is None:
+        raise UserError(f"--preset {args.preset} trains a given model: pass --warm-start /path/to/model")
+    return chosen
+
+
 def warm_start(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     """Warm-start folder, its description and the model summary (parameter count etc.): ``--warm-start``, else the
     stress warm start, or with ``--preset`` that preset's warm start of ``--task`` (training seed 0)."""
     from stabledrl_bench.core.models.backends import load_diffusion_lm
 
-    if args.preset is None:
-        if args.task is not None:
-            raise UserError("--task needs --preset (the stress settings have their own task)")
+    chosen = chosen_preset(args)
+    if chosen is None:
         spec, folder = stress_warm_start(args.sft_steps), Path(args.runs) / "sft"
     else:
         from stabledrl_bench.experiments.reproduce import warm_start_spec
 
-        chosen = preset(args.preset, args.task)
-        if chosen.task_sft(args.task) is None and args.warm_start is None:
-            raise UserError(f"--preset {args.preset} trains a given model: pass --warm-start /path/to/model")
         spec = None if args.warm_start else warm_start_spec(chosen, args.task, chosen.model, seed=0)
         folder = Path(args.runs) / f"sft-{args.preset}-{args.task}"
     path, info = ensure_warm_start(spec, folder, override=args.warm_start)

@@ -392,16 +392,18 @@ def plot_sweep(
 CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
 
 
-def train_settings(args: argparse.Namespace, path: Path, learning_rate: float | None = None) -> TrainSettings:
+def train_settings(args: argparse.Namespace, learning_rate: float | None = None) -> TrainSettings:
     """The settings of a training experiment: ``learning_rate``, else ``--lr``, else the rate the committed
-    learning-rate sweep chose (:func:`~stabledrl_bench.experiments.stress.common.chosen_lr`)."""
+    learning-rate sweep chose (:func:`~stabledrl_bench.experiments.stress.common.chosen_lr`). Every check is
+    cheap and comes before the warm start is built; its folder is filled in afterwards (``warm_start``)."""
+    options.chosen_preset(args)
     if learning_rate is None:
         learning_rate = args.lr if args.lr is not None else chosen_lr(args.results, args.preset, args.task)
     options.check_positive(lr=learning_rate, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
     if not 0 <= args.weight_decay < 1:
         raise UserError(f"--weight-decay must be in [0, 1), got {args.weight_decay}")
     settings = TrainSettings(
-        warm_start=str(path),
+        warm_start="",
         budget=options.stress_budget(args, args.steps),
         learning_rate=learning_rate,
         max_grad_norm=args.max_grad_norm,
@@ -452,8 +454,9 @@ def training_experiment(
     conditions = comma_list(args.conditions, "--conditions", choices=CONDITIONS, what="condition")
     seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
     definitions = options.definitions(args)
+    settings = train_settings(args)
     path, info, model = options.warm_start(args)
-    settings = train_settings(args, path)
+    settings = dataclasses.replace(settings, warm_start=str(path))
     specs = [make_spec(label, condition, seed) for label in labels for condition in conditions for seed in seeds]
     rows, frozen, cost = sweep(
         specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
