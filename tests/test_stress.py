@@ -435,6 +435,17 @@ def test_a_training_experiment_runs_on_a_presets_task(tmp_path):
         main(["longrun", "--preset", "smoke", "--task", "sudoku", *run])
 
 
+def test_a_record_from_an_older_version_is_one_line(tmp_path):
+    """A training record without the fields this version reports (e.g. transient collapses) names its file."""
+    summary = [_summary("stabledrl", "normal", 0, [])]
+    del summary[0]["transient_collapses"]
+    budget = {"max_steps": 80, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 40}
+    budget |= {"diffusion_steps": 10, "num_iterations": 2}
+    _write(tmp_path / "stability", "exploding", {"budget": budget, "budget_hash": "abc", "summary": summary})
+    with pytest.raises(UserError, match=r"exploding\.json: no field 'transient_collapses' .* run `stress exploding`"):
+        stability_section(tmp_path)
+
+
 def test_stability_section_rejects_a_foreign_record(tmp_path):
     (tmp_path / "stability").mkdir()
     (tmp_path / "stability" / "hull.json").write_text(json.dumps({"schema": "other"}))

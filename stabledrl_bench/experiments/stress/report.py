@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.stress.common import read_record, stability_dir
 from stabledrl_bench.reporting.results import STABILITY_DIR, hardware_label
 
@@ -590,9 +591,23 @@ def stability_section(results_dir: Path | str) -> str | None:
             f", warm start: {sft['max_steps']} masked-diffusion SFT steps on generated {sft['task']} "
             f"(`{sft['protocol']}` protocol), shared by every run"
         )
+
+    def rendered(name: str, part: int) -> Any:
+        """Block (0) or observations (1) of ``name``; a record missing a field is one line naming the file."""
+        try:
+            render = rendering(name)[part]
+            if part == 0:
+                return render(records[name], link_base)
+            return render(records.get(name)) if render else []
+        except KeyError as exc:
+            raise UserError(
+                f"{folder / f'{name}.json'}: no field {exc} (written by an older version of this harness); "
+                f"run `stress {name}` again"
+            ) from None
+
     parts = ["## Stability (stress tests on a tiny model)", intro + "."]
-    parts += [rendering(name)[0](record, link_base) for name, record in records.items()]
-    observed = [line for name in names if (say := rendering(name)[1]) for line in say(records.get(name))]
+    parts += [rendered(name, 0) for name in records]
+    observed = [line for name in names for line in rendered(name, 1)]
     parts.append(
         "### What we observed\n\nEach paper claim (§ numbers refer to [docs/published-numbers.md]"
         "(docs/published-numbers.md); the stress-test claims are grade S, qualitative only) against this run's "
