@@ -23,7 +23,7 @@ import torch
 from stabledrl_bench.core.advantages import compute_dtype
 from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.core.estimators import ESPOElbo
-from stabledrl_bench.core.losses import conditional_clip, k2_kl, need, ratio_metrics, sequence_mean
+from stabledrl_bench.core.losses import k2_kl, need, sequence_ppo
 
 
 def espo_loss(
@@ -44,21 +44,13 @@ def espo_loss(
     dtype = compute_dtype(elbo, old_elbo, ref_elbo, advantages)
     elbo, advantages = elbo.to(dtype), advantages.to(dtype)
     log_ratio = (elbo - old_elbo.to(dtype)) / max_completion_length
-    objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
-    loss = sequence_mean(-objective)
-    metrics: dict[str, float] = {}
+    loss, metrics = sequence_ppo(log_ratio, advantages, epsilon)
     if beta > 0:
         if ref_elbo is None:
             raise ValueError("espo with beta > 0 needs the reference ELBO")
         kl = k2_kl(elbo - ref_elbo.to(dtype)).sum() / (elbo.numel() * max_completion_length)
         loss = loss + beta * kl
-        metrics["kl"] = kl.item()
-    metrics |= {
-        "loss": loss.item(),
-        **ratio_metrics(log_ratio),
-        "clip_ratio": clipped.float().mean().item(),
-        "adv_abs_mean": advantages.abs().mean().item(),
-    }
+        metrics |= {"kl": kl.item(), "loss": loss.item()}
     return loss, metrics
 
 

@@ -26,7 +26,7 @@ import torch
 from stabledrl_bench.core.advantages import compute_dtype
 from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.core.estimators import SDMCElbo
-from stabledrl_bench.core.losses import conditional_clip, need, ratio_metrics, sequence_mean
+from stabledrl_bench.core.losses import need, sequence_ppo
 
 
 def gdpo_loss(
@@ -40,17 +40,8 @@ def gdpo_loss(
     """GDPO's loss (module docstring); all tensors [B], ``lengths`` = scored tokens per completion (at least 1).
     In ``compute_dtype`` of the inputs; ``conditional_clip`` keeps the clipped branch and A = 0 finite."""
     dtype = compute_dtype(elbo, old_elbo, advantages)
-    advantages = advantages.to(dtype)
     log_ratio = (elbo.to(dtype) - old_elbo.to(dtype)) / lengths.to(dtype).clamp(min=1)
-    objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
-    loss = sequence_mean(-objective)
-    metrics = {
-        "loss": loss.item(),
-        **ratio_metrics(log_ratio),
-        "clip_ratio": clipped.float().mean().item(),
-        "adv_abs_mean": advantages.abs().mean().item(),
-    }
-    return loss, metrics
+    return sequence_ppo(log_ratio, advantages.to(dtype), epsilon)
 
 
 @dataclass

@@ -145,6 +145,22 @@ def sequence_mean(values: torch.Tensor) -> torch.Tensor:
     return values.mean()
 
 
+def sequence_ppo(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """-(1/B) sum_i min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps) A_i) for one log-ratio per sequence [B], with the
+    ratio diagnostics: the part ESPO and GDPO share (they differ in the ELBO, its normaliser and ESPO's KL)."""
+    objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
+    loss = sequence_mean(-objective)
+    metrics = {
+        "loss": loss.item(),
+        **ratio_metrics(log_ratio),
+        "clip_ratio": clipped.float().mean().item(),
+        "adv_abs_mean": advantages.abs().mean().item(),
+    }
+    return loss, metrics
+
+
 def length_weighted(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """sum_i |y_i| l_i / sum_i |y_i|: sequences weighted by their valid length (SPG's per-token average)."""
     weight = lengths.to(values.dtype)
