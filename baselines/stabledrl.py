@@ -41,7 +41,7 @@ from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import compute_dtype, group_index, group_reduce
+from stabledrl_bench.core.advantages import compute_dtype, group_index, group_log_softmax
 from stabledrl_bench.core.baseline import BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.core.losses import mean_over_groups, need, ratio_metrics, scaled_exp
 from stabledrl_bench.errors import UserError
@@ -66,10 +66,9 @@ def log_importance_weights(
     form w_i A_i without overflow (``scaled_exp``); in ``compute_dtype`` of ``log_ratio``.
     """
     clipped = log_ratio.detach().to(compute_dtype(log_ratio)).clamp(clip_low, clip_high)
-    index, num_groups = group_index(group_ids)
     if self_normalize:
-        top = group_reduce(clipped, index, num_groups, "amax")[index]
-        return clipped - top - group_reduce(torch.exp(clipped - top), index, num_groups, "sum").log()[index]
+        return group_log_softmax(clipped, group_ids)
+    index, num_groups = group_index(group_ids)
     return clipped - torch.bincount(index, minlength=num_groups)[index].to(clipped.dtype).log()
 
 

@@ -30,18 +30,10 @@ from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import compute_dtype, group_index, group_reduce
+from stabledrl_bench.core.advantages import compute_dtype, group_log_softmax
 from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.core.estimators import D1OneStep
 from stabledrl_bench.core.losses import mean_over_groups, need, per_row
-
-
-def group_softmax(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """softmax of ``values`` [B] within each group (``group_ids`` [B]), computed around each group's max."""
-    index, num_groups = group_index(group_ids)
-    shifted = values - group_reduce(values, index, num_groups, "amax")[index]
-    weights = torch.exp(shifted)
-    return weights / group_reduce(weights, index, num_groups, "sum")[index]
 
 
 def wd1_loss(
@@ -55,7 +47,8 @@ def wd1_loss(
     sequences (``row_to_seq`` maps rows to sequences, None: one row each). In ``compute_dtype`` of the inputs."""
     dtype = compute_dtype(logp, advantages)
     advantages = advantages.to(dtype).detach()
-    positive, negative = group_softmax(advantages, group_ids), group_softmax(-advantages, group_ids)
+    positive = group_log_softmax(advantages, group_ids).exp()
+    negative = group_log_softmax(-advantages, group_ids).exp()
     coefficient = per_row(negative - positive, row_to_seq)
     sequence_logp = torch.where(mask.bool(), logp.to(dtype), 0.0).sum(-1)
     loss = mean_over_groups(coefficient * sequence_logp, per_row(group_ids, row_to_seq))

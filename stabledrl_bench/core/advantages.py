@@ -63,6 +63,14 @@ def group_reduce(values: torch.Tensor, index: torch.Tensor, num_groups: int, red
     return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
 
 
+def group_log_softmax(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """log softmax of ``values`` [B] within each group (``group_ids`` [B]), computed around each group's max:
+    StableDRL's self-normalised log-weights, wd1's advantage weights."""
+    index, num_groups = group_index(group_ids)
+    top = group_reduce(values, index, num_groups, "amax")[index]
+    return values - top - group_reduce(torch.exp(values - top), index, num_groups, "sum").log()[index]
+
+
 def _check(values: torch.Tensor, group_ids: torch.Tensor, what: str) -> None:
     if values.dim() != 1 or values.shape != group_ids.shape:
         raise ValueError(

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from stabledrl_bench.core.advantages import group_index, group_log_softmax, group_reduce
 from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.models import DiffusionLM
@@ -182,12 +183,13 @@ def log_weight_noise(log_ratio: torch.Tensor, group_ids: torch.Tensor, clip_high
     At zero drift the policy equals the rollout policy, so every rho is 1 and all of this is estimator noise: the
     quantity the paper's argument is about."""
     x = log_ratio.detach().double()
-    weights = [torch.softmax(x[group_ids == g].clamp(max=clip_high), 0) for g in group_ids.unique()]
-    ess = [float(1.0 / w.pow(2).sum() / w.numel()) for w in weights]
+    weights = group_log_softmax(x.clamp(max=clip_high), group_ids).exp()  # the loss's own weights
+    index, num_groups = group_index(group_ids)
+    ess = 1.0 / group_reduce(weights.pow(2), index, num_groups) / torch.bincount(index, minlength=num_groups)
     return {
         "log_weight_std": float(x.std(unbiased=False)),
         "at_clip": float((x > clip_high).double().mean()),
-        "ess": statistics.fmean(ess),
+        "ess": float(ess.mean()),
     }
 
 
