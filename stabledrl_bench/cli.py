@@ -32,6 +32,14 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--seeds", help="comma-separated training seeds, each a full replicate (default: the preset's)")
     p.add_argument("--limit", type=positive_int, help="evaluate only the first N docs per task (quick checks)")
     p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
+    p.add_argument(
+        "--pass-k",
+        type=positive_int,
+        metavar="N",
+        help="also decode every test problem N times at --temperature for pass@k and maj@k (own leaderboard block)",
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of --pass-k (default 1.0)")
+    p.add_argument("--pass-k-lengths", help="comma-separated nominal lengths --pass-k decodes (default: every one)")
     _add_skip_check(p)
     _add_trust(p)
 
@@ -97,7 +105,12 @@ def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint on a task and write a result record")
     p.add_argument("--model", required=True, help="checkpoint folder (or tiny / tiny-block)")
     p.add_argument("--task", required=True)
-    p.add_argument("--protocol", default="d1")
+    p.add_argument(
+        "--protocol",
+        default="d1",
+        help="a protocol (`list protocols`), or <protocol>-n<N>-t<T>: N sampled decodes per problem at temperature "
+        "T, reported as pass@k and maj@k (e.g. d1-n16-t1)",
+    )
     p.add_argument("--length", type=positive_int, default=256, help="nominal generation length (128/256/512)")
     p.add_argument("--max-completion-length", type=positive_int, help="tokens actually decoded (default: --length)")
     p.add_argument("--limit", type=positive_int)
@@ -284,7 +297,9 @@ def _cmd_eval(args) -> int:
     )
     record = json.loads(recorded.path.read_text())
     how = f"reused ({recorded.note})" if recorded.reused else "measured"
-    print(f"{args.task}@{args.length}: accuracy {100 * record['metrics']['accuracy']:.1f}% {how} -> {recorded.path}")
+    metrics = record["metrics"]
+    sampled = "".join(f", {name} {100 * value:.1f}%" for name, value in metrics.items() if "@" in name)
+    print(f"{args.task}@{args.length}: accuracy {100 * metrics['accuracy']:.1f}%{sampled} {how} -> {recorded.path}")
     return 0
 
 

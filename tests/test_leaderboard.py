@@ -18,7 +18,6 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting.leaderboard import (
     ROW_COLUMNS,
     TRAINING_COLUMNS,
-    bootstrap_mean_ci,
     build_leaderboard,
     load_published,
     training_changes,
@@ -26,6 +25,7 @@ from stabledrl_bench.reporting.leaderboard import (
     write_leaderboard,
 )
 from stabledrl_bench.reporting.results import budget_hash
+from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 
 TABLE1_HEADERS = [
     f"{task} {sub}" for task in ("GSM8K", "MATH500", "Countdown", "Sudoku") for sub in ("128", "256", "512", "avg")

@@ -199,8 +199,13 @@ def test_write_rejects_metrics_that_disagree_with_samples(tmp_path: Path) -> Non
     record["metrics"] = {"accuracy": 50.0, "n": 2}  # a percentage, not a fraction
     with pytest.raises(UserError, match=r"fraction in \[0, 1\]"):
         write_result(tmp_path, record, make_samples([True, False]))
-    record["metrics"] = {"accuracy": 0.5, "n": 2, "pass@1": 0.9}  # a name no evaluator writes
-    with pytest.raises(UserError, match=r"unknown metric\(s\) pass@1"):
+    record["metrics"] = {"accuracy": 0.5, "n": 2, "top1": 0.9}  # a name no evaluator writes
+    with pytest.raises(UserError, match=r"unknown metric\(s\) top1"):
+        write_result(tmp_path, record, make_samples([True, False]))
+    record["metrics"] = {"accuracy": 0.5, "n": 2, "pass@1": 0.5}  # pass@k of a greedy, once-decoded record
+    with pytest.raises(
+        UserError, match=r"'metrics.pass@1' needs 2\+ decodes per problem; settings.protocol.repeats is 1"
+    ):
         write_result(tmp_path, record, make_samples([True, False]))
     record = make_record()
     del record["protocol"]

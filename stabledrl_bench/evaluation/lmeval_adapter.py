@@ -11,7 +11,9 @@ from the command line::
 Like every public dLLM wrapper, ``generate_until`` decodes a fixed canvas (``max_completion_length``; lm-eval's
 ``max_gen_toks`` is ignored and logged once) and applies ``until`` stop strings after decoding. The task YAMLs
 emit the *user message*; the adapter applies the protocol's chat template and prefill itself, exactly as the d1
-evaluator does. ``loglikelihood`` is a Monte-Carlo ELBO (stratified mask counts with the antithetic complement,
+evaluator does. A sampled protocol (``protocol=d1-n16-t1``) decodes at its temperature and goes with the
+``dllm_<task>_pass16`` tasks, which repeat every request 16 times and report pass@k and maj@k.
+``loglikelihood`` is a Monte-Carlo ELBO (stratified mask counts with the antithetic complement,
 the ESPO/LLaDA estimator; for block-diffusion models the staircase ELBO summed over blocks), a lower bound
 on log p(continuation | context).
 """
@@ -117,6 +119,7 @@ class DiffusionEvalLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Decode every request's context on the protocol's fixed canvas; cut at EOS and ``until`` strings."""
+        self._check_repeats(requests)
         generator = torch.Generator().manual_seed(self.seed)
         contexts = [req.args[0] for req in requests]
         stops = [_until(req.args[1]) for req in requests]
@@ -185,6 +188,19 @@ class DiffusionEvalLM(LM):
         raise NotImplementedError(
             "stabledrl_dllm: rolling log-likelihood (perplexity tasks) is not defined for masked diffusion LMs"
         )
+
+    def _check_repeats(self, requests) -> None:
+        """A sampled protocol (``<name>-n<N>-t<T>``) names its decodes per problem; the task's ``repeats`` must
+        agree, or the results would carry a protocol name that misstates how they were decoded."""
+        if not self.protocol.pass_at_k:
+            return
+        repeats = sorted({getattr(req, "repeats", 1) for req in requests})
+        if repeats != [self.protocol.repeats]:
+            raise UserError(
+                f"stabledrl_dllm: protocol {self.protocol.name} decodes {self.protocol.repeats} times per problem, "
+                f"but the task repeats its requests {', '.join(map(str, repeats))} times (name a protocol "
+                f"<base>-n{repeats[-1]}-t<temperature> for this task)"
+            )
 
     def _note_max_gen(self, requests) -> None:
         asked = {r.args[1].get("max_gen_toks") for r in requests if isinstance(r.args[1], dict)}

@@ -21,6 +21,7 @@ from stabledrl_bench.config import RENAMED_KEYS
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import DecodeSettings, generate
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.passk import sampled_metrics, votes_by_problem
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.processes import barrier, gather_lists, is_main_process, keyed_generator, my_share
 from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
@@ -48,7 +49,9 @@ def evaluate(
     """Decode every evaluation doc of ``task_name`` (the protocol's subset) at canvas ``length`` and grade it.
 
     Accuracy is the mean of the task grader's ``correct`` verdicts; for Sudoku the d1 cell accuracy goes into
-    ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side).
+    ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side). A
+    protocol that decodes every problem several times also reports ``pass@k`` and ``maj@k``
+    (:mod:`stabledrl_bench.evaluation.passk`).
 
     Under a launch of N processes each decodes every N-th batch and all of them return the whole outcome, equal to
     one process's: the batches are the same (prompts sorted by length), and a protocol that samples draws each
@@ -123,6 +126,8 @@ def evaluate(
         metrics["d1_accuracy"] = sum(d1_flags) / len(rows)
     if task.headline_field == "score":
         metrics["d1_accuracy"] = metrics["score_mean"]  # d1 reports Sudoku as cell accuracy, the grade's score
+    if proto.repeats > 1:  # pass@k and maj@k of the problems' repeated decodes (for every task: `correct` flags)
+        metrics |= sampled_metrics(list(votes_by_problem(rows).values()))
     return EvalOutcome(metrics=metrics, samples=rows, settings=recorded_settings(proto, settings))
 
 

@@ -19,10 +19,14 @@ Each protocol names one such evaluator (docs/protocols.md gives each one's setti
   same with a prefix cache (LLaDA's backend has no dual cache); ``d1-parallel`` / ``tiny-parallel``: threshold
   0.9 + EOS stop without a cache. Their numbers are never shown next to exact ones without saying so
   (:attr:`EvalProtocol.approximate`).
+* Sampled evaluation for pass@k / maj@k (:mod:`stabledrl_bench.evaluation.passk`): any protocol above decoded n
+  times per problem at temperature T is the protocol ``<name>-n<n>-t<T>`` (e.g. ``tiny-n16-t1``, ``d1-n8-t0.6``),
+  built on request by :func:`get_protocol`; its records are shown apart from greedy ones.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 
 from stabledrl_bench.core.models import DiffusionLM
@@ -47,6 +51,7 @@ class EvalProtocol:
     repeats: int = 1  # evaluations per problem, averaged (TraceRL: AIME x20, others x3 when sampling)
     cache: str = "none"  # full attention: Fast-dLLM's approximate KV cache ("prefix" or "dual")
     stop_at_eos: bool = False  # full attention: rows stop at their first EOS (block protocols always stop)
+    pass_at_k: bool = False  # decoded `repeats` times at `temperature` for pass@k / maj@k (see sampled_protocol)
 
     @property
     def approximate(self) -> bool:
@@ -177,5 +182,44 @@ for _base, _name, _mode in (
     )
 
 
+SAMPLED_NAME = re.compile(r"(?P<base>.+)-n(?P<samples>[0-9]+)-t(?P<temperature>[0-9]+(?:\.[0-9]+)?)")
+
+
+def sampled_name(base: str, samples: int, temperature: float) -> str:
+    """The name of ``base`` decoded ``samples`` times at ``temperature``: ``tiny-n16-t1``, ``d1-n8-t0.6``."""
+    return f"{base}-n{samples}-t{temperature:g}"
+
+
+def sampled_protocol(base: str, samples: int, temperature: float) -> EvalProtocol:
+    """Protocol ``base`` decoded ``samples`` times per problem at ``temperature``, for pass@k and maj@k.
+
+    Everything else (prompts, canvas, blocks, steps, remasking) stays the base protocol's, so a sampled record
+    differs from its greedy one only in the noise; the temperature is part of the name and of the record.
+    """
+    proto = PROTOCOLS.get(base)
+    if proto.pass_at_k or proto.repeats > 1:
+        raise UserError(f"protocol {base!r} already repeats its decodes; sample from a single-decode protocol")
+    if samples < 2:
+        raise UserError(f"pass@k needs at least 2 samples per problem, got {samples}")
+    if not 0.0 < temperature <= 10.0:
+        raise UserError(f"pass@k needs a sampling temperature in (0, 10], got {temperature:g}")
+    return replace(
+        proto,
+        name=sampled_name(base, samples, temperature),
+        description=f"{base} sampled {samples}x per problem at temperature {temperature:g} (pass@k, maj@k)",
+        temperature=temperature,
+        repeats=samples,
+        pass_at_k=True,
+    )
+
+
 def get_protocol(name: str) -> EvalProtocol:
-    return PROTOCOLS.get(name)
+    """A registered protocol, or a sampled one named ``<protocol>-n<samples>-t<temperature>``."""
+    match = SAMPLED_NAME.fullmatch(name)
+    if match is None or name in PROTOCOLS:
+        return PROTOCOLS.get(name)
+    samples, temperature = int(match["samples"]), float(match["temperature"])
+    if sampled_name(match["base"], samples, temperature) != name:
+        canonical = sampled_name(match["base"], samples, temperature)
+        raise UserError(f"protocol {name!r}: write it {canonical!r} (one spelling per protocol, it names files)")
+    return sampled_protocol(match["base"], samples, temperature)

@@ -6,7 +6,7 @@ This goes further, record by record:
 
 * **re-grade** every stored completion with the task's grader and compare ``correct``, ``score`` and the d1
   verdict with what the samples say (forged flags, or samples graded by other code);
-* **metrics** recomputed from the samples (``score_mean``, ``d1_accuracy``);
+* **metrics** recomputed from the samples (``score_mean``, ``d1_accuracy``, ``pass@k`` and ``maj@k``);
 * **weights**: where the checkpoint exists here (or is the built-in ``tiny`` model), load it as evaluated and
   compare its weights hash with the recorded one (a swapped checkpoint or path);
 * **commit**: the recorded commit must exist in this repository;
@@ -35,6 +35,7 @@ import torch
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import weights_sha256
+from stabledrl_bench.evaluation.passk import METRIC_PATTERN, sampled_metrics, votes_by_problem
 from stabledrl_bench.reporting.results import STABILITY_DIR, identity_problems, load_samples, read_result
 from stabledrl_bench.tasks import get_task
 
@@ -74,6 +75,15 @@ def _metrics(record: Mapping[str, Any], samples: list[dict[str, Any]]) -> list[s
         expected["d1_accuracy"] = sum(d1) / n
     if get_task(record["task"]).headline_field == "score":
         expected["d1_accuracy"] = expected["score_mean"]
+    if any(METRIC_PATTERN.fullmatch(name) for name in metrics):
+        try:
+            expected |= sampled_metrics(list(votes_by_problem(samples).values()))
+        except ValueError as exc:
+            return [f"metrics report pass@k / maj@k but the samples cannot give them: {exc}"]
+        unexpected = sorted(name for name in metrics if METRIC_PATTERN.fullmatch(name) and name not in expected)
+        if unexpected:
+            reported = ", ".join(name for name in expected if METRIC_PATTERN.fullmatch(name))
+            return [f"metrics.{unexpected[0]} is not one the samples give ({reported})"]
     return [
         f"metrics.{name} = {metrics[name]} but the samples give {value}"
         for name, value in expected.items()

@@ -15,6 +15,10 @@ The presets are declared in ``configs/presets/table1.yaml`` and ``table2.yaml``.
 StableDRL GPU recipe (``configs/recipes/stabledrl/``) for the budget, optimizer, prompts, rewards and per-task
 train split and learning rate, so the paper's settings are written in one place.
 
+``--pass-k N`` adds a sampled evaluation of every checkpoint: each test problem decoded N times at
+``--temperature`` under every protocol of the preset (protocol ``<name>-n<N>-t<T>``), reported as pass@k and maj@k
+in their own leaderboard block with a pass@k plot.
+
 ``auto`` (the default) picks ``paper`` when a GPU and ``--model`` are present, else ``tiny``. Everything is
 resumable: finished trainings and evaluations are skipped, interrupted trainings resume from their checkpoint.
 """
@@ -38,6 +42,7 @@ from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+from stabledrl_bench.evaluation.protocols import sampled_protocol
 from stabledrl_bench.experiments.runner import (
     CONTROL_BASELINE,
     TrainJob,
@@ -226,6 +231,7 @@ def reproduce(args) -> None:
     tasks = preset.default_tasks()
     if args.tasks:
         tasks = comma_list(args.tasks, "--tasks", choices=preset.tasks, what="task")
+    _evaluations(preset, args)  # a bad --pass-k option is one line now, not after the first warm start
     _banner(table, preset, model_spec, tasks)
     comparison = f"{table}-{preset.name}"
     runs = Path(args.runs) / comparison
@@ -391,6 +397,22 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
+def _evaluations(preset: Preset, args) -> list[tuple[str, dict[int, int]]]:
+    """Every (protocol, nominal -> decoded lengths) a checkpoint is evaluated under: the preset's protocols at every
+    length, and with ``--pass-k N`` each of them sampled N times at ``--temperature`` (at ``--pass-k-lengths``)."""
+    evaluations = [(protocol, preset.lengths) for protocol in preset.protocols]
+    if not getattr(args, "pass_k", None):
+        return evaluations
+    lengths = preset.lengths
+    if args.pass_k_lengths:
+        chosen = comma_list(
+            args.pass_k_lengths, "--pass-k-lengths", kind=int, choices=map(str, preset.lengths), what="length"
+        )
+        lengths = {nominal: preset.lengths[nominal] for nominal in chosen}
+    sampled = [sampled_protocol(protocol, args.pass_k, args.temperature).name for protocol in preset.protocols]
+    return evaluations + [(protocol, lengths) for protocol in sampled]
+
+
 def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, seed, args, limit) -> bool:
     """Evaluate one checkpoint under every protocol and length; True when every result was reused."""
     reused = True
@@ -399,9 +421,9 @@ def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget,
     if checkpoint not in TINY_SPECS and not args.skip_model_check:
         require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
     model = model_record(dlm, checkpoint)  # hashes the weights once per checkpoint
-    for protocol in preset.protocols:
+    for protocol, lengths in _evaluations(preset, args):
         sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
-        for nominal, actual in preset.lengths.items():
+        for nominal, actual in lengths.items():
             key = {
                 "comparison": comparison,
                 "table": table,

@@ -44,7 +44,6 @@ Regenerate with ``python -m stabledrl_bench leaderboard``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,9 +56,16 @@ import pandas as pd
 import yaml
 
 from stabledrl_bench.atomic import atomic_write_text
-from stabledrl_bench.core.sampling import DecodeSettings
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.plots import new_figure, save_png
+from stabledrl_bench.reporting.frame import (
+    ROW_KEY,
+    check_consistency,
+    join_unique,
+    records_frame,
+    row_order,
+)
+from stabledrl_bench.reporting.markdown import MISSING, TASK_LABELS, markdown_table
 from stabledrl_bench.reporting.results import (
     REFERENCE_BASELINES,
     SAMPLING_MODES,
@@ -68,21 +74,16 @@ from stabledrl_bench.reporting.results import (
     TABLE1_TASKS,
     TABLE2_OPTIONAL,
     TABLE2_TASKS,
-    code_label,
-    hardware_label,
     load_results,
     load_samples,
-    model_short_name,
     slugify,
 )
+from stabledrl_bench.reporting.sampled import sampled_blocks
+from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval, bootstrap_mean_ci
 from stabledrl_bench.tasks import get_task
 
 PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
 DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown
-N_RESAMPLES = 1000
-BOOTSTRAP_SEED = 0
-CONFIDENCE = 0.95
-MISSING = "–"
 OVERALL = "overall"
 TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
 CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts
@@ -90,16 +91,6 @@ TRAINING_WINDOW = 10
 TRAINING_COLUMNS = ("task", "seed", "run", "step", "reward_mean")
 AVG = "avg"
 
-TASK_LABELS = {
-    "gsm8k": "GSM8K",
-    "math500": "MATH500",
-    "countdown": "Countdown",
-    "sudoku": "Sudoku",
-    "sudoku_hard": "Sudoku 12-blank",
-    "countdown_large": "Countdown 1024",
-    "aime24": "AIME 2024",
-    "aime25": "AIME 2025",
-}
 TABLE_TITLES = {
     "table1": "Table 1 — full attention (LLaDA layout)",
     "table2": "Table 2 — block diffusion (TraceRL layout)",
@@ -109,47 +100,6 @@ ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", 
 ExtraSection = Callable[[Path], str | None]
 CellKey = tuple[str, int | str]
 EMPTY_BLOCK: dict[str, Any] = {"title": "", "notes": [], "rows": []}
-
-
-# ------------------------------------------------------------------------------------------- bootstrap
-@dataclass(frozen=True)
-class Interval:
-    """A point estimate (fraction) with its bootstrap interval."""
-
-    mean: float
-    low: float
-    high: float
-
-    def text(self, spec: str = ".1f", scale: float = 100.0) -> str:
-        """``mean [low, high]`` scaled (default: percent) in format ``spec``, e.g. ``"+.1f"`` for changes."""
-        return f"{scale * self.mean:{spec}} [{scale * self.low:{spec}}, {scale * self.high:{spec}}]"
-
-
-def bootstrap_mean_ci(
-    groups: Sequence[Sequence[float] | np.ndarray],
-    *,
-    n_resamples: int = N_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    confidence: float = CONFIDENCE,
-) -> Interval:
-    """Percentile bootstrap of the mean of group means, resampling every group independently.
-
-    One group is the plain bootstrap of a mean. Several groups (the lengths of a task, or all twelve cells of the
-    overall average) are resampled separately because they are separate evaluations whose sizes must not
-    change: statistic* = (1/K) Σ_k mean(resample of group k); interval = its (α/2, 1-α/2) percentiles.
-    A fresh ``default_rng(seed)`` per call makes every cell reproducible independently of the others.
-    """
-    arrays = [np.asarray(group, dtype=np.float64) for group in groups]
-    if not arrays or any(array.ndim != 1 or array.size == 0 for array in arrays):
-        raise ValueError("bootstrap_mean_ci needs one or more non-empty 1-D groups")
-    rng = np.random.default_rng(seed)
-    statistic = np.zeros(n_resamples)
-    for array in arrays:
-        statistic += array[rng.integers(0, array.size, size=(n_resamples, array.size))].mean(axis=1)
-    statistic /= len(arrays)
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(statistic, [tail, 100.0 - tail])
-    return Interval(float(np.mean([array.mean() for array in arrays])), float(low), float(high))
 
 
 # --------------------------------------------------------------------------------------------- columns
@@ -290,145 +240,8 @@ def _published_block(table: str, block: Mapping[str, Any]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- measured
-def _row_path(path: str | None, seed: int, task: str, comparison: str) -> str | None:
-    """``path`` (a model's name or checkpoint) with its seed folder (``s<seed>``, the layout of ``reproduce
-    --seeds``) and its task folder written ``*``: one method's replicates over training seeds are one row (their
-    samples pooled), and so are its per-task checkpoints (``runs/<comparison>/<task>/...``), as in the papers'
-    tables, where each task column of a method's row is its own training run. The folders above the comparison's
-    own folder are written ``*`` as well: where a seed's runs were kept (``--runs``, another machine's scratch disk)
-    does not make it another method."""
-    if not path:
-        return path
-    parts = path.split("/")
-    if comparison in parts[1:]:
-        parts = ["*", *parts[parts.index(comparison, 1) :]]
-    return "/".join("*" if part in (f"s{seed}", task) else part for part in parts)
-
-
-def _model_label(model: Mapping[str, Any]) -> str:
-    return model["name"] + (f" @ {model_short_name(model)}" if model["checkpoint"] else "")
-
-
-FRAME_COLUMNS = [
-    "index",
-    "comparison",
-    "table",
-    "baseline",
-    "model_key",
-    "model",
-    "protocol",
-    "protocols",
-    "preset",
-    "task",
-    "sub",
-    "seed",
-    "length",
-    "actual",
-    "budget_hash",
-    "hardware",
-    "code",
-    "path",
-    "approximate",
-]
-
-
-def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per record with the fields the grouping and checks need; ``index`` points into ``records``."""
-    rows = []
-    for index, record in enumerate(records):
-        model, where = record["model"], (record["seed"], record["task"], record["comparison"])
-        rows.append(
-            {
-                "index": index,
-                "comparison": record["comparison"],
-                "table": record["table"],
-                "baseline": record["baseline"],
-                "model_key": json.dumps([_row_path(model[key], *where) for key in ("name", "checkpoint")]),
-                "model": _row_path(_model_label(model), *where),
-                "protocol": record["protocol"],
-                "protocols": _protocol_family(record),
-                "preset": record["preset"],
-                "task": record["task"],
-                "sub": record["length"] if record["table"] == "table1" else record["sampling"],
-                "seed": record["seed"],
-                "length": record["length"],
-                "actual": record["max_completion_length"],
-                "budget_hash": record["budget_hash"],
-                "hardware": hardware_label(record["environment"]),
-                "code": code_label(record["environment"]),
-                "path": record["_path"],
-                "approximate": approximate_decoding(record),
-            }
-        )
-    return pd.DataFrame(rows, columns=FRAME_COLUMNS)
-
-
-def _protocol_family(record: Mapping[str, Any]) -> str:
-    """The protocols one row shows. Table 2's static and dynamic columns are two protocols of one family
-    (``tiny-static`` / ``tiny-dynamic`` -> ``tiny-{static,dynamic}``), so one row holds both; elsewhere, one."""
-    protocol, sampling = record["protocol"], record["sampling"]
-    if record["table"] != "table2" or not sampling or sampling not in protocol:
-        return protocol
-    return protocol.replace(sampling, "{static,dynamic}")
-
-
-def approximate_decoding(record: Mapping[str, Any]) -> bool:
-    """Whether a result was decoded with Fast-dLLM's approximations (``d1-fast`` & co., full attention only).
-
-    Read from the recorded settings, not the protocol's name, so a protocol added by a package is classified
-    too; settings recorded before the modes existed have none of them, i.e. exact decoding. Block models' own
-    protocols (TraceRL's dynamic threshold, EOS stop) are their reference decoders, not approximations.
-    """
-    settings = record["settings"]
-    if settings.get("protocol", {}).get("attention", record["model"].get("attention", "full")) != "full":
-        return False
-    fields = {k: v for k, v in settings.items() if k in DecodeSettings.__dataclass_fields__}
-    return DecodeSettings(**fields).approximate
-
-
-ROW_KEY = ["comparison", "approximate", "table", "baseline", "model_key", "protocols", "preset"]
-CELL_KEY = [*ROW_KEY, "task", "sub"]
-
-
-def _paths(frame: pd.DataFrame) -> str:
-    return ", ".join(frame["path"])
-
-
-def _check_consistency(frame: pd.DataFrame) -> None:
-    """Refuse what cannot be shown honestly: duplicates, mixed budgets, mixed lengths inside one column."""
-    duplicated = frame[frame.duplicated([*CELL_KEY, "seed"], keep=False)]
-    if not duplicated.empty:
-        raise UserError(f"the same evaluation (row, cell, seed) is stored twice: {_paths(duplicated)}")
-    rl = frame[~frame["baseline"].isin(REFERENCE_BASELINES)]
-    for comparison, runs in rl.groupby("comparison", sort=True):
-        if runs["budget_hash"].nunique() > 1:
-            listing = "; ".join(
-                f"budget {digest}: {_paths(group)}" for digest, group in runs.groupby("budget_hash", sort=True)
-            )
-            raise UserError(f"comparison {comparison!r} mixes RL training budgets (refusing to compare): {listing}")
-    for key, group in frame.groupby(["comparison", "table", "length"], sort=True):
-        if group["actual"].nunique() > 1:
-            raise UserError(
-                f"comparison {key[0]!r} ({key[1]}): nominal length {key[2]} was generated with "
-                f"different actual lengths {sorted(group['actual'].unique())}: {_paths(group)}"
-            )
-    for _, group in frame.groupby(CELL_KEY, sort=True):
-        if group["length"].nunique() > 1:
-            raise UserError(f"one cell pools results of different lengths: {_paths(group)}")
-
-
-def _row_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Reference rows (base, then sft) first, then RL rows alphabetically - stable across regenerations."""
-    rank = frame["baseline"].map(lambda name: REFERENCE_BASELINES.index(name) if name in REFERENCE_BASELINES else 9)
-    return frame.assign(_rank=rank).sort_values(["_rank", "baseline", "model", "protocols", "preset"], kind="stable")
-
-
 def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
     return MISSING if interval is None else interval.text(spec)
-
-
-def _join_unique(values: Sequence[Any]) -> str:
-    return ", ".join(str(value) for value in sorted(set(values)))
 
 
 @dataclass
@@ -450,7 +263,7 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
     would look comparable with the published averages while it is not.
     """
     rows = []
-    for _, group in _row_order(frame).groupby(ROW_KEY, sort=False):
+    for _, group in row_order(frame).groupby(ROW_KEY, sort=False):
         cells: dict[CellKey, np.ndarray] = {}
         per_item: dict[CellKey, dict[str, float]] = {}
         per_seed: dict[int, dict[CellKey, dict[str, float]]] = {}
@@ -469,11 +282,11 @@ def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: 
             "Baseline": first["baseline"],
             "Model": first["model"],
             "Preset": first["preset"],
-            "Protocol": _join_unique(group["protocol"].tolist()),
+            "Protocol": join_unique(group["protocol"].tolist()),
             "Budget": ", ".join(f"`{digest}`" for digest in sorted(set(budgets))) or MISSING,
             "Hardware": "; ".join(sorted(set(group["hardware"]))),
             "Code": "; ".join(sorted(set(group["code"]))),
-            "Seeds": _join_unique(group["seed"].tolist()),
+            "Seeds": join_unique(group["seed"].tolist()),
         }
         estimates = {
             column.key: bootstrap_mean_ci([cells[part] for part in column.parts])
@@ -613,8 +426,8 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool
     budget = f"`{rl['budget_hash'].iloc[0]}`" if not rl.empty else MISSING
     title = f"comparison `{comparison}`" + (", APPROXIMATE DECODING" if approximate else "")
     lines = [
-        f"**Measured by this code — {title}** (presets: {_join_unique(frame['preset'].tolist())}; "
-        f"protocols: {_join_unique(frame['protocol'].tolist())}; RL training budget {budget} shared by every RL row, "
+        f"**Measured by this code — {title}** (presets: {join_unique(frame['preset'].tolist())}; "
+        f"protocols: {join_unique(frame['protocol'].tolist())}; RL training budget {budget} shared by every RL row, "
         f"reference rows base/sft exempt). Each cell is accuracy % with a percentile-bootstrap 95% interval over "
         f"per-sample correctness (Sudoku: d1 cell accuracy, the per-sample score, as in the published tables); "
         f"seeds of one row are pooled.",
@@ -681,7 +494,7 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     width = max(len(cells) for cells in by_task.values())
     figure = new_figure(max(7.0, panels * (1.3 * width + 2.5) + 2.5), 2.8 * len(by_task) + 0.8)
     grid = figure.subplots(len(by_task), panels, squeeze=False)
-    reference = _join_unique([start.info["Baseline"] for start in starts.values()])
+    reference = join_unique([start.info["Baseline"] for start in starts.values()])
     for cells, axes in zip(by_task.values(), grid, strict=True):
         if panels == 2:
             _bars(axes[0], others, cells, lambda row, c: paired_change(row, starts[row.protocols], c), colors)
@@ -714,9 +527,10 @@ def _measured_blocks(
     plots_dir: Path | None,
     markdown_dir: Path,
 ) -> str:
-    subset = frame[frame["table"] == table]
+    subset = frame[(frame["table"] == table) & ~frame["sampled"]]
+    sampled = sampled_blocks(table, frame, records, plots_dir, markdown_dir)
     if subset.empty:
-        return "**Measured by this code**: no results for this table yet.\n"
+        return sampled or "**Measured by this code**: no results for this table yet.\n"
     blocks, trained = [], set()
     # exact and approximate decoding never share a block (nor its change-from-start table or its plot)
     for (comparison, approximate), group in subset.groupby(["comparison", "approximate"], sort=True):
@@ -744,7 +558,7 @@ def _measured_blocks(
             link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
             block += f"\n![{table} {comparison}]({link})\n"
         blocks.append(block)
-    return "\n".join(blocks)
+    return "\n".join([*blocks, sampled] if sampled else blocks)
 
 
 # ------------------------------------------------------------------------------------ training reward
@@ -857,15 +671,6 @@ def _training_block(results_dir: Path, comparison: str, markdown_dir: Path | Non
 
 
 # -------------------------------------------------------------------------------------------- markdown
-def markdown_table(frame: pd.DataFrame) -> str:
-    """GitHub markdown of a frame of strings (no extra dependency such as ``tabulate``)."""
-
-    def line(values: Sequence[Any]) -> str:
-        return "| " + " | ".join(str(value).replace("|", "\\|") for value in values) + " |\n"
-
-    return line(frame.columns) + line(["---"] * len(frame.columns)) + "".join(line(row) for row in frame.to_numpy())
-
-
 HEADER = """# stabledrl-bench leaderboard
 
 Generated from the result files in `{results_dir}`; do not edit by hand. Regenerate with:
@@ -909,8 +714,8 @@ def build_leaderboard(
     results_dir = Path(results_dir)
     tables = load_published(published)
     records = load_results(results_dir)
-    frame = _records_frame(records)
-    _check_consistency(frame)
+    frame = records_frame(records)
+    check_consistency(frame)
     plots = None if plots_dir is None else Path(plots_dir)
     parts = [HEADER.format(results_dir=results_dir.as_posix(), n_resamples=N_RESAMPLES, missing=MISSING)]
     for table in ("table1", "table2"):

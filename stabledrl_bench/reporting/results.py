@@ -32,8 +32,8 @@ Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, se
   complete :class:`~stabledrl_bench.training.budget.Budget` as a dict, required for RL rows) and ``budget_hash``
   (:func:`budget_hash` of it), ``settings`` (decode settings);
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
-  samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy`` and no other name
-  (:data:`METRIC_NAMES`);
+  samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy``, ``pass@k`` and
+  ``maj@k`` (k >= 1; protocols that decode each problem several times) and no other name (:data:`METRIC_NAMES`);
 * ``environment`` (:func:`environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``.
 
 Loaded records carry one extra key, ``_path`` (the JSON file), which :func:`load_samples` uses.
@@ -59,6 +59,7 @@ from typing import Any
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import canonical_json, from_dict, parse_json, stable_hash
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.passk import METRIC_PATTERN
 
 SCHEMA = "stabledrl-bench/result/v2"
 # v1 records (written before one name per concept) are read as v2: only the canvas field was renamed.
@@ -70,6 +71,7 @@ SAMPLES_SUFFIX = ".samples.jsonl"
 # Every metric a record may hold: what the evaluators write. A name outside it is a typo or a forgery, and the
 # leaderboard would otherwise carry it along silently (verify recomputes the ones the samples determine).
 METRIC_NAMES = ("accuracy", "n", "score_mean", "d1_accuracy", "nfe_per_sample", "wall_time_s", "tokens_per_s")
+FRACTION_METRICS = ("accuracy", "d1_accuracy")  # plus pass@k and maj@k (METRIC_PATTERN)
 TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")  # the paper's columns
 # Columns outside the paper's layout (shown only when measured, never in its overall average): Countdown on 1,024
 # generated cd3-like puzzles (4x d1's test, for narrower intervals) and Sudoku on generated 12-blank puzzles, where a
@@ -357,15 +359,26 @@ class ResultRecord:
         _require(_sha256_hex(self.samples_sha256), "'samples_sha256' must be 64 hex digits")
 
     def _check_metrics(self) -> None:
-        unknown = sorted(set(self.metrics) - set(METRIC_NAMES))
-        _require(not unknown, f"unknown metric(s) {', '.join(unknown)}; known: {', '.join(METRIC_NAMES)}")
-        accuracy, n = self.metrics.get("accuracy"), self.metrics.get("n")
-        _require(accuracy is not None and 0.0 <= accuracy <= 1.0, "'metrics.accuracy' must be a fraction in [0, 1]")
+        unknown = sorted(m for m in self.metrics if m not in METRIC_NAMES and not METRIC_PATTERN.fullmatch(m))
+        known = ", ".join((*METRIC_NAMES, "pass@k", "maj@k"))
+        _require(not unknown, f"unknown metric(s) {', '.join(unknown)}; known: {known}")
+        _require(self.metrics.get("accuracy") is not None, "'metrics.accuracy' must be a fraction in [0, 1]")
+        n = self.metrics.get("n")
         _require(n is not None and n == int(n) and n > 0, "'metrics.n' must be a positive integer")
+        repeats = self.settings.get("protocol", {}).get("repeats", 1)
         for name, value in self.metrics.items():
             _require(value is None or math.isfinite(value), f"'metrics.{name}' must be a finite number or null")
-        d1 = self.metrics.get("d1_accuracy")
-        _require(d1 is None or 0.0 <= d1 <= 1.0, "'metrics.d1_accuracy' must be a fraction in [0, 1]")
+            sampled = METRIC_PATTERN.fullmatch(name)
+            in_range = value is None or 0.0 <= value <= 1.0
+            _require(
+                in_range or not (sampled or name in FRACTION_METRICS), f"'metrics.{name}' must be a fraction in [0, 1]"
+            )
+            if sampled:  # pass@k / maj@k exist only for a protocol that decoded every problem at least k (>= 2) times
+                least = max(2, int(sampled[2]))
+                _require(
+                    isinstance(repeats, int) and repeats >= least,
+                    f"'metrics.{name}' needs {least}+ decodes per problem; settings.protocol.repeats is {repeats}",
+                )
 
 
 def _check_budget(budget: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ import datasets
 
 import stabledrl_bench.evaluation.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.passk import sampled_metrics
 from stabledrl_bench.tasks import Task, get_task
 from stabledrl_bench.tasks.countdown import CountdownTask
 from stabledrl_bench.tasks.sudoku import SudokuTask
@@ -95,7 +96,14 @@ def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]
     evaluator, every number once), ``acc_d1``; Sudoku: ``acc`` (a valid completion of the puzzle),
     ``cell_acc`` (d1's metric; all d1 test puzzles have 8 blanks, so its mean equals d1's micro average) and
     ``exact_match`` (the reference solution).
+
+    Several decodes of the document (the ``*_pass16`` tasks): ``acc`` over all of them, and ``pass@k`` and
+    ``maj@k`` from the same estimators as the native evaluator.
     """
+    if isinstance(results[0], list):  # the *_pass16 tasks' take_first_k filter hands over all decodes as one list
+        grades = _task(doc["task"]).grade_many(results[0], [doc] * len(results[0]))
+        votes = [(grade.extracted, bool(grade.correct)) for grade in grades]
+        return {"acc": sum(correct for _, correct in votes) / len(votes)} | sampled_metrics([votes])
     grade = _task(doc["task"]).grade(results[0], doc)
     metrics = {"acc": float(grade.correct)}
     if isinstance(_task(doc["task"]), SudokuTask):

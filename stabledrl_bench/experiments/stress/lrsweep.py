@@ -61,7 +61,7 @@ def second_half_change(run: Mapping[str, Any], frozen: Mapping[str, Any], steps:
 
 def summarise(rows: Sequence[Mapping[str, Any]], frozen: Mapping[int, Any], steps: int) -> dict[str, Any]:
     """Per method: the pooled second-half change with its interval, per-seed means, and falls-below / gains."""
-    from stabledrl_bench.reporting.leaderboard import bootstrap_mean_ci
+    from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 
     out = {}
     for label in dict.fromkeys(r["label"] for r in rows):

@@ -12,16 +12,16 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.stress.common import read_record, stability_dir
+from stabledrl_bench.reporting.markdown import MISSING, markdown_rows
 from stabledrl_bench.reporting.results import STABILITY_DIR, hardware_label
 
 IMMEDIATE_FRACTION = 0.25  # "collapses immediately": within the first quarter of the run
-MISSING = "–"
 
 
 # ------------------------------------------------------------------------------------------------ formatting
@@ -43,13 +43,6 @@ def fmt_band(b: Mapping[str, Any] | None) -> str:
     if b.get("n", 0) <= 1 or b["min"] == b["max"]:
         return fmt(b["mean"])
     return f"{fmt(b['mean'])} [{fmt(b['min'])}, {fmt(b['max'])}]"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def line(cells: Sequence[Any]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(header), line(["---"] * len(header)), *(line(r) for r in rows)])
 
 
 def _image(link_base: str, name: str | None, alt: str) -> str:
@@ -166,7 +159,7 @@ def _training_block(record: Mapping[str, Any], link_base: str, label_name: str) 
             f"### {record.get('title', record['experiment'])}",
             _setting_line(record),
             "\n".join(_definitions_lines(record)),
-            table(header, rows),
+            markdown_rows(header, rows),
             "Spikes and non-finite steps are counts per run (mean [min, max] over seeds); rewards are the mean of the "
             "first and of the last rollouts (see the collapse definition for the windows); *last − frozen* compares "
             "the last rollouts with the never-updated warm start on the same prompts (positive = learned something); "
@@ -195,7 +188,7 @@ def _lrsweep_block(record: Mapping[str, Any], link_base: str) -> str:
             f"### {record['title']}",
             _setting_line(shared),
             f"Rule: {record['rule']}. Chosen: **{chosen}** ({record['choice']}).",
-            table(["method", *(f"lr {lr}" for lr in rates)], rows),
+            markdown_rows(["method", *(f"lr {lr}" for lr in rates)], rows),
             _image(link_base, (record.get("plots") or {}).get("sweep"), "learning-rate sweep"),
         ]
     )
@@ -224,7 +217,7 @@ def _drift_block(record: Mapping[str, Any], link_base: str) -> str:
             "\n".join(_definitions_lines(record)),
             "Cells: probability that the update norm is a spike (mean [min, max] over seeds) at parameter-noise "
             "level σ; the measured policy drift of each level is in the column header.",
-            table(header, rows),
+            markdown_rows(header, rows),
             _start_noise_lines(record.get("start_noise") or {}),
             _image(link_base, (record.get("plots") or {}).get("spikes"), "spike probability vs drift"),
         ]
@@ -236,10 +229,10 @@ def _start_noise_lines(noise: Mapping[str, Any]) -> str:
     if not noise:
         return ""
     rows = [[v, fmt_band(n["log_weight_std"]), fmt_band(n["at_clip"]), fmt_band(n["ess"])] for v, n in noise.items()]
+    header = ["variant", "std of log ρ (nats)", "fraction of ρ above C", "ESS / G of the clipped weights"]
     return (
         "Log-weight noise at the start (σ = 0: the policy is the rollout policy, so every true ratio is 1 and this "
-        "is estimator noise alone); mean [min, max] over seeds and repeats:\n\n"
-        + table(["variant", "std of log ρ (nats)", "fraction of ρ above C", "ESS / G of the clipped weights"], rows)
+        "is estimator noise alone); mean [min, max] over seeds and repeats:\n\n" + markdown_rows(header, rows)
     )
 
 
@@ -269,7 +262,7 @@ def _hull_block(record: Mapping[str, Any], link_base: str) -> str:
             "scale x Cauchy; B = mean over groups of the largest per-sample term ‖A_i ∇bound_i‖ (StableDRL family) or "
             "the largest per-sample / per-token term (ESPO, GRPO). ‖u‖/B <= 1 is the convex-hull bound "
             f"(rounding tolerance {fmt(record.get('tolerance'))}).",
-            table(header, rows),
+            markdown_rows(header, rows),
             check,
             _image(link_base, (record.get("plots") or {}).get("hull"), "convex hull"),
         ]
