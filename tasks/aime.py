@@ -45,6 +45,7 @@ class Aime24Task(_AimeTask):
     """AIME 2024: 30 competition problems with integer answers 0-999 (evaluation only)."""
 
     name = "aime24"
+    label = "AIME 2024"
     file = "aime/aime2024_test.jsonl"
 
 
@@ -52,4 +53,5 @@ class Aime25Task(_AimeTask):
     """AIME 2025: 30 competition problems with integer answers 0-999 (evaluation only)."""
 
     name = "aime25"
+    label = "AIME 2025"
     file = "aime/aime2025_test.jsonl"

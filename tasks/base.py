@@ -167,6 +167,11 @@ class Task(ABC):
 
     name: ClassVar[str]
     splits: ClassVar[tuple[str, ...]]
+    # How tables show the task: its column label and, for a task outside the paper's columns, the note under the
+    # table that says what the column measures. Read through column_label() / column_note(): only what a class
+    # declares itself counts, so a plugin deriving from SudokuTask is not a second "Sudoku" column.
+    label: ClassVar[str] = ""
+    note: ClassVar[str] = ""
     eval_split: ClassVar[str] = "test"  # what the d1 protocol evaluates
     # The per-sample field a table cell averages: the fraction of ``correct`` answers, or the grade's ``score``
     # where the papers report a partial-credit metric (Sudoku's cell accuracy).
@@ -174,6 +179,16 @@ class Task(ABC):
     # Splits a task's puzzle generator and training splits never contain (the evaluation sets).
     held_out: ClassVar[tuple[str, ...]] = ("test",)
     protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
+
+    @classmethod
+    def column_label(cls) -> str:
+        """The label this class declares, else its registered name."""
+        return vars(cls).get("label") or cls.name
+
+    @classmethod
+    def column_note(cls) -> str:
+        """The note this class declares ("" if none)."""
+        return vars(cls).get("note", "")
 
     # ------------------------------------------------------------------------------------------ data
     def load(self, split: str, limit: int | None = None) -> list[dict[str, Any]]:

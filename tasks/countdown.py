@@ -182,6 +182,7 @@ class CountdownTask(Task):
     """Countdown: combine the given numbers with + - * / to reach the target (d1's 3-number test set)."""
 
     name = "countdown"
+    label = "Countdown"
     splits = ("train", "train_cd3", "test")
 
     def __init__(self, number_rule: NumberRule = "exact") -> None:
@@ -323,6 +324,12 @@ class CountdownLargeTask(CountdownTask):
     """
 
     name = "countdown_large"
+    label = "Countdown 1024"
+    note = (
+        "Countdown 1024 is not a column of the paper: 1,024 generated three-number puzzles drawn like d1's cd3 test "
+        "(`tasks/data/countdown/generated_cd3like_test.jsonl`; no RL or SFT puzzle is one of them), graded like "
+        "Countdown."
+    )
     splits = ("train", "train_cd3", "test", "test_large")
     eval_split = "test_large"
     held_out = ("test", "test_large")

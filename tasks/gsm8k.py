@@ -33,6 +33,7 @@ class GSM8KTask(MathTask):
     """GSM8K: grade-school word problems with a numeric answer."""
 
     name = "gsm8k"
+    label = "GSM8K"
     splits = ("train", "test")
     d1_kind = "gsm8k"
     d1_system_prompt = D1_GSM8K_SYSTEM_PROMPT

@@ -66,6 +66,7 @@ class Math500Task(MathFamilyTask):
     """MATH500: competition mathematics with free-form LaTeX answers (the 500-problem test subset)."""
 
     name = "math500"
+    label = "MATH500"
     splits = ("train", "train_l3to5", "test")
 
     def _read(self, split: str) -> list[dict[str, Any]]:

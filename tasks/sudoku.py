@@ -55,6 +55,7 @@ class SudokuTask(Task):
     """Sudoku 4x4: fill the blanks so every row, column and 2x2 box holds 1-4."""
 
     name = "sudoku"
+    label = "Sudoku"
     splits = ("train", "test", "test_d1")
     eval_split = "test_d1"
     headline_field = "score"  # d1 reports Sudoku as cell accuracy (the grade's score)
@@ -160,6 +161,12 @@ class SudokuHardTask(SudokuTask):
     """
 
     name = "sudoku_hard"
+    label = "Sudoku 12-blank"
+    note = (
+        "Sudoku 12-blank is not a column of the paper: 256 generated, uniquely solvable puzzles with 12 of 16 cells "
+        "blank (`tasks/data/sudoku/generated_12blank_test.csv`; no RL or SFT puzzle is one of them), scored like "
+        "Sudoku (d1 cell accuracy)."
+    )
     splits = ("train", "test", "test_d1", "test_hard")
     eval_split = "test_hard"
     held_out = ("test", "test_hard")

@@ -150,7 +150,7 @@ CASES = [
     (["train", "--model", "DAMAGED_TOKENIZER"], "cannot load the tokenizer"),
     (["train", "--model", "DAMAGED_CONFIG"], "cannot load the config"),
     (["eval", "--model", "DAMAGED_VOCAB", "--task", "sudoku"], "do not belong together"),
-    (["eval", "--model", "DAMAGED_EMPTY", "--task", "aime24"], "aime24 is not a column of table1"),
+    (["eval", "--model", "DAMAGED_EMPTY", "--task", "nonesuch"], "unknown task 'nonesuch'"),
     (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "FILE"], "output_dir FILE is a file"),
     (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "UNDERFILE"], "is a file"),
     (["train", "--baseline", "nope", "--model", "DAMAGED_EMPTY"], "unknown baseline"),

@@ -542,3 +542,13 @@ def test_approximate_decoding_gets_its_own_block(tmp_path: Path) -> None:
     assert [row["Protocol"] for row in table2] == ["tracerl-dynamic"]
     fast_block = markdown[markdown.index("APPROXIMATE DECODING") :]
     assert "not comparable with exact-decoding rows" in fast_block.split("\n|")[0]
+
+
+def test_the_paper_layout_is_the_paper_presets() -> None:
+    """The columns the published tables have are the tasks and lengths the paper presets reproduce."""
+    from stabledrl_bench.experiments.reproduce import presets
+    from stabledrl_bench.reporting.results import TABLE1_LENGTHS, TABLE1_TASKS, TABLE2_OPTIONAL, TABLE2_TASKS
+
+    table1, table2 = presets("table1")["paper"], presets("table2")["paper"]
+    assert tuple(table1.tasks) == TABLE1_TASKS and tuple(table1.lengths) == TABLE1_LENGTHS
+    assert set(table2.tasks) <= set(TABLE2_TASKS) and set(TABLE2_OPTIONAL) <= set(TABLE2_TASKS)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUILTIN_BASELINES
+from conftest import BUILTIN_BASELINES, small_budget
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.advantages import ADVANTAGES
@@ -267,6 +267,47 @@ ENTRY_NAMES = {
     "model-families": "tiny-fork",
     "stress-experiments": "echo",
 }
+
+
+def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
+    plugin_dir: Path, small_checkpoint: Path, tmp_path: Path
+) -> None:
+    """An installed task needs no edit to this repository: RL, a result record, verify, its own board column."""
+    from stabledrl_bench.reporting.leaderboard import build_leaderboard
+    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+
+    source, target = PLUGINS["tasks"]
+    _install(
+        plugin_dir, TASKS.group, "hard_sudoku", "sdrl_test_plugin_tasks" + target, "sdrl_test_plugin_tasks", source
+    )
+    run = tmp_path / "run"
+    config = TrainConfig(
+        baseline="grpo",
+        task="hard_sudoku",
+        model=str(small_checkpoint),
+        protocol="tiny",
+        budget=small_budget(),
+        output_dir=str(run),
+        progress=False,
+    )
+    final = RLTrainer(config).train()
+    results = tmp_path / "results"
+    common = ["--task", "hard_sudoku", "--protocol", "tiny", "--max-completion-length", "8", "--limit", "4"]
+    assert (
+        main(
+            ["eval", "--model", str(final), "--baseline", "grpo", "--run", str(run), "--results", str(results), *common]
+        )
+        == 0
+    )
+    assert (
+        main(["eval", "--model", str(small_checkpoint), "--baseline", "sft", "--results", str(results), *common]) == 0
+    )
+    assert main(["verify", "--results", str(results)]) == 0
+    markdown = build_leaderboard(results, {"schema": "stabledrl-bench/published/v1"})
+    header = next(line for line in markdown.splitlines() if line.startswith("| Baseline | Model"))
+    assert "| hard_sudoku 256 |" in header and "| Sudoku 256 |" in header  # its own column beside the paper's
+    assert "hard_sudoku is not a column of the paper. It is not in the overall average." in markdown
+    assert "| grpo |" in markdown and "**Change from the starting point**" in markdown
 
 
 @pytest.mark.parametrize("what", sorted(PLUGINS))

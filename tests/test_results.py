@@ -171,7 +171,7 @@ def test_budget_hash_is_canonical_sha256_prefix() -> None:
     ("overrides", "message"),
     [
         ({"table": "table3"}, "'table'"),
-        ({"task": "aime24"}, "not a column of table1"),
+        ({"task": "nonesuch"}, "'nonesuch' is not a registered task"),
         ({"length": 100}, "'length'"),
         ({"table": "table2", "task": "aime24", "length": 2000}, "'sampling'"),
         ({"baseline": "not_a_method"}, "not registered"),

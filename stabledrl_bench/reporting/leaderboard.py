@@ -65,11 +65,10 @@ from stabledrl_bench.reporting.frame import (
     records_frame,
     row_order,
 )
-from stabledrl_bench.reporting.markdown import MISSING, TASK_LABELS, markdown_table
+from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.results import (
     REFERENCE_BASELINES,
     SAMPLING_MODES,
-    TABLE1_EXTRA,
     TABLE1_LENGTHS,
     TABLE1_TASKS,
     TABLE2_OPTIONAL,
@@ -80,7 +79,7 @@ from stabledrl_bench.reporting.results import (
 )
 from stabledrl_bench.reporting.sampled import sampled_blocks
 from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval, bootstrap_mean_ci
-from stabledrl_bench.tasks import get_task
+from stabledrl_bench.tasks import TASKS, get_task
 
 PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
 DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown
@@ -112,22 +111,29 @@ class Column:
     parts: tuple[CellKey, ...]
 
 
+def extra_tasks(table: str, present: Collection[str]) -> list[str]:
+    """The measured tasks of ``table`` outside the paper's layout, in registry order (built-ins, then plugins)."""
+    paper = TABLE1_TASKS if table == "table1" else TABLE2_TASKS
+    return [task for task in TASKS if task in present and task not in paper]
+
+
 def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
-    """Column layout of ``table``; Table 2's optional tasks (AIME 2025, and the Countdown / Sudoku columns of the
-    tiny block-diffusion preset) and Table 1's extra tasks are shown only when they are in ``present``."""
+    """Column layout of ``table``: the paper's columns, then every other task in ``present`` (e.g. Table 1's
+    generated Countdown / Sudoku sets, or a plugin task), outside Table 1's overall average. Table 2's optional
+    paper column (AIME 2025) is shown only when present."""
     if table == "table1":
         columns: list[Column] = []
-        for task in (*TABLE1_TASKS, *(task for task in TABLE1_EXTRA if task in present)):
+        for task in (*TABLE1_TASKS, *extra_tasks(table, present)):
             cells = tuple((task, length) for length in TABLE1_LENGTHS)
-            columns += [Column(cell, f"{TASK_LABELS[task]} {cell[1]}", (cell,)) for cell in cells]
-            columns.append(Column((task, AVG), f"{TASK_LABELS[task]} avg", cells))
+            columns += [Column(cell, f"{task_label(task)} {cell[1]}", (cell,)) for cell in cells]
+            columns.append(Column((task, AVG), f"{task_label(task)} avg", cells))
         paper = [column for column in columns if column.key[1] != AVG and column.key[0] in TABLE1_TASKS]
         every = tuple(part for column in paper for part in column.parts)
         return [*columns, Column((OVERALL, ""), "Overall avg", every)]
     tasks = [task for task in TABLE2_TASKS if task not in TABLE2_OPTIONAL or task in present]
     return [
-        Column((task, mode), f"{TASK_LABELS[task]} {mode}", ((task, mode),))
-        for task in tasks
+        Column((task, mode), f"{task_label(task)} {mode}", ((task, mode),))
+        for task in (*tasks, *extra_tasks(table, present))
         for mode in SAMPLING_MODES
     ]
 
@@ -407,18 +413,15 @@ APPROXIMATE_NOTE = (
 )
 
 
-EXTRA_NOTES = {
-    "countdown_large": (
-        "Countdown 1024 is not a column of the paper: 1,024 generated three-number puzzles drawn like d1's cd3 test "
-        "(`tasks/data/countdown/generated_cd3like_test.jsonl`; no RL or SFT puzzle is one of them), graded like "
-        "Countdown. It is not in the overall average."
-    ),
-    "sudoku_hard": (
-        "Sudoku 12-blank is not a column of the paper: 256 generated, uniquely solvable puzzles with 12 of 16 cells "
-        "blank (`tasks/data/sudoku/generated_12blank_test.csv`; no RL or SFT puzzle is one of them), scored like "
-        "Sudoku (d1 cell accuracy). It is not in the overall average."
-    ),
-}
+def extra_notes(table: str, present: Collection[str]) -> list[str]:
+    """What each measured column outside the paper's layout is (:attr:`Task.note`), under the table."""
+    notes = []
+    for task in extra_tasks(table, present):
+        note = TASKS.get(task).column_note()
+        note = note or (f"{task_label(task)} is not a column of the paper." if table == "table1" else "")
+        if note:
+            notes.append(note + (" It is not in the overall average." if table == "table1" else ""))
+    return notes
 
 
 def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool) -> str:
@@ -437,8 +440,7 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool
         pairs = ", ".join(f"{row.length} → {row.actual}" for row in lengths.itertuples())
         noun = "generation lengths" if table == "table1" else "response limits"
         lines.append(f"Lengths are scaled by the preset: nominal {noun} → actual generated tokens: {pairs}.")
-    if table == "table1":
-        lines += [EXTRA_NOTES[task] for task in TABLE1_EXTRA if task in set(frame["task"])]
+    lines += extra_notes(table, set(frame["task"]))
     if approximate:
         lines.append(APPROXIMATE_NOTE)
     return "\n".join(lines) + "\n"
@@ -450,7 +452,7 @@ METRIC_NAMES = {"correct": "accuracy", "score": "d1 cell accuracy"}
 def _metric_text(columns: Sequence[Column]) -> str:
     """What the plotted numbers are, per task: e.g. ``Sudoku: d1 cell accuracy``."""
     tasks = dict.fromkeys(part[0] for column in columns for part in column.parts)
-    return "; ".join(f"{TASK_LABELS[t]}: {METRIC_NAMES[get_task(t).headline_field]}" for t in tasks)
+    return "; ".join(f"{task_label(t)}: {METRIC_NAMES[get_task(t).headline_field]}" for t in tasks)
 
 
 def _bars(
@@ -631,7 +633,7 @@ def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path |
         runs,
         path.with_suffix(".png"),
         window=5,
-        title=f"{comparison}: {TASK_LABELS.get(task, task)}, training reward of each rollout"
+        title=f"{comparison}: {task_label(task)}, training reward of each rollout"
         + (f" (mean of {rewards['seed'].nunique()} seeds)" if rewards["seed"].nunique() > 1 else ""),
         x_label="optimizer step (one point per rollout: a rollout every num_iterations optimizer steps)",
     )
@@ -658,7 +660,7 @@ def _training_block(results_dir: Path, comparison: str, markdown_dir: Path | Non
             display["Per seed"] = changes["per_seed"].map(lambda values: ", ".join(f"{v:+.3f}" for v in values))
         task = rewards["task"].iloc[0]
         blocks.append(
-            f"**Training reward, {TASK_LABELS.get(task, task)}** (`{path.name}`): mean reward of each run's last "
+            f"**Training reward, {task_label(task)}** (`{path.name}`): mean reward of each run's last "
             f"rollouts (sampled at the budget's temperature) against the frozen start, trained with learning rate 0 "
             f"on the same prompts with the same random numbers; change with a percentile-bootstrap 95% interval over "
             f"the rollouts.\n\n" + markdown_table(display)

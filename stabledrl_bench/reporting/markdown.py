@@ -7,18 +7,15 @@ from typing import Any
 
 import pandas as pd
 
+from stabledrl_bench.tasks import TASKS
+
 MISSING = "–"
 
-TASK_LABELS = {
-    "gsm8k": "GSM8K",
-    "math500": "MATH500",
-    "countdown": "Countdown",
-    "sudoku": "Sudoku",
-    "sudoku_hard": "Sudoku 12-blank",
-    "countdown_large": "Countdown 1024",
-    "aime24": "AIME 2024",
-    "aime25": "AIME 2025",
-}
+
+def task_label(name: str) -> str:
+    """A task's column label (:meth:`Task.column_label`), or its name when it is not installed here."""
+    task = TASKS.entries().get(name)
+    return name if task is None else task.column_label()
 
 
 def markdown_rows(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:

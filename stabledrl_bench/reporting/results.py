@@ -60,6 +60,7 @@ from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import canonical_json, from_dict, parse_json, stable_hash
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN
+from stabledrl_bench.tasks import TASKS
 
 SCHEMA = "stabledrl-bench/result/v2"
 # v1 records (written before one name per concept) are read as v2: only the canvas field was renamed.
@@ -72,16 +73,15 @@ SAMPLES_SUFFIX = ".samples.jsonl"
 # leaderboard would otherwise carry it along silently (verify recomputes the ones the samples determine).
 METRIC_NAMES = ("accuracy", "n", "score_mean", "d1_accuracy", "nfe_per_sample", "wall_time_s", "tokens_per_s")
 FRACTION_METRICS = ("accuracy", "d1_accuracy")  # plus pass@k and maj@k (METRIC_PATTERN)
-TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")  # the paper's columns
-# Columns outside the paper's layout (shown only when measured, never in its overall average): Countdown on 1,024
-# generated cd3-like puzzles (4x d1's test, for narrower intervals) and Sudoku on generated 12-blank puzzles, where a
-# small model's gain in solving has room (stabledrl_bench.tasks.countdown, .sudoku).
-TABLE1_EXTRA = ("countdown_large", "sudoku_hard")
+# The papers' layouts: the columns their tables (and published.yaml's cells) have. Any other registered task is a
+# column of either table once measured, after these and never in Table 1's overall average; its label and note
+# come from the Task (stabledrl_bench.tasks.base.Task.label, .note), so a plugin task needs no edit here.
+TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")
 TABLE1_LENGTHS = (128, 256, 512)
-TABLE2_TASKS = ("math500", "aime24", "gsm8k", "aime25", "countdown", "sudoku")
-TABLE2_OPTIONAL = ("aime25", "countdown", "sudoku")  # columns shown only when some row has them
+TABLE2_TASKS = ("math500", "aime24", "gsm8k", "aime25")
+TABLE2_OPTIONAL = ("aime25",)  # a paper column shown only when some row has it
 SAMPLING_MODES = ("static", "dynamic")
-TABLE_TASKS = {"table1": TABLE1_TASKS + TABLE1_EXTRA, "table2": TABLE2_TASKS}
+TABLES = ("table1", "table2")
 
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
 SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
@@ -327,9 +327,8 @@ class ResultRecord:
         _require(self.kind == "measured", "'kind' must be 'measured'")
         for key in ("preset", "comparison", "baseline", "protocol"):
             _require(_nonempty_str(getattr(self, key)), f"'{key}' must be a non-empty string")
-        _require(self.table in TABLE_TASKS, f"'table' must be one of {', '.join(TABLE_TASKS)}, got {self.table!r}")
-        tasks = TABLE_TASKS[self.table]
-        _require(self.task in tasks, f"'task' {self.task!r} is not a column of {self.table} ({', '.join(tasks)})")
+        _require(self.table in TABLES, f"'table' must be one of {', '.join(TABLES)}, got {self.table!r}")
+        _require(self.task in TASKS, f"'task' {self.task!r} is not a registered task ({', '.join(TASKS)})")
         for key in ("length", "max_completion_length"):
             _require(getattr(self, key) > 0, f"'{key}' must be a positive integer")
         if self.table == "table1":

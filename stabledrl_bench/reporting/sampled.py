@@ -26,7 +26,7 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import k_values, per_problem, votes_by_problem
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import ROW_KEY, join_unique, row_order
-from stabledrl_bench.reporting.markdown import MISSING, TASK_LABELS, markdown_table
+from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.results import REFERENCE_BASELINES, load_samples, slugify
 from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
 
@@ -88,7 +88,7 @@ def _rows(group: pd.DataFrame, records: Sequence[Mapping[str, Any]]) -> list[Sam
 
 
 def _header(cell: Cell, metric: str) -> str:
-    return f"{TASK_LABELS.get(cell[0], cell[0])} {cell[1]} {metric}"
+    return f"{task_label(cell[0])} {cell[1]} {metric}"
 
 
 def _shown_metrics(samples: int) -> tuple[str, ...]:
@@ -154,7 +154,7 @@ def _plot(path: Path, title: str, rows: Sequence[SampledRow]) -> None:
         ax.set_ylim(0, 100)
         ax.set_xlabel("k (samples)", fontsize=8)
         ax.set_ylabel("% of problems", fontsize=8)
-        ax.set_title(f"{TASK_LABELS.get(cell[0], cell[0])} {cell[1]}", fontsize=9)
+        ax.set_title(f"{task_label(cell[0])} {cell[1]}", fontsize=9)
         ax.tick_params(labelsize=8)
     handles, names = axes[0].get_legend_handles_labels()
     share = 1.0 - 2.6 / (4.2 * len(cells) + 3.0)  # the legend keeps 2.6 inches on the right
