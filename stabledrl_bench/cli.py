@@ -244,12 +244,12 @@ def _cmd_eval(args) -> int:
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
     from stabledrl_bench.evaluation.protocols import get_protocol
-    from stabledrl_bench.reporting.results import TABLE1_LENGTHS
+    from stabledrl_bench.reporting.results import TABLE1_LENGTHS, ResultKey
     from stabledrl_bench.tasks import get_task
 
     # Everything cheap is checked before the model loads (any registered task is a column of either table).
     get_task(args.task)
-    get_protocol(args.protocol)
+    protocol = get_protocol(args.protocol)
     require_folder(args.results, "--results")
     if args.table == "table1" and args.length not in TABLE1_LENGTHS:
         raise UserError(
@@ -268,22 +268,22 @@ def _cmd_eval(args) -> int:
     positions = dlm.max_positions
     if positions is not None and canvas >= positions:  # before any decoding, not deep inside it
         raise UserError(f"--max-completion-length {canvas} does not fit the model's {positions} positions")
-    key = {
-        "comparison": args.comparison or f"{args.table}-{args.preset}",
-        "table": args.table,
-        "preset": args.preset,
-        "baseline": args.baseline,
-        "task": args.task,
-        "length": args.length,
-        "sampling": None,
-        "protocol": args.protocol,
-        "seed": args.seed,
-        "model": model_record(dlm, str(args.model)),
-    }
+    key = ResultKey(
+        comparison=args.comparison or f"{args.table}-{args.preset}",
+        table=args.table,
+        preset=args.preset,
+        baseline=args.baseline,
+        task=args.task,
+        length=args.length,
+        sampling=None if args.table == "table1" else protocol.sampling,
+        protocol=args.protocol,
+        seed=args.seed,
+        model=model_record(dlm, str(args.model)),
+    )
     recorded = evaluate_and_record(
         dlm,
         results_dir=args.results,
-        key=key,
+        key=key.to_dict(),
         max_completion_length=args.max_completion_length or args.length,
         budget=budget,
         limit=args.limit,
@@ -395,12 +395,28 @@ def _cmd_grade(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from stabledrl_bench.experiments.reproduce import reproduce
+    from stabledrl_bench.experiments.reproduce import comparison, reproduce
 
     require_folder(args.results, "--results")
     require_folder(args.runs, "--runs")
-
-    reproduce(args)
+    run = comparison(
+        args.table,
+        preset=args.preset,
+        model=args.model,
+        baselines=args.baselines,
+        tasks=args.tasks,
+        seeds=args.seeds,
+        runs=args.runs,
+        results=args.results,
+        leaderboard=args.leaderboard,
+        limit=args.limit,
+        force=args.force,
+        check_model=not args.skip_model_check,
+        pass_k=args.pass_k,
+        temperature=args.temperature,
+        pass_k_lengths=args.pass_k_lengths,
+    )
+    reproduce(run)
     return 0
 
 

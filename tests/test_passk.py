@@ -28,7 +28,7 @@ from stabledrl_bench.evaluation.passk import (
 )
 from stabledrl_bench.evaluation.protocols import get_protocol, sampled_protocol
 from stabledrl_bench.evaluation.verify import verify_record
-from stabledrl_bench.experiments.reproduce import _evaluations, presets
+from stabledrl_bench.experiments.reproduce import comparison, presets
 from stabledrl_bench.reporting.leaderboard import build_leaderboard
 from stabledrl_bench.reporting.results import load_results, write_result
 from stabledrl_bench.tasks import get_task
@@ -210,21 +210,25 @@ def test_lm_eval_pass16_end_to_end_and_the_adapter_checks_repeats() -> None:
 
 # ---------------------------------------------------------------------------------------------- reproduce
 def test_reproduce_pass_k_adds_one_sampled_protocol_per_preset_protocol() -> None:
-    tiny = presets("table1")["tiny"]
-    args = argparse.Namespace(pass_k=None, temperature=1.0, pass_k_lengths=None)
-    assert _evaluations(tiny, args) == [("tiny", tiny.lengths)]
-    args = argparse.Namespace(pass_k=8, temperature=0.9, pass_k_lengths="128")
-    assert _evaluations(tiny, args) == [("tiny", tiny.lengths), ("tiny-n8-t0.9", {128: tiny.lengths[128]})]
-    table2 = presets("table2")["tiny"]
-    args = argparse.Namespace(pass_k=4, temperature=1.0, pass_k_lengths=None)
-    assert [name for name, _ in _evaluations(table2, args)] == [
-        *table2.protocols,
-        *(f"{p}-n4-t1" for p in table2.protocols),
+    def names(run) -> list[tuple[str, list[int]]]:
+        return [(protocol.name, list(lengths)) for protocol, lengths in run.evaluations()]
+
+    assert names(comparison("table1", preset="tiny")) == [("tiny", [128, 256, 512])]
+    run = comparison("table1", preset="tiny", pass_k=8, temperature=0.9, pass_k_lengths="128")
+    assert names(run) == [("tiny", [128, 256, 512]), ("tiny-n8-t0.9", [128])]
+    assert run.evaluations()[1][1] == {128: presets("table1")["tiny"].lengths[128]}
+    table2 = comparison("table2", preset="tiny", pass_k=4)
+    static, dynamic = presets("table2")["tiny"].protocols
+    assert names(table2) == [
+        (static, [2000]),
+        (dynamic, [2000]),
+        (f"{static}-n4-t1", [2000]),
+        (f"{dynamic}-n4-t1", [2000]),
     ]
-    for lengths, samples, message in [("100", 8, "unknown length"), (None, 1, "at least 2 samples")]:
-        args = argparse.Namespace(pass_k=samples, temperature=1.0, pass_k_lengths=lengths)
+    assert [p.sampling for p, _ in table2.evaluations()] == ["static", "dynamic", "static", "dynamic"]
+    for options, message in [({"pass_k_lengths": "100"}, "unknown length"), ({"pass_k": 1}, "at least 2 samples")]:
         with pytest.raises(UserError, match=message):
-            _evaluations(tiny, args)
+            comparison("table1", preset="tiny", **{"pass_k": 8, **options})
 
 
 # -------------------------------------------------------------------------------------------- leaderboard

@@ -48,3 +48,21 @@ def test_fast_protocols_keep_their_base_prompt_and_lengths(name: str, base: str,
 def test_approximate_decoding_is_never_the_default() -> None:
     assert build_parser().parse_args(["eval", "--model", "tiny", "--task", "gsm8k"]).protocol == "d1"
     assert not DecodeSettings().approximate
+
+
+def test_eval_command_records_table2_columns_from_the_protocol(tmp_path) -> None:
+    """Table 2's static/dynamic column is the protocol's (EvalProtocol.sampling), for `eval` as for `reproduce`."""
+    import json
+
+    from stabledrl_bench.cli import main
+
+    for protocol in ("tiny-static", "tiny-dynamic"):
+        argv = ["eval", "--model", "tiny-block", "--task", "sudoku", "--table", "table2", "--protocol", protocol]
+        argv += ["--length", "2000", "--max-completion-length", "8", "--limit", "2", "--results", str(tmp_path)]
+        assert main(argv) == 0
+    records = [json.loads(path.read_text()) for path in sorted(tmp_path.rglob("*.json"))]
+    assert sorted((r["protocol"], r["sampling"]) for r in records) == [
+        ("tiny-dynamic", "dynamic"),
+        ("tiny-static", "static"),
+    ]
+    assert get_protocol("d1").sampling is None and get_protocol("tiny-dynamic-n4-t1").sampling == "dynamic"

@@ -54,6 +54,14 @@ class EvalProtocol:
     pass_at_k: bool = False  # decoded `repeats` times at `temperature` for pass@k / maj@k (see sampled_protocol)
 
     @property
+    def sampling(self) -> str | None:
+        """Table 2's column for a block-diffusion protocol: TraceRL's ``dynamic`` (confidence threshold) or
+        ``static`` decoding; None for full attention (Table 1 has no such columns)."""
+        if self.attention != "block":
+            return None
+        return "dynamic" if self.strategy == "dynamic" else "static"
+
+    @property
     def approximate(self) -> bool:
         """Whether this full-attention protocol decodes differently from the LLaDA reference sampler."""
         return self.attention == "full" and self.full_settings(self.block_length).approximate

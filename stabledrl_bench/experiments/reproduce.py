@@ -42,7 +42,7 @@ from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
-from stabledrl_bench.evaluation.protocols import sampled_protocol
+from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol, sampled_protocol
 from stabledrl_bench.experiments.runner import (
     CONTROL_BASELINE,
     TrainJob,
@@ -62,6 +62,7 @@ from stabledrl_bench.reporting.leaderboard import (
     training_path,
     write_leaderboard,
 )
+from stabledrl_bench.reporting.results import ResultKey
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
@@ -206,83 +207,207 @@ def choose_preset(table: str, requested: str, model: str | None) -> Preset:
     return preset
 
 
-def _banner(table: str, preset: Preset, model: str | None, tasks: list[str]) -> None:
-    print(f"reproduce {table}: preset '{preset.name}' - {preset.description}")
+@dataclass(frozen=True)
+class SampledEval:
+    """``--pass-k``: every test problem also decoded ``samples`` times at ``temperature`` (pass@k, maj@k) at the
+    nominal ``lengths`` (empty: every length of the preset)."""
+
+    samples: int
+    temperature: float = 1.0
+    lengths: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One ``reproduce`` command: every baseline trained under the preset's budget on every task and seed, each
+    checkpoint evaluated under every protocol and length. Built from the command line once (:func:`comparison`)."""
+
+    table: str
+    preset: Preset
+    model: str  # the start: a checkpoint, or the preset's built-in model
+    baselines: tuple[str, ...]
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    runs_root: Path  # --runs; this comparison's runs go to runs_root/<name>
+    results: Path
+    leaderboard: Path
+    limit: int | None = None  # evaluate the first N test items only (None: the preset's eval_limit)
+    force: bool = False
+    check_model: bool = True
+    sampled: SampledEval | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.table}-{self.preset.name}"
+
+    @property
+    def runs(self) -> Path:
+        return self.runs_root / self.name
+
+    @property
+    def eval_limit(self) -> int | None:
+        return self.limit if self.limit is not None else self.preset.eval_limit
+
+    def evaluations(self) -> list[tuple[EvalProtocol, dict[int, int]]]:
+        """Every (protocol, nominal -> decoded length) a checkpoint is evaluated under: the preset's protocols at
+        every length, and with ``--pass-k`` each of them sampled (:func:`sampled_protocol`) at its lengths."""
+        evaluations = [(get_protocol(name), self.preset.lengths) for name in self.preset.protocols]
+        if self.sampled is None:
+            return evaluations
+        lengths = {n: self.preset.lengths[n] for n in self.sampled.lengths or self.preset.lengths}
+        sampled = [
+            (sampled_protocol(name, self.sampled.samples, self.sampled.temperature), lengths)
+            for name in self.preset.protocols
+        ]
+        return evaluations + sampled
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """One training seed of one task of a comparison: warm start, every baseline, the frozen control."""
+
+    comparison: Comparison
+    task: str
+    seed: int
+
+    @property
+    def runs(self) -> Path:
+        return self.comparison.runs / self.task / f"s{self.seed}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.task} seed {self.seed}"
+
+    def result_key(self, baseline: str, protocol: EvalProtocol, length: int, model: dict[str, Any]) -> ResultKey:
+        table = self.comparison.table
+        return ResultKey(
+            comparison=self.comparison.name,
+            table=table,
+            preset=self.comparison.preset.name,
+            baseline=baseline,
+            task=self.task,
+            length=length,
+            sampling=None if table == "table1" else protocol.sampling,
+            protocol=protocol.name,
+            seed=self.seed,
+            model=model,
+        )
+
+
+def comparison(
+    table: str,
+    *,
+    preset: str = "auto",
+    model: str | None = None,
+    baselines: str | None = None,
+    tasks: str | None = None,
+    seeds: str | None = None,
+    runs: str = "runs",
+    results: str = "results",
+    leaderboard: str = "leaderboard.md",
+    limit: int | None = None,
+    force: bool = False,
+    check_model: bool = True,
+    pass_k: int | None = None,
+    temperature: float = 1.0,
+    pass_k_lengths: str | None = None,
+) -> Comparison:
+    """The :class:`Comparison` the ``reproduce`` options ask for (the command line's text, checked here): every
+    bad option is one line before anything runs, not after the first warm start."""
+    chosen = choose_preset(table, preset, model)
+    sampled = None
+    if pass_k:
+        lengths = ()
+        if pass_k_lengths:
+            known = [str(n) for n in chosen.lengths]
+            lengths = tuple(comma_list(pass_k_lengths, "--pass-k-lengths", kind=int, choices=known, what="length"))
+        sampled = SampledEval(pass_k, temperature, lengths)
+    built = Comparison(
+        table=table,
+        preset=chosen,
+        model=model or str(chosen.model),
+        baselines=tuple(
+            comma_list(baselines, "--baselines", choices=BASELINES.entries(), what="baseline")
+            if baselines
+            else TABLE_BASELINES
+        ),
+        tasks=tuple(
+            comma_list(tasks, "--tasks", choices=chosen.tasks, what="task") if tasks else chosen.default_tasks()
+        ),
+        seeds=_seeds(seeds, chosen.seeds),
+        runs_root=Path(runs),
+        results=Path(results),
+        leaderboard=Path(leaderboard),
+        limit=limit,
+        force=force,
+        check_model=check_model,
+        sampled=sampled,
+    )
+    built.evaluations()  # a sampled protocol that cannot be built (e.g. --pass-k 1) fails now
+    return built
+
+
+def _banner(run: Comparison) -> None:
+    preset = run.preset
+    print(f"reproduce {run.table}: preset '{preset.name}' - {preset.description}")
     if preset.name != "paper":
-        needs = "LLaDA-8B-Instruct" if table == "table1" else "SDAR-8B-Chat"
+        needs = "LLaDA-8B-Instruct" if run.table == "table1" else "SDAR-8B-Chat"
         print(
             f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`;"
             " see README 'Reproducing Table 1 on GPUs')"
         )
-    print(f"  model: {model or preset.model}; tasks: {', '.join(tasks)}; budget {preset.budget.hash()}")
-    extra = [task for task in preset.tasks if task not in tasks]
+    print(f"  model: {run.model}; tasks: {', '.join(run.tasks)}; budget {preset.budget.hash()}")
+    extra = [task for task in preset.tasks if task not in run.tasks]
     if extra:
         print(f"  (also in this preset, not run now: {', '.join(extra)}; name them with --tasks)")
 
 
-def reproduce(args) -> None:
+def reproduce(run: Comparison) -> None:
     """Entry point of ``python -m stabledrl_bench reproduce`` (see the module docstring)."""
-    table = args.table
-    preset = choose_preset(table, args.preset, args.model)
-    model_spec = args.model or preset.model
-    baselines = list(TABLE_BASELINES)
-    if args.baselines:
-        baselines = comma_list(args.baselines, "--baselines", choices=BASELINES.entries(), what="baseline")
-    tasks = preset.default_tasks()
-    if args.tasks:
-        tasks = comma_list(args.tasks, "--tasks", choices=preset.tasks, what="task")
-    _evaluations(preset, args)  # a bad --pass-k option is one line now, not after the first warm start
-    _banner(table, preset, model_spec, tasks)
-    comparison = f"{table}-{preset.name}"
-    runs = Path(args.runs) / comparison
-    seeds = _seeds(args.seeds, preset.seeds)
-    stages = Stages(_plan(preset, tasks, seeds, baselines))
-    for task in tasks:
-        for seed in seeds:
-            replicate = (preset, table, comparison, task, seed, model_spec, baselines, runs / task / f"s{seed}")
-            _replicate(*replicate, args, stages)
-        _training_summary(task, seeds, baselines, runs / task, Path(args.results), comparison)
+    _banner(run)
+    stages = Stages(_plan(run))
+    for task in run.tasks:
+        for seed in run.seeds:
+            _replicate(Replicate(run, task, seed), stages)
+        _training_summary(run, task)
     from stabledrl_bench.experiments.stress import stability_section
 
     if is_main_process():
         path = write_leaderboard(
-            args.results, args.leaderboard, plots_dir=Path(args.results) / "plots", extra_sections=[stability_section]
+            run.results, run.leaderboard, plots_dir=run.results / "plots", extra_sections=[stability_section]
         )
         print(f"leaderboard: {path}")
     barrier()
 
 
-def _plan(preset: Preset, tasks: list[str], seeds: tuple[int, ...], baselines: list[str]) -> list[str]:
+def _plan(run: Comparison) -> list[str]:
     """The stage kinds :func:`_replicate` runs, in order (for the overall progress line)."""
-    one = [*(["sft"] if preset.sft is not None else []), "eval", *(["train", "eval"] * len(baselines)), "train"]
-    return [f"{task}:{kind}" for task in tasks for _ in seeds for kind in one]
+    one = [*(["sft"] if run.preset.sft is not None else []), "eval", *(["train", "eval"] * len(run.baselines)), "train"]
+    return [f"{task}:{kind}" for task in run.tasks for _ in run.seeds for kind in one]
 
 
-def _replicate(preset, table, comparison, task, seed, model_spec, baselines, runs: Path, args, stages: Stages) -> None:
+def _replicate(replicate: Replicate, stages: Stages) -> None:
     """One training seed of one task: warm start, every baseline, the frozen control, and their evaluations."""
-    recipe = preset.tasks[task]
-    limit = args.limit if args.limit is not None else preset.eval_limit
-    where = f"{task} seed {seed}"
-    start = model_spec
-    if preset.sft is not None:
+    run, where = replicate.comparison, replicate.where
+    start = run.model
+    if run.preset.sft is not None:
         stages.begin(f"{where}: warm start (SFT)")
-        path, built = _warm_start(preset, task, model_spec, runs / "sft", seed, args)
+        path, built = _warm_start(replicate)
         stages.end(reused=not built)
         start = str(path)
-    reference = "sft" if preset.sft is not None else "base"
-    evaluation = (preset, table, comparison, task)
+    reference = "sft" if run.preset.sft is not None else "base"
     stages.begin(f"{where}: evaluate the start")
-    stages.end(reused=_evaluate_all(*evaluation, reference, start, None, seed, args, limit))
-    for baseline in baselines:
-        config = _train_config(preset, recipe, task, baseline, start, runs / baseline, seed, args)
+    stages.end(reused=_evaluate_all(replicate, reference, start, None))
+    for baseline in run.baselines:
+        config = _train_config(replicate, baseline, start)
         stages.begin(f"{where}: train {baseline}")
-        final, cached = _train(config, args)
+        final, cached = _train(config, force=run.force)
         stages.end(reused=cached)
         stages.begin(f"{where}: evaluate {baseline}")
-        stages.end(reused=_evaluate_all(*evaluation, baseline, str(final), preset.budget.to_dict(), seed, args, limit))
-    control = _train_config(preset, recipe, task, CONTROL_BASELINE, start, runs / CONTROL_RUN, seed, args)
+        stages.end(reused=_evaluate_all(replicate, baseline, str(final), run.preset.budget.to_dict()))
+    control = _train_config(replicate, CONTROL_BASELINE, start, folder=CONTROL_RUN)
     stages.begin(f"{where}: frozen control (learning rate 0)")
-    stages.end(reused=_train(control_config(control, control.output_dir), args)[1])
+    stages.end(reused=_train(control_config(control, control.output_dir), force=run.force)[1])
 
 
 def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -295,9 +420,7 @@ def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
     return seeds
 
 
-def _training_summary(
-    task: str, seeds: tuple[int, ...], baselines: list[str], runs: Path, results_dir: Path, comparison: str
-) -> None:
+def _training_summary(run: Comparison, task: str) -> None:
     """Store every run's per-rollout training reward with the frozen control's, print the paired change, plot.
 
     Why a control: the reward of a rollout depends on which prompts were drawn and on the sampling noise. The
@@ -305,15 +428,19 @@ def _training_summary(
     difference isolates what training changed (:func:`training_changes`). The evaluation-side signal (each RL
     row minus the start on the test set, paired by item) is in the leaderboard next to it.
     """
+    logs = {
+        (seed, name): Replicate(run, task, seed).runs / name / "log.jsonl"
+        for seed in run.seeds
+        for name in (*run.baselines, CONTROL_RUN)
+    }
     rows = [
-        (task, seed, run, r["step"], r["reward_mean"])
-        for seed in seeds
-        for run in (*baselines, CONTROL_RUN)
-        if (runs / f"s{seed}" / run / "log.jsonl").is_file()
-        for r in _rollout_records(runs / f"s{seed}" / run / "log.jsonl")
+        (task, seed, name, r["step"], r["reward_mean"])
+        for (seed, name), log in logs.items()
+        if log.is_file()
+        for r in _rollout_records(log)
     ]
     rewards = pd.DataFrame(rows, columns=list(TRAINING_COLUMNS))
-    path = training_path(results_dir, comparison, task)
+    path = training_path(run.results, run.name, task)
     if path.is_file():  # a seed trained earlier (e.g. `--seeds 2` after `--seeds 0,1`) keeps its rollouts
         earlier = read_training(path)
         rewards = pd.concat([earlier[~earlier["seed"].isin(rewards["seed"])], rewards], ignore_index=True)
@@ -348,14 +475,18 @@ def warm_start_spec(preset: Preset, task: str, model: str, seed: int) -> WarmSta
     )
 
 
-def _warm_start(preset: Preset, task: str, model: str, out: Path, seed: int, args) -> tuple[Path, bool]:
-    final, info = ensure_warm_start(warm_start_spec(preset, task, model, seed), out, force=args.force)
+def _warm_start(replicate: Replicate) -> tuple[Path, bool]:
+    run = replicate.comparison
+    spec = warm_start_spec(run.preset, replicate.task, run.model, replicate.seed)
+    final, info = ensure_warm_start(spec, replicate.runs / "sft", force=run.force)
     return final, info["built_now"]
 
 
-def _train_config(
-    preset: Preset, recipe: TaskRecipe, task: str, baseline: str, start: str, out: Path, seed: int, args
-) -> TrainConfig:
+def _train_config(replicate: Replicate, baseline: str, start: str, folder: str | None = None) -> TrainConfig:
+    """The RL run of ``baseline`` from ``start`` in ``replicate`` (its folder: ``folder``, else the baseline's)."""
+    preset, task, seed = replicate.comparison.preset, replicate.task, replicate.seed
+    recipe = preset.tasks[task]
+    out = replicate.runs / (folder or baseline)
     return TrainConfig(
         baseline=baseline,
         task=task,
@@ -373,16 +504,16 @@ def _train_config(
         gradient_checkpointing=preset.gradient_checkpointing,
         output_dir=str(out),
         save_every=preset.save_every,
-        check_model=not args.skip_model_check,
+        check_model=replicate.comparison.check_model,
     )
 
 
-def _train(config: TrainConfig, args) -> tuple[Path, bool]:
+def _train(config: TrainConfig, *, force: bool) -> tuple[Path, bool]:
     """Train (or reuse, or resume) one run through the experiment runner; a run that diverged stops the job.
     Returns the final checkpoint and whether the finished run was reused."""
     out = Path(config.output_dir)
     print(f"  [{config.task}] {out.name}: {config.budget.max_steps} steps -> {out}")
-    summary = run_training(TrainJob(config), force=args.force)
+    summary = run_training(TrainJob(config), force=force)
     if summary["cached"]:
         print(f"  [{config.task}] {out.name}: trained, reused ({summary['final']})")
     if summary["final"] is None:
@@ -397,59 +528,32 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
-def _evaluations(preset: Preset, args) -> list[tuple[str, dict[int, int]]]:
-    """Every (protocol, nominal -> decoded lengths) a checkpoint is evaluated under: the preset's protocols at every
-    length, and with ``--pass-k N`` each of them sampled N times at ``--temperature`` (at ``--pass-k-lengths``)."""
-    evaluations = [(protocol, preset.lengths) for protocol in preset.protocols]
-    if not getattr(args, "pass_k", None):
-        return evaluations
-    lengths = preset.lengths
-    if args.pass_k_lengths:
-        chosen = comma_list(
-            args.pass_k_lengths, "--pass-k-lengths", kind=int, choices=map(str, preset.lengths), what="length"
-        )
-        lengths = {nominal: preset.lengths[nominal] for nominal in chosen}
-    sampled = [sampled_protocol(protocol, args.pass_k, args.temperature).name for protocol in preset.protocols]
-    return evaluations + [(protocol, lengths) for protocol in sampled]
-
-
-def _evaluate_all(preset, table, comparison, task, baseline, checkpoint, budget, seed, args, limit) -> bool:
+def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: dict[str, Any] | None) -> bool:
     """Evaluate one checkpoint under every protocol and length; True when every result was reused."""
+    run = replicate.comparison
     reused = True
-    device, dtype = _eval_device() if preset.bf16 else (None, None)
-    dlm = load_model_spec(checkpoint, seed=seed, device=device, dtype=dtype)
-    if checkpoint not in TINY_SPECS and not args.skip_model_check:
+    device, dtype = _eval_device() if run.preset.bf16 else (None, None)
+    dlm = load_model_spec(checkpoint, seed=replicate.seed, device=device, dtype=dtype)
+    if checkpoint not in TINY_SPECS and run.check_model:
         require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
     model = model_record(dlm, checkpoint)  # hashes the weights once per checkpoint
-    for protocol, lengths in _evaluations(preset, args):
-        sampling = None if table == "table1" else ("dynamic" if "dynamic" in protocol else "static")
+    for protocol, lengths in run.evaluations():
         for nominal, actual in lengths.items():
-            key = {
-                "comparison": comparison,
-                "table": table,
-                "preset": preset.name,
-                "baseline": baseline,
-                "task": task,
-                "length": nominal,
-                "sampling": sampling,
-                "protocol": protocol,
-                "seed": seed,
-                "model": model,
-            }
             recorded = evaluate_and_record(
                 dlm,
-                results_dir=args.results,
-                key=key,
+                results_dir=run.results,
+                key=replicate.result_key(baseline, protocol, nominal, model).to_dict(),
                 max_completion_length=actual,
                 budget=budget,
-                limit=limit,
-                batch_size=preset.eval_batch_size,
-                skip_existing=not args.force,
+                limit=run.eval_limit,
+                batch_size=run.preset.eval_batch_size,
+                skip_existing=not run.force,
             )
             reused = reused and recorded.reused
             acc = json.loads(recorded.path.read_text())["metrics"]
             how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
             print(
-                f"  [{task}] {baseline} @ {nominal} ({actual} tokens, {protocol}): accuracy "
+                f"  [{replicate.task}] {baseline} @ {nominal} ({actual} tokens, {protocol.name}): accuracy "
                 f"{100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
             )
+    return reused

@@ -85,8 +85,30 @@ TABLES = ("table1", "table2")
 
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
 SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
-# Fields that identify an evaluation (and therefore its file name); everything else describes its outcome.
-KEY_FIELDS = ("comparison", "table", "preset", "baseline", "task", "length", "sampling", "protocol", "seed", "model")
+
+
+@dataclass(frozen=True)
+class ResultKey:
+    """What identifies an evaluation (and therefore its file name, :func:`result_path`); everything else in a
+    record describes its outcome. ``length`` is the nominal length (a table column), ``sampling`` Table 2's
+    static/dynamic column (None in Table 1), ``model`` the :func:`~stabledrl_bench.evaluation.native.model_record`."""
+
+    comparison: str
+    table: str
+    preset: str
+    baseline: str
+    task: str
+    length: int
+    sampling: str | None
+    protocol: str
+    seed: int
+    model: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in KEY_FIELDS}
+
+
+KEY_FIELDS = tuple(ResultKey.__dataclass_fields__)
 
 
 # --------------------------------------------------------------------------------------------- environment
