@@ -175,16 +175,14 @@ def _sdar(
 
 
 def _broken(model: TinyDLM, input_ids, attention_mask=None, position_ids=None, kv_cache=None, use_cache=False):
-    from stabledrl_bench.core.models.tiny import TinyDLMOutput
-
     mask = None
     if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
         length = input_ids.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
         mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
-        mask = mask | ~mask.any(dim=-1, keepdim=True)
-    logits, cache = model.run(input_ids, mask, position_ids, kv_cache)
-    return TinyDLMOutput(logits=logits, kv_cache=cache if use_cache else None)
+    return model.native_forward(
+        input_ids, attention_mask=mask, position_ids=position_ids, kv_cache=kv_cache, use_cache=use_cache
+    )
 
 
 def emulate(model: TinyDLM, input_ids: torch.Tensor, **kwargs: Any) -> EmulatedOutput:

@@ -23,6 +23,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from stabledrl_bench.core.models.conventions import emulate
+
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 # "native" is the model's own convention; the others emulate published families (models/conventions.py).
@@ -229,8 +231,6 @@ class TinyDLM(PreTrainedModel):
         """Logits for ``input_ids`` [B, Q] in the configured convention (``native``: :meth:`native_forward`)."""
         if self.config.convention == "native":
             return self.native_forward(input_ids, **kwargs)  # type: ignore[arg-type]
-        from stabledrl_bench.core.models.conventions import emulate
-
         return emulate(self, input_ids, **kwargs)
 
     def native_forward(
