@@ -19,11 +19,9 @@ from typing import Any, TypeVar
 import yaml
 
 from stabledrl_bench.errors import INT64_LIMIT, UserError
+from stabledrl_bench.migrations import CONFIG_KEY_RENAMES, renamed_keys
 
 T = TypeVar("T")
-
-# Keys renamed so that one concept has one name (TRL's where it has one): an old file gets told the new name.
-RENAMED_KEYS = {"completion_length": "max_completion_length", "gen_length": "max_completion_length"}
 
 
 def _check_type(value: Any, annotation: Any, where: str) -> Any:
@@ -92,7 +90,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`UserError`."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
-    renamed = [f"{key} (now {RENAMED_KEYS[key]})" for key in unknown if RENAMED_KEYS.get(key) in fields]
+    renamed = renamed_keys(unknown, fields, CONFIG_KEY_RENAMES)  # an old file is told the new name
     if renamed:
         raise UserError(f"{where}: renamed key(s) {', '.join(renamed)}")
     if unknown:

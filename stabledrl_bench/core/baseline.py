@@ -29,6 +29,7 @@ from stabledrl_bench.core.advantages import ADVANTAGES
 from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.migrations import BASELINE_OPTION_RENAMES, renamed_keys
 
 
 @dataclass
@@ -51,10 +52,6 @@ class BaselineConfig:
     coupled: bool = True  # old/new likelihoods from the same masks (False: independent masks)
 
 
-# Options renamed so that one concept has one name: an old config gets a pointer, not "unknown option".
-RENAMED_OPTIONS = {"num_t": "num_mc"}
-
-
 class Baseline:
     """Base class of every RL method; subclasses set the class attributes and implement ``estimator``/``loss``."""
 
@@ -69,7 +66,7 @@ class Baseline:
         if overrides:
             known = {f.name for f in dataclasses.fields(config)}
             unknown = sorted(set(overrides) - known)
-            renamed = [f"{old!r} is now {RENAMED_OPTIONS[old]!r}" for old in unknown if old in RENAMED_OPTIONS]
+            renamed = renamed_keys(unknown, known, BASELINE_OPTION_RENAMES)  # a pointer, not "unknown option"
             if renamed:
                 raise UserError(f"baseline {self.name!r}: option {'; '.join(renamed)}")
             if unknown:

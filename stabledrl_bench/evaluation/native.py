@@ -17,12 +17,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from stabledrl_bench.config import RENAMED_KEYS
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import DecodeSettings, generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import sampled_metrics, votes_by_problem
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
+from stabledrl_bench.migrations import upgraded_settings
 from stabledrl_bench.processes import barrier, gather_lists, is_main_process, keyed_generator, my_share
 from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
 from stabledrl_bench.tasks import get_task
@@ -191,7 +191,7 @@ def stored_settings(settings: dict[str, Any]) -> dict[str, Any]:
     so it stays reusable.
     """
     protocol = {f.name: f.default for f in fields(EvalProtocol) if f.default is not MISSING}
-    renamed = {RENAMED_KEYS.get(key, key): value for key, value in settings.items()}  # e.g. gen_length
+    renamed = upgraded_settings(settings)  # e.g. gen_length
     return {**DecodeSettings().to_dict(), **renamed, "protocol": {**protocol, **settings.get("protocol", {})}}
 
 

@@ -353,8 +353,7 @@ def _banner(run: Comparison) -> None:
     if preset.name != "paper":
         needs = "LLaDA-8B-Instruct" if run.table == "table1" else "SDAR-8B-Chat"
         print(
-            f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`;"
-            " see docs/gpu.md)"
+            f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`; see docs/gpu.md)"
         )
     print(f"  model: {run.model}; tasks: {', '.join(run.tasks)}; budget {preset.budget.hash()}")
     extra = [task for task in preset.tasks if task not in run.tasks]

@@ -57,6 +57,7 @@ import yaml
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.migrations import upgraded_training_rewards
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import (
     ROW_KEY,
@@ -607,13 +608,11 @@ def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd
 
 
 def read_training(path: Path) -> pd.DataFrame:
-    """A training-reward CSV; files written before seeds were recorded hold seed 0 only."""
+    """A training-reward CSV (an old one, without seeds, is read as seed 0: see ``migrations``)."""
     try:
-        rewards = pd.read_csv(path)
+        rewards = upgraded_training_rewards(pd.read_csv(path))
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: unreadable training-reward file: {exc}") from exc
-    if "seed" not in rewards.columns:
-        rewards.insert(1, "seed", 0)
     if list(rewards.columns) != list(TRAINING_COLUMNS) or rewards.empty:
         raise UserError(f"{path}: a training-reward file needs the columns {', '.join(TRAINING_COLUMNS)}")
     return rewards

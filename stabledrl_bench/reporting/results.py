@@ -60,11 +60,10 @@ from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import canonical_json, from_dict, parse_json, stable_hash
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN
+from stabledrl_bench.migrations import upgraded_result
 from stabledrl_bench.tasks import TASKS
 
 SCHEMA = "stabledrl-bench/result/v2"
-# v1 records (written before one name per concept) are read as v2: only the canvas field was renamed.
-SCHEMA_RENAMES = {"stabledrl-bench/result/v1": {"actual_gen_length": "max_completion_length"}}
 REFERENCE_BASELINES = ("base", "sft")
 STABILITY_DIR = "stability"
 SAMPLES_SUFFIX = ".samples.jsonl"
@@ -414,16 +413,8 @@ def _check_budget(budget: Mapping[str, Any]) -> None:
 
 
 def upgraded(record: Mapping[str, Any]) -> dict[str, Any]:
-    """``record`` in the current schema: an older record's renamed fields under their new names (the file on disk
-    is never rewritten; its samples' sha256 stays valid)."""
-    renames = SCHEMA_RENAMES.get(record.get("schema", ""))
-    if renames is None:
-        return dict(record)
-
-    def name(key: str) -> str:  # a record holding both names keeps the old one, which the loader then refuses
-        return renames[key] if key in renames and renames[key] not in record else key
-
-    return {"schema": SCHEMA} | {name(key): value for key, value in record.items() if key != "schema"}
+    """``record`` in the current schema (:func:`stabledrl_bench.migrations.upgraded_result`)."""
+    return upgraded_result(record, SCHEMA)
 
 
 def validate_record(record: Mapping[str, Any], where: str) -> ResultRecord:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stabledrl_bench.atomic import atomic_write_text
+from stabledrl_bench.migrations import upgraded_log_record
 from stabledrl_bench.plots import new_figure, save_png
 
 # Curves plotted for every run, when present in the log (the rest stays in the JSONL).
@@ -51,10 +52,6 @@ def _json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-# Metrics renamed to the name TRL logs (one name per concept); logs written before a rename still read.
-RENAMED_METRICS = {"clip_frac": "clip_ratio"}
-
-
 def read_log(path: str | Path) -> list[dict]:
     """Records of a JSONL log; a truncated last line (killed mid-write) is ignored; old metric names are renamed."""
     records = []
@@ -63,7 +60,7 @@ def read_log(path: str | Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        records.append({RENAMED_METRICS.get(key, key): value for key, value in record.items()})
+        records.append(upgraded_log_record(record))
     return records
 
 
