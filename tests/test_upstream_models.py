@@ -48,10 +48,11 @@ pytestmark = pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to 
 def trusted():
     """Loading the published files runs them: the opt-in ``--trust-remote-code`` gives (launched processes inherit
     it from the environment). Module-wide, before the module's fixtures load anything."""
-    from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV
+    from stabledrl_bench.core.models.backends import IMPLEMENTATION_ENV, REMOTE_CODE_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(REMOTE_CODE_ENV, "1")
+        patch.setenv(IMPLEMENTATION_ENV, "remote")  # the published files, not the native LLaDA (compared below)
         yield
 
 
@@ -256,6 +257,31 @@ def test_the_published_files_behave_as_the_tiny_emulations_say(checkpoints) -> N
         else:
             assert sdar(input_ids=ids, attention_mask=pattern, position_ids=real_positions(ids >= 0)).logits is None
         sdar.eval()
+
+
+@pytest.mark.parametrize("variant", ["llada-hub", "llada-dllm-rl"])
+def test_the_native_llada_equals_the_published_file(checkpoints, variant: str, tmp_path) -> None:
+    """Same weights, same parameter names: logits, decoding, evaluation, lm-eval and an RL step agree."""
+    from stabledrl_bench.core.models.backends import LLaDANativeBackend
+
+    remote = load_diffusion_lm(checkpoints[variant])
+    native = load_diffusion_lm(checkpoints[variant], implementation="native")
+    assert isinstance(native, LLaDANativeBackend) and not native.pad_free
+    assert set(native.model.state_dict()) == set(remote.model.state_dict())
+    ids = torch.randint(0, 40, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(native.model(ids).logits, remote.model(input_ids=ids).logits, rtol=0, atol=1e-5)
+    for temperature in (0.0, 1.0):
+        ours, theirs = (decode(dlm, PROMPTS, temperature=temperature).completion_ids for dlm in (native, remote))
+        assert torch.equal(ours, theirs)
+    assert evaluation_rows(native) == evaluation_rows(remote)
+    assert lmeval_outputs(native)[0] == lmeval_outputs(remote)[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STABLEDRL_MODEL_IMPLEMENTATION", "native")
+        ours = rl_step(checkpoints[variant], "stabledrl", tmp_path / "native")
+    theirs = rl_step(checkpoints[variant], "stabledrl", tmp_path / "remote")
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)
+    assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
 
 
 # ------------------------------------------------------------------------------ the shipped launch configs

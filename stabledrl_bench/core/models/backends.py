@@ -8,6 +8,8 @@ Each backend speaks one family's calling convention, as read from its published 
   file ignores every mask; the loader detects that (:func:`~stabledrl_bench.core.models.probes.masks_honoured`)
   and runs such a model pad-free. No position ids (LLaDA numbers positions itself). Mask id from the config,
   else 126336.
+* ``llada-native`` - LLaDA on this package's own implementation (:mod:`.llada`): the default for every LLaDA folder
+  whose structure it builds; boolean patterns, explicit positions, keys cached after RoPE (prefix and dual cache).
 * ``dream`` - Dream-7B: an additive 4-D bias in the model's dtype and explicit real-token position ids; its
   logits at position i predict token i+1, so they are shifted right by one.
 * ``sdar``  - SDAR / TraDo block-diffusion checkpoints (``AutoModelForCausalLM``): a boolean 4-D block-causal
@@ -45,6 +47,7 @@ from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
+from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
 from stabledrl_bench.core.models.tiny import TinyDLM, TinyDLMConfig
 from stabledrl_bench.core.models.tokenizer import EOT, build_char_tokenizer
 from stabledrl_bench.core.registry import Registry, subclass_check
@@ -126,6 +129,32 @@ class LLaDABackend(Backend):
             kwargs.update(past_key_values=cache, use_cache=store)
         out = self.model(input_ids=input_ids, **kwargs)
         return out.logits, (out.attn_key_values if store else None)
+
+
+@MODEL_FAMILIES.register("llada-native")
+class LLaDANativeBackend(Backend):
+    """LLaDA run by this package's own implementation (:mod:`.llada`): the published weights, no remote code.
+
+    A boolean [B, 1, Q, K] pattern and explicit position ids go straight in, and keys are cached after RoPE, so any
+    key set can be cached: the dual cache works on LLaDA. The loader picks it for every LLaDA checkpoint whose
+    structure it builds (:func:`load_diffusion_lm`, ``implementation``).
+    """
+
+    model_types = ()  # chosen by the loader for model_type "llada", never by model_type alone
+    default_mask_id = LLADA_MASK_ID
+    block_classes = ("LLaDALlamaBlock",)
+    full_cache_modes = ("prefix", "dual")
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+        pattern = None if attention_mask is None else as_pattern(attention_mask, input_ids.shape[1])
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=pattern,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=store,
+        )
+        return out.logits, out.past_key_values
 
 
 @MODEL_FAMILIES.register("dream")
@@ -294,6 +323,12 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
+IMPLEMENTATIONS = ("auto", "native", "remote")
+# "remote": run LLaDA checkpoints on their own code (with the remote-code opt-in) in this process and the ones it
+# starts, e.g. to compare the published file with the native implementation; "auto" (default) prefers native.
+IMPLEMENTATION_ENV = "STABLEDRL_MODEL_IMPLEMENTATION"
+
+
 def load_diffusion_lm(
     path_or_id: str | os.PathLike,
     *,
@@ -302,6 +337,7 @@ def load_diffusion_lm(
     device: str | torch.device | None = None,
     rank0_weights: bool = False,
     trust_remote_code: bool | None = None,
+    implementation: str = "auto",
 ) -> DiffusionLM:
     """Load a checkpoint (local folder or Hub id) as a :class:`DiffusionLM`.
 
@@ -318,8 +354,20 @@ def load_diffusion_lm(
 
     ``trust_remote_code`` (None: the process's opt-in, :data:`REMOTE_CODE_ENV`) allows importing the Python files a
     checkpoint names; without it such a checkpoint is refused before anything is imported (module docstring).
+
+    ``implementation``: a LLaDA checkpoint runs on this package's own LLaDA (:mod:`.llada`, family
+    ``llada-native``) when its structure is one that implementation builds (``auto``, the default, and
+    ``native``, which refuses any other); ``remote`` (or an unsupported variant under ``auto``) runs the
+    checkpoint's own code, which needs ``trust_remote_code``.
     """
+    if implementation == "auto":
+        implementation = os.environ.get(IMPLEMENTATION_ENV, "auto")
+    if implementation not in IMPLEMENTATIONS:
+        raise UserError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
     source = _resolve_source(path_or_id)
+    native = _native_llada_config(source, family, implementation)
+    if native is not None:
+        return _load_native_llada(source, native, dtype=dtype, device=device, rank0_weights=rank0_weights)
     trust = remote_code_trusted(trust_remote_code)
     files = [] if trust else remote_code_files(source)
     if files:
@@ -367,6 +415,59 @@ def load_diffusion_lm(
     return dlm if rank0_weights else detect_pad_free(dlm)
 
 
+def _native_llada_config(source: str, family: str | None, implementation: str) -> LLaDANativeConfig | None:
+    """The native LLaDA configuration of a local LLaDA folder, or None when the checkpoint's own code runs it."""
+    if implementation == "remote" or family not in (None, "llada", "llada-native"):
+        return None
+    path = Path(source) / "config.json"
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return None  # unreadable: the regular load reports it
+    if not isinstance(data, dict) or str(data.get("model_type", "")).lower() != "llada":
+        if implementation == "native":
+            raise UserError(
+                f"{source}: the native implementation is LLaDA's; this is model_type {data.get('model_type')!r}"
+            )
+        return None
+    from stabledrl_bench.core.models.llada import LLaDANativeConfig
+
+    settings = {key: value for key, value in data.items() if key not in ("auto_map", "architectures", "model_type")}
+    try:
+        return LLaDANativeConfig(**settings)
+    except UserError as exc:
+        if implementation == "native":
+            raise UserError(f"{source}: {exc}") from None
+        return None  # a variant the native code does not build: its own code (with --trust-remote-code)
+
+
+def _load_native_llada(
+    source: str, config: LLaDANativeConfig, *, dtype: torch.dtype | None, device, rank0_weights: bool
+) -> DiffusionLM:
+    """A LLaDA folder on :class:`~stabledrl_bench.core.models.llada.LLaDANativeModel`: no code from the folder."""
+    files = remote_code_files(source, configs=("tokenizer_config.json",))
+    if files and not remote_code_trusted():
+        raise UserError(
+            f"model {source!r}: its tokenizer ships its own Python code ({', '.join(files)}); pass "
+            "--trust-remote-code if you trust that folder"
+        )
+    with _loading(source, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
+    with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
+        model = LLaDANativeModel.from_pretrained(source, config=config, **_dtype_kwargs(dtype))
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    _check_token_ids(model, tokenizer, source, config.mask_token_id)
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", EOT)) if i is not None]
+    dlm = LLaDANativeBackend(
+        model, tokenizer, mask_id=config.mask_token_id, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids, name=source
+    )
+    return dlm if rank0_weights else detect_pad_free(dlm)
+
+
 def _check_token_ids(model: torch.nn.Module, tokenizer, source: str, mask_id: int | None) -> None:
     """Refuse a tokenizer that can produce ids the model has no embedding row for (a tokenizer from another
     model, or added tokens without resized embeddings): on CPU such an id is an index error deep in a forward, on
@@ -394,11 +495,11 @@ def remote_code_trusted(explicit: bool | None = None) -> bool:
     return os.environ.get(REMOTE_CODE_ENV, "0") == "1"
 
 
-def remote_code_files(source: str) -> list[str]:
+def remote_code_files(source: str, configs: tuple[str, ...] = ("config.json", "tokenizer_config.json")) -> list[str]:
     """The Python files a local checkpoint folder asks transformers to import (``auto_map`` of its model and
     tokenizer configs), read as data; [] for a Hub id (transformers itself then refuses without the opt-in)."""
     modules: set[str] = set()
-    for name in ("config.json", "tokenizer_config.json"):
+    for name in configs:
         path = Path(source) / name
         try:
             auto_map = json.loads(path.read_text()).get("auto_map") if path.is_file() else None

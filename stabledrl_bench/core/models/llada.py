@@ -1,0 +1,265 @@
+"""LLaDA written here: loads the published LLaDA-8B-Instruct / -Base / LLaDA-1.5 weights without running their code.
+
+The published checkpoints ship an OLMo-derived ``modeling_llada.py`` that only runs as remote code, pins an old
+transformers, numbers RoPE positions over cached + new keys (so only a prefix cache fits) and has no gradient
+checkpointing of its own. This module is the same network in ~200 lines, written from the architecture (LLaDA,
+arXiv:2502.09992; a Llama-style bidirectional transformer), with the published parameter names so the safetensors
+load unchanged:
+
+    model.transformer.wte                      token embedding [embedding_size, d_model]
+    model.transformer.blocks.<i>.attn_norm     RMSNorm before attention (float32 statistics)
+    model.transformer.blocks.<i>.{q,k,v}_proj  attention projections (grouped-query when n_kv_heads < n_heads)
+    model.transformer.blocks.<i>.attn_out      attention output projection
+    model.transformer.blocks.<i>.ff_norm       RMSNorm before the MLP
+    model.transformer.blocks.<i>.{ff,up}_proj  SwiGLU: silu(ff_proj x) * up_proj x
+    model.transformer.blocks.<i>.ff_out        MLP output projection
+    model.transformer.ln_f                     final RMSNorm
+    model.transformer.ff_out                   output head (absent when weight_tying: the embedding is reused)
+
+What it adds: explicit ``position_ids`` (RoPE at any position, so a dual cache works), a boolean or additive
+attention mask of any [B, 1, Q, K] pattern, keys cached after RoPE, and per-block activation checkpointing
+(:data:`LLaDANativeModel._no_split_modules` names the block class FSDP wraps). Only the structure the published
+LLaDA checkpoints use is built (llama blocks, RMSNorm, SiLU-gated MLP, RoPE, no ALiBi, no block groups); any other
+setting in a ``config.json`` is one error line naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from stabledrl_bench.errors import UserError
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+# config.json settings of the published checkpoints this module implements; anything else is refused.
+SUPPORTED = {
+    "block_type": ("llama",),
+    "layer_norm_type": ("rms",),
+    "activation_type": ("silu",),
+    "rope": (True,),
+    "alibi": (False, None),
+    "block_group_size": (1, None),
+    "attention_layer_norm": (False, None),
+    "multi_query_attention": (False, None),
+    "input_emb_norm": (False, None),
+    "include_bias": (False, None),
+    "include_qkv_bias": (False, None),
+    "bias_for_layer_norm": (False, None),
+    "layer_norm_with_affine": (True, None),
+}
+
+
+class LLaDANativeConfig(PretrainedConfig):
+    """The fields of LLaDA's ``config.json`` this implementation reads (the file's other fields are kept)."""
+
+    model_type = "llada_native"
+
+    def __init__(
+        self,
+        d_model: int = 4096,
+        n_heads: int = 32,
+        n_kv_heads: int | None = None,
+        n_layers: int = 32,
+        mlp_hidden_size: int | None = None,
+        mlp_ratio: int = 4,
+        vocab_size: int = 126464,
+        embedding_size: int | None = None,
+        max_sequence_length: int = 4096,
+        rms_norm_eps: float = 1e-5,
+        rope_theta: float = 10000.0,
+        weight_tying: bool = False,
+        scale_logits: bool = False,
+        mask_token_id: int = 126336,
+        **kwargs: Any,
+    ) -> None:
+        self.d_model, self.n_heads, self.n_layers = d_model, n_heads, n_layers
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.mlp_hidden_size = mlp_hidden_size or mlp_ratio * d_model
+        self.mlp_ratio = mlp_ratio
+        self.embedding_size = embedding_size or vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.rms_norm_eps, self.rope_theta = rms_norm_eps, rope_theta
+        self.weight_tying, self.scale_logits = weight_tying, scale_logits
+        self.mask_token_id = mask_token_id
+        super().__init__(vocab_size=vocab_size, tie_word_embeddings=weight_tying, **kwargs)
+        for key, allowed in SUPPORTED.items():
+            if kwargs.get(key, allowed[0]) not in allowed:
+                raise UserError(f"native LLaDA: {key}={kwargs[key]!r} is not built here (supported: {allowed[0]!r})")
+        if d_model % n_heads or n_heads % self.n_kv_heads:
+            raise UserError(f"native LLaDA: d_model {d_model}, n_heads {n_heads}, n_kv_heads {self.n_kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass
+class LLaDAOutput(ModelOutput):
+    logits: torch.Tensor | None = None
+    past_key_values: KVCache | None = None
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) in float32, cast back, then scaled: the published order (weight applied in the model's dtype)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return self.weight * normed
+
+
+def rope(t: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of ``t`` [B, H, Q, D] at ``positions`` [B, Q], in float32 (halves rotated: LLaDA's layout)."""
+    dim = t.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=t.device, dtype=torch.float) / dim))
+    angles = positions.float()[..., None] * inv_freq  # [B, Q, D/2]
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, Q, D]
+    t32 = t.float()
+    first, second = t32.chunk(2, dim=-1)
+    rotated = torch.cat((-second, first), dim=-1)
+    return (t32 * angles.cos() + rotated * angles.sin()).to(t.dtype)
+
+
+class LLaDALlamaBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then + ff_out(silu(ff_proj(.)) * up_proj(.)) of norm of that."""
+
+    def __init__(self, config: LLaDANativeConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, kv = config.d_model, config.n_kv_heads * config.head_dim
+        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
+        self.ff_norm = RMSNorm(d, config.rms_norm_eps)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, kv, bias=False)
+        self.v_proj = nn.Linear(d, kv, bias=False)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.ff_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)
+        self.up_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(config.mlp_hidden_size, d, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        cfg = self.config
+        batch, length, _ = x.shape
+        h = self.attn_norm(x)
+
+        def heads(t: torch.Tensor, n: int) -> torch.Tensor:
+            return t.view(batch, length, n, cfg.head_dim).transpose(1, 2)
+
+        q = rope(heads(self.q_proj(h), cfg.n_heads), positions, cfg.rope_theta)
+        k = rope(heads(self.k_proj(h), cfg.n_kv_heads), positions, cfg.rope_theta)
+        v = heads(self.v_proj(h), cfg.n_kv_heads)
+        if past is not None:  # cached keys are already rotated at their own positions
+            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+        present = (k, v)
+        if cfg.n_kv_heads != cfg.n_heads:
+            repeat = cfg.n_heads // cfg.n_kv_heads
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.attn_out(attended.transpose(1, 2).reshape(batch, length, cfg.d_model))
+        h = self.ff_norm(x)
+        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h)), present
+
+
+class LLaDATransformer(nn.Module):
+    def __init__(self, config: LLaDANativeConfig) -> None:
+        super().__init__()
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.embedding_size, config.d_model),
+                "blocks": nn.ModuleList(LLaDALlamaBlock(config) for _ in range(config.n_layers)),
+                "ln_f": RMSNorm(config.d_model, config.rms_norm_eps),
+            }
+        )
+        if not config.weight_tying:
+            self.transformer["ff_out"] = nn.Linear(config.d_model, config.embedding_size, bias=False)
+
+
+class LLaDANativeModel(PreTrainedModel):
+    """LLaDA's network under the published parameter names (``model.transformer...``), see the module docstring."""
+
+    config_class = LLaDANativeConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["LLaDALlamaBlock"]
+    supports_gradient_checkpointing = True
+
+    def __init__(self, config: LLaDANativeConfig) -> None:
+        super().__init__(config)
+        self.model = LLaDATransformer(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Any = None) -> None:
+        self.gradient_checkpointing = enable
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.transformer["wte"]
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.transformer["wte"] = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        **_: Any,
+    ) -> LLaDAOutput:
+        """Logits [B, Q, V] for ``input_ids`` [B, Q].
+
+        ``attention_mask``: None (every query sees every key), a [B, K] key-padding mask, or a [B, 1, Q, K] pattern
+        (boolean, True = attend, or additive); K counts cached keys first. ``position_ids`` [B, Q] default to the
+        positions after the cache. With ``use_cache`` the output carries each block's (rotated keys, values).
+        """
+        transformer = self.model.transformer
+        batch, length = input_ids.shape
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        if position_ids is None:
+            position_ids = torch.arange(past_len, past_len + length, device=input_ids.device).expand(batch, length)
+        mask = attention_mask
+        if mask is not None and mask.dim() == 2:
+            mask = mask.bool()[:, None, None, :]
+        x = transformer["wte"](input_ids)
+        present: KVCache = []
+        for i, block in enumerate(transformer["blocks"]):
+            past = past_key_values[i] if past_key_values else None
+            if self.gradient_checkpointing and self.training:
+                x, kv = checkpoint(block, x, mask, position_ids, past, use_reentrant=False)
+            else:
+                x, kv = block(x, mask, position_ids, past)
+            present.append(kv)
+        x = transformer["ln_f"](x)
+        head = transformer["wte"].weight if self.config.weight_tying else transformer["ff_out"].weight
+        logits = F.linear(x, head)
+        if self.config.scale_logits:
+            logits = logits / self.config.d_model**0.5
+        return LLaDAOutput(logits=logits, past_key_values=present if use_cache else None)
+
+
+__all__ = ["LLaDALlamaBlock", "LLaDANativeConfig", "LLaDANativeModel", "LLaDAOutput", "rope"]

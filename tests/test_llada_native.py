@@ -1,0 +1,199 @@
+"""The native LLaDA (``core/models/llada.py``): a LLaDA checkpoint folder loads without running its code, and
+everything the harness computes through it equals the tiny model on the same weights.
+
+The tiny model is the same architecture as LLaDA (pre-norm RMSNorm, rotate-half RoPE, SiLU-gated MLP, no biases),
+so its weights, renamed and split into LLaDA's parameter names, make a LLaDA checkpoint; the tiny backend is the
+reference every other backend is pinned to (``tests/test_conventions.py``). Equality with the *published* LLaDA
+file on the same weights is checked by the opt-in ``tests/test_upstream_models.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from backend_checks import PROMPTS, decode, estimates, evaluation_rows, lmeval_outputs, rl_step, sequence_batch
+from safetensors.torch import save_file
+
+from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.models.backends import LLaDANativeBackend, TinyBackend
+from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
+from stabledrl_bench.core.sampling import llada_generate
+from stabledrl_bench.errors import UserError
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def llada_weights(tiny: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tiny model's weights under LLaDA's published parameter names (fused projections split)."""
+    sd, out = tiny.state_dict(), {}
+    out["model.transformer.wte.weight"] = sd["embed.weight"]
+    out["model.transformer.ln_f.weight"] = sd["norm.weight"]
+    out["model.transformer.ff_out.weight"] = sd["lm_head.weight"]
+    layers = {int(key.split(".")[1]) for key in sd if key.startswith("layers.")}
+    for i in sorted(layers):
+        prefix, block = f"layers.{i}.", f"model.transformer.blocks.{i}."
+        q, k, v = sd[prefix + "attn.qkv.weight"].chunk(3)
+        gate, up = sd[prefix + "mlp.gate_up.weight"].chunk(2)
+        out |= {
+            block + "attn_norm.weight": sd[prefix + "attn_norm.weight"],
+            block + "ff_norm.weight": sd[prefix + "mlp_norm.weight"],
+            block + "q_proj.weight": q,
+            block + "k_proj.weight": k,
+            block + "v_proj.weight": v,
+            block + "attn_out.weight": sd[prefix + "attn.o_proj.weight"],
+            block + "ff_proj.weight": gate,
+            block + "up_proj.weight": up,
+            block + "ff_out.weight": sd[prefix + "mlp.down.weight"],
+        }
+    return {name: tensor.contiguous().clone() for name, tensor in out.items()}
+
+
+def write_llada_folder(folder: Path, tiny_folder: Path, **config_changes) -> Path:
+    """A LLaDA checkpoint as published (model_type "llada", auto_map naming modeling files that are not there)."""
+    tiny = load_diffusion_lm(tiny_folder)
+    cfg = tiny.model.config
+    folder.mkdir(parents=True)
+    config = {
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"},
+        "activation_type": "silu",
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "d_model": cfg.hidden_size,
+        "n_heads": cfg.num_attention_heads,
+        "n_kv_heads": cfg.num_attention_heads,
+        "n_layers": cfg.num_hidden_layers,
+        "mlp_hidden_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "embedding_size": cfg.vocab_size,
+        "max_sequence_length": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope": True,
+        "rope_theta": cfg.rope_theta,
+        "alibi": False,
+        "include_bias": False,
+        "weight_tying": False,
+        "mask_token_id": cfg.mask_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        **config_changes,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(llada_weights(tiny.model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tiny.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("llada-native")
+    tiny = root / "tiny"
+    save_diffusion_lm(build_tiny(seed=3, **SMALL), tiny)
+    return {"tiny": tiny, "llada": write_llada_folder(root / "llada", tiny)}
+
+
+@pytest.fixture(scope="module")
+def models(folders):
+    return load_diffusion_lm(folders["tiny"]), load_diffusion_lm(folders["llada"])
+
+
+def test_a_llada_folder_loads_natively_without_running_its_code(models, folders) -> None:
+    tiny, llada = models
+    assert isinstance(tiny, TinyBackend) and isinstance(llada, LLaDANativeBackend)
+    assert isinstance(llada.model, LLaDANativeModel) and not llada.pad_free  # masks are honoured
+    assert llada.full_cache_modes == ("prefix", "dual")
+    # the remote implementation is the checkpoint's own code: refused without the opt-in, never imported
+    with pytest.raises(UserError, match="ships its own Python code"):
+        load_diffusion_lm(folders["llada"], implementation="remote", trust_remote_code=False)
+
+
+def test_logits_on_padded_batches_equal_the_tiny_model(models) -> None:
+    tiny, llada = models
+    ids, mask = tiny.encode_prompts(PROMPTS, chat_template=False)
+    canvas = torch.cat((ids, torch.full((ids.shape[0], 6), tiny.mask_id)), dim=1)
+    attention = tiny.context_attention(mask, 6)
+    torch.testing.assert_close(llada.logits(canvas, attention), tiny.logits(canvas, attention), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_decoding_equals_the_tiny_model_with_every_cache(models, cache: str) -> None:
+    """The dual cache runs on LLaDA now (positions are explicit), and gives the tiny model's tokens."""
+    tiny, llada = models
+    ids, mask = tiny.encode_prompts(PROMPTS, chat_template=False)
+    outs = [
+        llada_generate(
+            dlm,
+            ids,
+            mask,
+            max_completion_length=8,
+            block_length=4,
+            steps=8,
+            cache=cache,
+            generator=torch.Generator().manual_seed(0),
+        ).completion_ids
+        for dlm in (tiny, llada)
+    ]
+    assert torch.equal(outs[0], outs[1])
+    for temperature in (0.0, 1.0):
+        assert torch.equal(
+            decode(tiny, PROMPTS, temperature=temperature).completion_ids,
+            decode(llada, PROMPTS, temperature=temperature).completion_ids,
+        )
+
+
+def test_estimators_evaluation_and_lm_eval_equal_the_tiny_model(models) -> None:
+    tiny, llada = models
+    ours, theirs = estimates(llada, sequence_batch(llada, PROMPTS)), estimates(tiny, sequence_batch(tiny, PROMPTS))
+    for name in theirs:
+        for field in theirs[name]:
+            torch.testing.assert_close(ours[name][field], theirs[name][field], rtol=0, atol=1e-5)
+    assert [r["completion"] for r in evaluation_rows(llada)] == [r["completion"] for r in evaluation_rows(tiny)]
+    (texts, scores), (ref_texts, ref_scores) = lmeval_outputs(llada), lmeval_outputs(tiny)
+    assert texts == ref_texts
+    assert [s[1] for s in scores] == [s[1] for s in ref_scores]
+    torch.testing.assert_close(torch.tensor([s[0] for s in scores]), torch.tensor([s[0] for s in ref_scores]))
+
+
+@pytest.mark.parametrize("baseline", ["grpo", "stabledrl"])
+def test_an_rl_step_equals_the_tiny_model_with_checkpointing(folders, tmp_path: Path, baseline: str) -> None:
+    ours = rl_step(folders["llada"], baseline, tmp_path / "llada", gradient_checkpointing=True)
+    theirs = rl_step(folders["tiny"], baseline, tmp_path / "tiny")
+    for key in ("loss", "reward_mean", "grad_norm"):
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+
+
+def test_unsupported_variants_go_to_remote_code_or_fail_in_one_line(folders, tmp_path: Path) -> None:
+    variant = write_llada_folder(tmp_path / "sequential", folders["tiny"], block_type="sequential")
+    with pytest.raises(UserError, match="ships its own Python code"):  # auto: the variant's own code, opt-in
+        load_diffusion_lm(variant, trust_remote_code=False)
+    with pytest.raises(UserError, match=r"native LLaDA: block_type='sequential' is not built here"):
+        load_diffusion_lm(variant, implementation="native")
+    with pytest.raises(UserError, match="implementation must be one of"):
+        load_diffusion_lm(folders["llada"], implementation="fast")
+
+
+def test_the_8b_configuration_builds_on_the_meta_device() -> None:
+    """LLaDA-8B-Instruct's shape (its config.json's structural fields): about 8.0B parameters, 32 blocks."""
+    config = LLaDANativeConfig(
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=32,
+        n_layers=32,
+        mlp_hidden_size=12288,
+        vocab_size=126464,
+        embedding_size=126464,
+        rope_theta=500000.0,
+        block_type="llama",
+        layer_norm_type="rms",
+        activation_type="silu",
+    )
+    with torch.device("meta"):
+        model = LLaDANativeModel(config)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert shapes["model.transformer.blocks.31.ff_proj.weight"] == (12288, 4096)
+    assert shapes["model.transformer.ff_out.weight"] == (126464, 4096) and len(shapes) == 3 + 32 * 9
+    assert 8.0e9 < sum(p.numel() for p in model.parameters()) < 8.05e9
