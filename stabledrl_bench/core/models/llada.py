@@ -54,6 +54,10 @@ SUPPORTED = {
     "include_qkv_bias": (False, None),
     "bias_for_layer_norm": (False, None),
     "layer_norm_with_affine": (True, None),
+    "rope_full_precision": (True, None),
+    "attention_dropout": (0.0, None),
+    "residual_dropout": (0.0, None),
+    "embedding_dropout": (0.0, None),
 }
 
 
