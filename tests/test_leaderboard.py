@@ -15,17 +15,11 @@ import yaml
 from test_results import BUDGET, store
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.leaderboard import (
-    ROW_COLUMNS,
-    TRAINING_COLUMNS,
-    build_leaderboard,
-    load_published,
-    training_changes,
-    training_path,
-    write_leaderboard,
-)
+from stabledrl_bench.reporting.leaderboard import ROW_COLUMNS, build_leaderboard, write_leaderboard
+from stabledrl_bench.reporting.published import load_published
 from stabledrl_bench.reporting.results import budget_hash
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
+from stabledrl_bench.reporting.training import TRAINING_COLUMNS, training_changes, training_path
 
 TABLE1_HEADERS = [
     f"{task} {sub}" for task in ("GSM8K", "MATH500", "Countdown", "Sudoku") for sub in ("128", "256", "512", "avg")

@@ -53,16 +53,16 @@ from stabledrl_bench.experiments.runner import (
 )
 from stabledrl_bench.experiments.stages import Stages
 from stabledrl_bench.processes import barrier, is_main_process
-from stabledrl_bench.reporting.leaderboard import (
+from stabledrl_bench.reporting.leaderboard import write_leaderboard
+from stabledrl_bench.reporting.results import ResultKey
+from stabledrl_bench.reporting.training import (
     CONTROL_RUN,
     TRAINING_COLUMNS,
     TRAINING_WINDOW,
     read_training,
     training_changes,
     training_path,
-    write_leaderboard,
 )
-from stabledrl_bench.reporting.results import ResultKey
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log

@@ -45,19 +45,15 @@ Regenerate with ``python -m stabledrl_bench leaderboard``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from stabledrl_bench.atomic import atomic_write_text
-from stabledrl_bench.errors import UserError
-from stabledrl_bench.migrations import upgraded_training_rewards
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import (
     ROW_KEY,
@@ -66,186 +62,26 @@ from stabledrl_bench.reporting.frame import (
     records_frame,
     row_order,
 )
+from stabledrl_bench.reporting.layout import TABLE_TITLES, CellKey, Column, extra_notes, table_columns
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
+from stabledrl_bench.reporting.published import EMPTY_BLOCK, load_published, published_block
 from stabledrl_bench.reporting.results import (
     REFERENCE_BASELINES,
-    SAMPLING_MODES,
-    TABLE1_LENGTHS,
-    TABLE1_TASKS,
-    TABLE2_OPTIONAL,
-    TABLE2_TASKS,
     load_results,
     load_samples,
     slugify,
 )
 from stabledrl_bench.reporting.sampled import sampled_blocks
 from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval, bootstrap_mean_ci
-from stabledrl_bench.tasks import TASKS, get_task
+from stabledrl_bench.reporting.training import training_block
+from stabledrl_bench.tasks import get_task
 
-PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
-DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown
-OVERALL = "overall"
-TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
-CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts
-TRAINING_WINDOW = 10
-TRAINING_COLUMNS = ("task", "seed", "run", "step", "reward_mean")
-AVG = "avg"
-
-TABLE_TITLES = {
-    "table1": "Table 1 — full attention (LLaDA layout)",
-    "table2": "Table 2 — block diffusion (TraceRL layout)",
-}
 ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", "Code", "Seeds")
 
 ExtraSection = Callable[[Path], str | None]
-CellKey = tuple[str, int | str]
-EMPTY_BLOCK: dict[str, Any] = {"title": "", "notes": [], "rows": []}
 
 
 # --------------------------------------------------------------------------------------------- columns
-@dataclass(frozen=True)
-class Column:
-    """One numeric column: ``key`` addresses published cells, ``parts`` are the measured cells it averages."""
-
-    key: CellKey
-    header: str
-    parts: tuple[CellKey, ...]
-
-
-def extra_tasks(table: str, present: Collection[str]) -> list[str]:
-    """The measured tasks of ``table`` outside the paper's layout, in registry order (built-ins, then plugins)."""
-    paper = TABLE1_TASKS if table == "table1" else TABLE2_TASKS
-    return [task for task in TASKS if task in present and task not in paper]
-
-
-def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
-    """Column layout of ``table``: the paper's columns, then every other task in ``present`` (e.g. Table 1's
-    generated Countdown / Sudoku sets, or a plugin task), outside Table 1's overall average. Table 2's optional
-    paper column (AIME 2025) is shown only when present."""
-    if table == "table1":
-        columns: list[Column] = []
-        for task in (*TABLE1_TASKS, *extra_tasks(table, present)):
-            cells = tuple((task, length) for length in TABLE1_LENGTHS)
-            columns += [Column(cell, f"{task_label(task)} {cell[1]}", (cell,)) for cell in cells]
-            columns.append(Column((task, AVG), f"{task_label(task)} avg", cells))
-        paper = [column for column in columns if column.key[1] != AVG and column.key[0] in TABLE1_TASKS]
-        every = tuple(part for column in paper for part in column.parts)
-        return [*columns, Column((OVERALL, ""), "Overall avg", every)]
-    tasks = [task for task in TABLE2_TASKS if task not in TABLE2_OPTIONAL or task in present]
-    return [
-        Column((task, mode), f"{task_label(task)} {mode}", ((task, mode),))
-        for task in (*tasks, *extra_tasks(table, present))
-        for mode in SAMPLING_MODES
-    ]
-
-
-# ------------------------------------------------------------------------------------------- published
-def _published_cell(cell: Any, where: str) -> None:
-    if not isinstance(cell, Mapping) or sorted(cell) != ["grade", "source", "value"]:
-        raise UserError(f"{where}: a published cell needs exactly value, grade, source")
-    if cell["grade"] == "U":
-        raise UserError(f"{where}: grade-U (unreliable) numbers must never be shown")
-    if cell["grade"] not in DISPLAY_GRADES:
-        raise UserError(f"{where}: grade {cell['grade']!r} is not one of {', '.join(DISPLAY_GRADES)}")
-    value = cell["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-        raise UserError(f"{where}: value must be a percentage in [0, 100], got {value!r}")
-    if not isinstance(cell["source"], str) or not cell["source"].strip():
-        raise UserError(f"{where}: source must be a non-empty string")
-
-
-def _validate_published(data: Any, where: str) -> None:
-    """Published numbers are hand-entered, so their shape is checked as strictly as measured records."""
-    if not isinstance(data, Mapping) or data.get("schema") != PUBLISHED_SCHEMA:
-        raise UserError(f"{where}: expected a mapping with schema {PUBLISHED_SCHEMA!r}")
-    unknown = sorted(set(data) - {"schema", "table1", "table2"})
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    allowed = {
-        "table1": (TABLE1_TASKS, (*TABLE1_LENGTHS, AVG)),
-        "table2": (TABLE2_TASKS, SAMPLING_MODES),
-    }
-    for table in ("table1", "table2"):
-        block = data.get(table, EMPTY_BLOCK)
-        at = f"{where}: {table}"
-        if not isinstance(block, Mapping) or sorted(block) != ["notes", "rows", "title"]:
-            raise UserError(f"{at}: needs exactly title, notes, rows")
-        if not isinstance(block["notes"], list) or not all(isinstance(note, str) for note in block["notes"]):
-            raise UserError(f"{at}: notes must be a list of strings")
-        if not isinstance(block["rows"], list):
-            raise UserError(f"{at}: rows must be a list")
-        tasks, subs = allowed[table]
-        for row in block["rows"]:
-            if not isinstance(row, Mapping) or sorted(row) != ["cells", "label"] or not isinstance(row["cells"], dict):
-                raise UserError(f"{at}: every row needs exactly label and cells")
-            for task, cells in row["cells"].items():
-                at_row = f"{at}: {row['label']}: {task}"
-                if table == "table1" and task == OVERALL:
-                    _published_cell(cells, at_row)
-                    continue
-                if task not in tasks or not isinstance(cells, Mapping):
-                    raise UserError(f"{at_row}: not a column group of {table}")
-                for sub, cell in cells.items():
-                    if sub not in subs:
-                        raise UserError(f"{at_row}: {sub!r} is not one of {subs}")
-                    _published_cell(cell, f"{at_row} {sub}")
-
-
-def load_published(source: Mapping[str, Any] | Path | str | None = None) -> dict[str, Any]:
-    """Validated published numbers: the packaged ``published.yaml`` by default, or a path, or a mapping."""
-    if isinstance(source, Mapping):
-        data, where = dict(source), "published data"
-    else:
-        if source is None:
-            text, where = (
-                resources.files("stabledrl_bench.reporting").joinpath("published.yaml").read_text("utf-8"),
-                "published.yaml",
-            )
-        else:
-            path = Path(source)
-            where = str(path)
-            try:
-                text = path.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise UserError(f"{path}: cannot read published numbers: {exc}") from exc
-        try:
-            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # C loader when built
-        except yaml.YAMLError as exc:
-            raise UserError(f"{where}: invalid YAML: {' '.join(str(exc).split())}") from exc
-    _validate_published(data, where)
-    return data
-
-
-def _published_cell_text(row: Mapping[str, Any], column: Column) -> str:
-    task, sub = column.key
-    cell = row["cells"].get(task) if task == OVERALL else row["cells"].get(task, {}).get(sub)
-    return MISSING if cell is None else f"{cell['value']:.1f} ({cell['grade']})"
-
-
-def _published_sources(row: Mapping[str, Any]) -> str:
-    """The row's distinct cell sources, in cell order: the "Source" column."""
-    cells = [cell for task, group in row["cells"].items() for cell in ([group] if task == OVERALL else group.values())]
-    return "; ".join(dict.fromkeys(cell["source"] for cell in cells))
-
-
-def _published_block(table: str, block: Mapping[str, Any]) -> str:
-    if not block["rows"]:
-        return "**Published (not measured here)**: none.\n"
-    columns = table_columns(table, {task for row in block["rows"] for task in row["cells"]})
-    frame = pd.DataFrame(
-        [
-            {"Model": row["label"], **{c.header: _published_cell_text(row, c) for c in columns}}
-            | {"Source": _published_sources(row)}
-            for row in block["rows"]
-        ]
-    )
-    notes = "".join(f"- {' '.join(note.split())}\n" for note in block["notes"])
-    return (
-        f"**Published (not measured here)** — {block['title']}. Each cell is `value (grade)`.\n\n"
-        f"{markdown_table(frame)}\nNotes:\n\n{notes}"
-    )
-
-
 # -------------------------------------------------------------------------------------------- measured
 def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
     return MISSING if interval is None else interval.text(spec)
@@ -414,17 +250,6 @@ APPROXIMATE_NOTE = (
 )
 
 
-def extra_notes(table: str, present: Collection[str]) -> list[str]:
-    """What each measured column outside the paper's layout is (:attr:`Task.note`), under the table."""
-    notes = []
-    for task in extra_tasks(table, present):
-        note = TASKS.get(task).column_note()
-        note = note or (f"{task_label(task)} is not a column of the paper." if table == "table1" else "")
-        if note:
-            notes.append(note + (" It is not in the overall average." if table == "table1" else ""))
-    return notes
-
-
 def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool) -> str:
     rl = frame[~frame["baseline"].isin(REFERENCE_BASELINES)]
     budget = f"`{rl['budget_hash'].iloc[0]}`" if not rl.empty else MISSING
@@ -548,7 +373,7 @@ def _measured_blocks(
             block += "\n" + change
         training = ""
         if comparison not in trained:  # once per comparison
-            training = _training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
+            training = training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
         trained.add(comparison)
         if training:
             block += "\n" + training
@@ -562,113 +387,6 @@ def _measured_blocks(
             block += f"\n![{table} {comparison}]({link})\n"
         blocks.append(block)
     return "\n".join([*blocks, sampled] if sampled else blocks)
-
-
-# ------------------------------------------------------------------------------------ training reward
-def training_path(results_dir: Path | str, comparison: str, task: str) -> Path:
-    return Path(results_dir) / TRAINING_DIR / f"{slugify(comparison, 80)}__{slugify(task)}.csv"
-
-
-def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd.DataFrame:
-    """Each run's mean training reward over its last ``window`` rollouts, minus the frozen control's on the same
-    rollouts (same seed and step = same prompts and random numbers), with a bootstrap 95% interval over those
-    rollouts (pooled over seeds) and each seed's own mean change (``per_seed``).
-
-    ``rewards`` has :data:`TRAINING_COLUMNS` for one task; the control is the run named :data:`CONTROL_RUN`.
-    Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
-    """
-    rows = []
-    for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=False):
-        differences, ours_all, frozen_all, per_seed = [], [], [], []
-        for seed, runs in group.groupby("seed", sort=True):
-            control = rewards[(rewards["run"] == CONTROL_RUN) & (rewards["seed"] == seed)]
-            frozen = control.set_index("step")["reward_mean"]
-            ours = runs.set_index("step")["reward_mean"]
-            steps = sorted(set(ours.index) & set(frozen.index))[-window:]
-            if not steps:
-                continue
-            differences.append((ours[steps] - frozen[steps]).to_numpy())
-            ours_all += ours[steps].tolist()
-            frozen_all += frozen[steps].tolist()
-            per_seed.append(float(differences[-1].mean()))
-        if not differences:
-            continue
-        rows.append(
-            {
-                "run": run,
-                "seeds": len(per_seed),
-                "rollouts": sum(len(d) for d in differences),
-                "reward": float(np.mean(ours_all)),
-                "frozen": float(np.mean(frozen_all)),
-                "change": bootstrap_mean_ci([np.concatenate(differences)]),
-                "per_seed": per_seed,
-            }
-        )
-    return pd.DataFrame(rows, columns=["run", "seeds", "rollouts", "reward", "frozen", "change", "per_seed"])
-
-
-def read_training(path: Path) -> pd.DataFrame:
-    """A training-reward CSV (an old one, without seeds, is read as seed 0: see ``migrations``)."""
-    try:
-        rewards = upgraded_training_rewards(pd.read_csv(path))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: unreadable training-reward file: {exc}") from exc
-    if list(rewards.columns) != list(TRAINING_COLUMNS) or rewards.empty:
-        raise UserError(f"{path}: a training-reward file needs the columns {', '.join(TRAINING_COLUMNS)}")
-    return rewards
-
-
-def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path | None:
-    """``<csv>.png``: every run's rollout reward against the optimizer step, the frozen control labelled as such."""
-    from stabledrl_bench.training.runlog import plot_runs
-
-    mean = rewards.groupby(["run", "step"], sort=False, as_index=False)["reward_mean"].mean()  # over seeds
-    runs = {
-        f"{run} (learning rate 0)" if run == CONTROL_RUN else run: group.to_dict("records")
-        for run, group in mean.groupby("run", sort=False)
-    }
-    task = rewards["task"].iloc[0]
-    return plot_runs(
-        runs,
-        path.with_suffix(".png"),
-        window=5,
-        title=f"{comparison}: {task_label(task)}, training reward of each rollout"
-        + (f" (mean of {rewards['seed'].nunique()} seeds)" if rewards["seed"].nunique() > 1 else ""),
-        x_label="optimizer step (one point per rollout: a rollout every num_iterations optimizer steps)",
-    )
-
-
-def _training_block(results_dir: Path, comparison: str, markdown_dir: Path | None) -> str:
-    """The training-reward table of every task of ``comparison`` (and, given ``markdown_dir``, its curves)."""
-    blocks = []
-    for path in sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv")):
-        rewards = read_training(path)
-        changes = training_changes(rewards)
-        if changes.empty:
-            continue
-        display = pd.DataFrame(
-            {
-                "Baseline": changes["run"],
-                "Rollouts": changes["rollouts"],
-                "Training reward": changes["reward"].map("{:.3f}".format),
-                "Frozen start": changes["frozen"].map("{:.3f}".format),
-                "Change": changes["change"].map(lambda c: c.text("+.3f", scale=1.0)),
-            }
-        )
-        if changes["seeds"].max() > 1:
-            display["Per seed"] = changes["per_seed"].map(lambda values: ", ".join(f"{v:+.3f}" for v in values))
-        task = rewards["task"].iloc[0]
-        blocks.append(
-            f"**Training reward, {task_label(task)}** (`{path.name}`): mean reward of each run's last "
-            f"rollouts (sampled at the budget's temperature) against the frozen start, trained with learning rate 0 "
-            f"on the same prompts with the same random numbers; change with a percentile-bootstrap 95% interval over "
-            f"the rollouts.\n\n" + markdown_table(display)
-        )
-        plot = _plot_training(path, rewards, comparison) if markdown_dir is not None else None
-        if plot is not None and markdown_dir is not None:
-            link = Path(os.path.relpath(plot.resolve(), markdown_dir.resolve())).as_posix()
-            blocks[-1] += f"\n![training reward {task}]({link})\n"
-    return "\n".join(blocks)
 
 
 # -------------------------------------------------------------------------------------------- markdown
@@ -721,8 +439,8 @@ def build_leaderboard(
     parts = [HEADER.format(results_dir=results_dir.as_posix(), n_resamples=N_RESAMPLES, missing=MISSING)]
     for table in ("table1", "table2"):
         measured = _measured_blocks(results_dir, table, frame, records, plots, Path(markdown_dir or "."))
-        published_block = _published_block(table, tables.get(table, EMPTY_BLOCK))
-        parts.append(f"## {TABLE_TITLES[table]}\n\n{measured}\n{published_block}")
+        published = published_block(table, tables.get(table, EMPTY_BLOCK))
+        parts.append(f"## {TABLE_TITLES[table]}\n\n{measured}\n{published}")
     for section in extra_sections:
         text = section(results_dir)
         if text and text.strip():

@@ -1,0 +1,72 @@
+"""The tables' layout: which columns Table 1 and Table 2 have, what an average column averages, and the notes that
+say what a column outside the paper's layout measures (the task's own :attr:`Task.note`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from stabledrl_bench.reporting.markdown import task_label
+from stabledrl_bench.reporting.results import (
+    SAMPLING_MODES,
+    TABLE1_LENGTHS,
+    TABLE1_TASKS,
+    TABLE2_OPTIONAL,
+    TABLE2_TASKS,
+)
+from stabledrl_bench.tasks import TASKS
+
+OVERALL = "overall"
+AVG = "avg"
+TABLE_TITLES = {
+    "table1": "Table 1 — full attention (LLaDA layout)",
+    "table2": "Table 2 — block diffusion (TraceRL layout)",
+}
+CellKey = tuple[str, int | str]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One numeric column: ``key`` addresses published cells, ``parts`` are the measured cells it averages."""
+
+    key: CellKey
+    header: str
+    parts: tuple[CellKey, ...]
+
+
+def extra_tasks(table: str, present: Collection[str]) -> list[str]:
+    """The measured tasks of ``table`` outside the paper's layout, in registry order (built-ins, then plugins)."""
+    paper = TABLE1_TASKS if table == "table1" else TABLE2_TASKS
+    return [task for task in TASKS if task in present and task not in paper]
+
+
+def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
+    """Column layout of ``table``: the paper's columns, then every other task in ``present`` (e.g. Table 1's
+    generated Countdown / Sudoku sets, or a plugin task), outside Table 1's overall average. Table 2's optional
+    paper column (AIME 2025) is shown only when present."""
+    if table == "table1":
+        columns: list[Column] = []
+        for task in (*TABLE1_TASKS, *extra_tasks(table, present)):
+            cells = tuple((task, length) for length in TABLE1_LENGTHS)
+            columns += [Column(cell, f"{task_label(task)} {cell[1]}", (cell,)) for cell in cells]
+            columns.append(Column((task, AVG), f"{task_label(task)} avg", cells))
+        paper = [column for column in columns if column.key[1] != AVG and column.key[0] in TABLE1_TASKS]
+        every = tuple(part for column in paper for part in column.parts)
+        return [*columns, Column((OVERALL, ""), "Overall avg", every)]
+    tasks = [task for task in TABLE2_TASKS if task not in TABLE2_OPTIONAL or task in present]
+    return [
+        Column((task, mode), f"{task_label(task)} {mode}", ((task, mode),))
+        for task in (*tasks, *extra_tasks(table, present))
+        for mode in SAMPLING_MODES
+    ]
+
+
+def extra_notes(table: str, present: Collection[str]) -> list[str]:
+    """What each measured column outside the paper's layout is (:attr:`Task.note`), under the table."""
+    notes = []
+    for task in extra_tasks(table, present):
+        note = TASKS.get(task).column_note()
+        note = note or (f"{task_label(task)} is not a column of the paper." if table == "table1" else "")
+        if note:
+            notes.append(note + (" It is not in the overall average." if table == "table1" else ""))
+    return notes
