@@ -259,14 +259,14 @@ def test_the_published_files_behave_as_the_tiny_emulations_say(checkpoints) -> N
         sdar.eval()
 
 
-@pytest.mark.parametrize("variant", ["llada-hub", "llada-dllm-rl"])
-def test_the_native_llada_equals_the_published_file(checkpoints, variant: str, tmp_path) -> None:
+@pytest.mark.parametrize("variant", ["llada-hub", "llada-dllm-rl", "dream"])
+def test_the_native_implementation_equals_the_published_file(checkpoints, variant: str, tmp_path) -> None:
     """Same weights, same parameter names: logits, decoding, evaluation, lm-eval and an RL step agree."""
-    from stabledrl_bench.core.models.backends import LLaDANativeBackend
+    from stabledrl_bench.core.models.backends import NativeBackend
 
     remote = load_diffusion_lm(checkpoints[variant])
     native = load_diffusion_lm(checkpoints[variant], implementation="native")
-    assert isinstance(native, LLaDANativeBackend) and not native.pad_free
+    assert isinstance(native, NativeBackend) and not native.pad_free and native.shift_logits == remote.shift_logits
     assert set(native.model.state_dict()) == set(remote.model.state_dict())
     ids = torch.randint(0, 40, (2, 12))
     with torch.no_grad():

@@ -8,8 +8,9 @@ Each backend speaks one family's calling convention, as read from its published 
   file ignores every mask; the loader detects that (:func:`~stabledrl_bench.core.models.probes.masks_honoured`)
   and runs such a model pad-free. No position ids (LLaDA numbers positions itself). Mask id from the config,
   else 126336.
-* ``llada-native`` - LLaDA on this package's own implementation (:mod:`.llada`): the default for every LLaDA folder
-  whose structure it builds; boolean patterns, explicit positions, keys cached after RoPE (prefix and dual cache).
+* ``llada-native``, ``dream-native`` - LLaDA and Dream on this package's own implementations (:mod:`.llada`,
+  :mod:`.dream`): the default for every such folder whose structure they build; boolean patterns, explicit
+  positions, keys cached after RoPE (prefix and dual cache).
 * ``dream`` - Dream-7B: an additive 4-D bias in the model's dtype and explicit real-token position ids; its
   logits at position i predict token i+1, so they are shifted right by one.
 * ``sdar``  - SDAR / TraDo block-diffusion checkpoints (``AutoModelForCausalLM``): a boolean 4-D block-causal
@@ -36,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,6 +47,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
+from stabledrl_bench.core.models.dream import DreamNativeConfig, DreamNativeModel
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
@@ -131,18 +134,13 @@ class LLaDABackend(Backend):
         return out.logits, (out.attn_key_values if store else None)
 
 
-@MODEL_FAMILIES.register("llada-native")
-class LLaDANativeBackend(Backend):
-    """LLaDA run by this package's own implementation (:mod:`.llada`): the published weights, no remote code.
+class NativeBackend(Backend):
+    """A published family run by this package's own implementation (:mod:`.llada`, :mod:`.dream`): the published
+    weights, no code from the folder. A boolean [B, 1, Q, K] pattern and explicit position ids go straight in, and
+    keys are cached after RoPE, so any key set can be cached (prefix and dual cache). The loader picks it for every
+    checkpoint of the family whose structure it builds (:func:`load_diffusion_lm`, ``implementation``)."""
 
-    A boolean [B, 1, Q, K] pattern and explicit position ids go straight in, and keys are cached after RoPE, so any
-    key set can be cached: the dual cache works on LLaDA. The loader picks it for every LLaDA checkpoint whose
-    structure it builds (:func:`load_diffusion_lm`, ``implementation``).
-    """
-
-    model_types = ()  # chosen by the loader for model_type "llada", never by model_type alone
-    default_mask_id = LLADA_MASK_ID
-    block_classes = ("LLaDALlamaBlock",)
+    model_types = ()  # chosen by the loader from the folder's model_type (NATIVE), never by model_type alone
     full_cache_modes = ("prefix", "dual")
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
@@ -155,6 +153,38 @@ class LLaDANativeBackend(Backend):
             use_cache=store,
         )
         return out.logits, out.past_key_values
+
+
+@MODEL_FAMILIES.register("llada-native")
+class LLaDANativeBackend(NativeBackend):
+    """LLaDA on :mod:`.llada` (the remote file's positions allow only a prefix cache; these allow a dual one)."""
+
+    default_mask_id = LLADA_MASK_ID
+    block_classes = ("LLaDALlamaBlock",)
+
+
+@MODEL_FAMILIES.register("dream-native")
+class DreamNativeBackend(NativeBackend):
+    """Dream on :mod:`.dream`: its logits at position i predict token i + 1, shifted right like the remote file's."""
+
+    default_mask_id = DREAM_MASK_ID
+    block_classes = ("DreamDecoderLayer",)
+    shift_logits = True
+
+
+@dataclass(frozen=True)
+class NativeFamily:
+    """A published ``model_type`` this package implements: its config and model classes, and its backend."""
+
+    config: type
+    model: type
+    backend: str
+
+
+NATIVE = {
+    "llada": NativeFamily(LLaDANativeConfig, LLaDANativeModel, "llada-native"),
+    "dream": NativeFamily(DreamNativeConfig, DreamNativeModel, "dream-native"),
+}
 
 
 @MODEL_FAMILIES.register("dream")
@@ -355,8 +385,8 @@ def load_diffusion_lm(
     ``trust_remote_code`` (None: the process's opt-in, :data:`REMOTE_CODE_ENV`) allows importing the Python files a
     checkpoint names; without it such a checkpoint is refused before anything is imported (module docstring).
 
-    ``implementation``: a LLaDA checkpoint runs on this package's own LLaDA (:mod:`.llada`, family
-    ``llada-native``) when its structure is one that implementation builds (``auto``, the default, and
+    ``implementation``: a LLaDA or Dream checkpoint runs on this package's own implementation (:data:`NATIVE`:
+    :mod:`.llada`, :mod:`.dream`) when its structure is one that implementation builds (``auto``, the default, and
     ``native``, which refuses any other); ``remote`` (or an unsupported variant under ``auto``) runs the
     checkpoint's own code, which needs ``trust_remote_code``.
     """
@@ -365,9 +395,9 @@ def load_diffusion_lm(
     if implementation not in IMPLEMENTATIONS:
         raise UserError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
     source = _resolve_source(path_or_id)
-    native = _native_llada_config(source, family, implementation)
+    native = _native_config(source, family, implementation)
     if native is not None:
-        return _load_native_llada(source, native, dtype=dtype, device=device, rank0_weights=rank0_weights)
+        return _load_native(source, *native, dtype=dtype, device=device, rank0_weights=rank0_weights)
     trust = remote_code_trusted(trust_remote_code)
     files = [] if trust else remote_code_files(source)
     if files:
@@ -415,36 +445,34 @@ def load_diffusion_lm(
     return dlm if rank0_weights else detect_pad_free(dlm)
 
 
-def _native_llada_config(source: str, family: str | None, implementation: str) -> LLaDANativeConfig | None:
-    """The native LLaDA configuration of a local LLaDA folder, or None when the checkpoint's own code runs it."""
-    if implementation == "remote" or family not in (None, "llada", "llada-native"):
+def _native_config(source: str, family: str | None, implementation: str) -> tuple[NativeFamily, Any] | None:
+    """The native family and configuration of a local folder, or None when the checkpoint's own code runs it."""
+    if implementation == "remote":
         return None
     path = Path(source) / "config.json"
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         return None  # unreadable: the regular load reports it
-    if not isinstance(data, dict) or str(data.get("model_type", "")).lower() != "llada":
+    model_type = str(data.get("model_type", "")).lower() if isinstance(data, dict) else ""
+    native = NATIVE.get(model_type)
+    if native is None or family not in (None, model_type, native.backend):
         if implementation == "native":
-            raise UserError(
-                f"{source}: the native implementation is LLaDA's; this is model_type {data.get('model_type')!r}"
-            )
+            raise UserError(f"{source}: no native implementation of model_type {model_type!r} ({', '.join(NATIVE)})")
         return None
-    from stabledrl_bench.core.models.llada import LLaDANativeConfig
-
     settings = {key: value for key, value in data.items() if key not in ("auto_map", "architectures", "model_type")}
     try:
-        return LLaDANativeConfig(**settings)
+        return native, native.config(**settings)
     except UserError as exc:
         if implementation == "native":
             raise UserError(f"{source}: {exc}") from None
         return None  # a variant the native code does not build: its own code (with --trust-remote-code)
 
 
-def _load_native_llada(
-    source: str, config: LLaDANativeConfig, *, dtype: torch.dtype | None, device, rank0_weights: bool
+def _load_native(
+    source: str, native: NativeFamily, config, *, dtype: torch.dtype | None, device, rank0_weights: bool
 ) -> DiffusionLM:
-    """A LLaDA folder on :class:`~stabledrl_bench.core.models.llada.LLaDANativeModel`: no code from the folder."""
+    """A published checkpoint on this package's implementation of its family: no code from the folder runs."""
     files = remote_code_files(source, configs=("tokenizer_config.json",))
     if files and not remote_code_trusted():
         raise UserError(
@@ -454,17 +482,17 @@ def _load_native_llada(
     with _loading(source, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
     with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
-        model = LLaDANativeModel.from_pretrained(source, config=config, **_dtype_kwargs(dtype))
+        model = native.model.from_pretrained(source, config=config, **_dtype_kwargs(dtype))
     if device is not None:
         model = model.to(device)
     model.eval()
-    _check_token_ids(model, tokenizer, source, config.mask_token_id)
+    backend = MODEL_FAMILIES.get(native.backend)
+    mask_id = getattr(config, "mask_token_id", None) or backend.default_mask_id
+    _check_token_ids(model, tokenizer, source, mask_id)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", EOT)) if i is not None]
-    dlm = LLaDANativeBackend(
-        model, tokenizer, mask_id=config.mask_token_id, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids, name=source
-    )
+    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
+    dlm = backend(model, tokenizer, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids, name=source)
     return dlm if rank0_weights else detect_pad_free(dlm)
 
 

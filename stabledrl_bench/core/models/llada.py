@@ -35,9 +35,8 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from stabledrl_bench.core.models.layers import KVCache, RMSNorm, attend, key_mask, rope
 from stabledrl_bench.errors import UserError
-
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 # config.json settings of the published checkpoints this module implements; anything else is refused.
 SUPPORTED = {
@@ -111,32 +110,6 @@ class LLaDAOutput(ModelOutput):
     past_key_values: KVCache | None = None
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x) in float32, cast back, then scaled: the published order (weight applied in the model's dtype)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return self.weight * normed
-
-
-def rope(t: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of ``t`` [B, H, Q, D] at ``positions`` [B, Q], in float32 (halves rotated: LLaDA's layout)."""
-    dim = t.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=t.device, dtype=torch.float) / dim))
-    angles = positions.float()[..., None] * inv_freq  # [B, Q, D/2]
-    angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, Q, D]
-    t32 = t.float()
-    first, second = t32.chunk(2, dim=-1)
-    rotated = torch.cat((-second, first), dim=-1)
-    return (t32 * angles.cos() + rotated * angles.sin()).to(t.dtype)
-
-
 class LLaDALlamaBlock(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + ff_out(silu(ff_proj(.)) * up_proj(.)) of norm of that."""
 
@@ -170,15 +143,8 @@ class LLaDALlamaBlock(nn.Module):
 
         q = rope(heads(self.q_proj(h), cfg.n_heads), positions, cfg.rope_theta)
         k = rope(heads(self.k_proj(h), cfg.n_kv_heads), positions, cfg.rope_theta)
-        v = heads(self.v_proj(h), cfg.n_kv_heads)
-        if past is not None:  # cached keys are already rotated at their own positions
-            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
-        present = (k, v)
-        if cfg.n_kv_heads != cfg.n_heads:
-            repeat = cfg.n_heads // cfg.n_kv_heads
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = x + self.attn_out(attended.transpose(1, 2).reshape(batch, length, cfg.d_model))
+        attended, present = attend(q, k, heads(self.v_proj(h), cfg.n_kv_heads), mask, past)
+        x = x + self.attn_out(attended)
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h)), present
 
@@ -246,9 +212,7 @@ class LLaDANativeModel(PreTrainedModel):
         past_len = past_key_values[0][0].shape[2] if past_key_values else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + length, device=input_ids.device).expand(batch, length)
-        mask = attention_mask
-        if mask is not None and mask.dim() == 2:
-            mask = mask.bool()[:, None, None, :]
+        mask = key_mask(attention_mask)
         x = transformer["wte"](input_ids)
         present: KVCache = []
         for i, block in enumerate(transformer["blocks"]):

@@ -1,5 +1,6 @@
-"""The native LLaDA (``core/models/llada.py``): a LLaDA checkpoint folder loads without running its code, and
-everything the harness computes through it equals the tiny model on the same weights.
+"""The native LLaDA and Dream (``core/models/llada.py``, ``dream.py``): their checkpoint folders load without running
+their code. Everything the harness computes through the native LLaDA equals the tiny model on the same weights; the
+native Dream's network equals the tiny network on the same weights (its backend shifts the logits, as Dream's must).
 
 The tiny model is the same architecture as LLaDA (pre-norm RMSNorm, rotate-half RoPE, SiLU-gated MLP, no biases),
 so its weights, renamed and split into LLaDA's parameter names, make a LLaDA checkpoint; the tiny backend is the
@@ -14,11 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from backend_checks import PROMPTS, decode, estimates, evaluation_rows, lmeval_outputs, rl_step, sequence_batch
+from backend_checks import (
+    PROMPTS,
+    assert_batch_size_invariant,
+    decode,
+    estimates,
+    evaluation_rows,
+    lmeval_outputs,
+    rl_step,
+    sequence_batch,
+)
 from safetensors.torch import save_file
 
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.core.models.backends import LLaDANativeBackend, TinyBackend
+from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, TinyBackend
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
 from stabledrl_bench.core.sampling import llada_generate
 from stabledrl_bench.errors import UserError
@@ -197,3 +207,107 @@ def test_the_8b_configuration_builds_on_the_meta_device() -> None:
     assert shapes["model.transformer.blocks.31.ff_proj.weight"] == (12288, 4096)
     assert shapes["model.transformer.ff_out.weight"] == (126464, 4096) and len(shapes) == 3 + 32 * 9
     assert 8.0e9 < sum(p.numel() for p in model.parameters()) < 8.05e9
+
+
+# ---------------------------------------------------------------------------------------------------- Dream
+def dream_weights(tiny: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tiny model's weights under Dream's published names (fused projections split, zero q/k/v biases)."""
+    sd, out = tiny.state_dict(), {}
+    out["model.embed_tokens.weight"] = sd["embed.weight"]
+    out["model.norm.weight"] = sd["norm.weight"]
+    out["lm_head.weight"] = sd["lm_head.weight"]
+    layers = {int(key.split(".")[1]) for key in sd if key.startswith("layers.")}
+    for i in sorted(layers):
+        prefix, layer = f"layers.{i}.", f"model.layers.{i}."
+        q, k, v = sd[prefix + "attn.qkv.weight"].chunk(3)
+        gate, up = sd[prefix + "mlp.gate_up.weight"].chunk(2)
+        for name, weight in (("q", q), ("k", k), ("v", v)):
+            out[f"{layer}self_attn.{name}_proj.weight"] = weight
+            out[f"{layer}self_attn.{name}_proj.bias"] = torch.zeros(weight.shape[0])
+        out |= {
+            layer + "self_attn.o_proj.weight": sd[prefix + "attn.o_proj.weight"],
+            layer + "input_layernorm.weight": sd[prefix + "attn_norm.weight"],
+            layer + "post_attention_layernorm.weight": sd[prefix + "mlp_norm.weight"],
+            layer + "mlp.gate_proj.weight": gate,
+            layer + "mlp.up_proj.weight": up,
+            layer + "mlp.down_proj.weight": sd[prefix + "mlp.down.weight"],
+        }
+    return {name: tensor.contiguous().clone() for name, tensor in out.items()}
+
+
+@pytest.fixture(scope="module")
+def dream_folder(folders, tmp_path_factory) -> Path:
+    """A Dream checkpoint as published (model_type "Dream", auto_map naming files that are not there)."""
+    tiny = load_diffusion_lm(folders["tiny"])
+    cfg = tiny.model.config
+    folder = tmp_path_factory.mktemp("dream")
+    config = {
+        "model_type": "Dream",
+        "architectures": ["DreamModel"],
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_attention_heads,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "vocab_size": cfg.vocab_size,
+        "mask_token_id": cfg.mask_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": cfg.eos_token_id,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(dream_weights(tiny.model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tiny.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_dream_folder_loads_natively_and_its_network_equals_the_tiny_one(models, dream_folder) -> None:
+    tiny = models[0]
+    dream = load_diffusion_lm(dream_folder)
+    assert isinstance(dream, DreamNativeBackend) and dream.shift_logits and not dream.pad_free
+    ids, mask = tiny.encode_prompts(PROMPTS, chat_template=False)
+    pattern = mask.bool()[:, None, None, :].expand(-1, 1, ids.shape[1], -1)
+    positions = torch.cumsum(mask.long(), dim=1).clamp(min=1) - 1
+    with torch.no_grad():
+        ours = dream.model(ids, attention_mask=pattern, position_ids=positions).logits
+        theirs = tiny.model.run(ids, pattern, positions)[0]
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+        # keys cached after RoPE at explicit positions: the second half over the cached first half equals one
+        # forward in which the first half sees only itself (what the cache holds) and the second half sees all
+        length, half = ids.shape[1], ids.shape[1] // 2
+        staged = torch.ones(1, 1, length, length, dtype=torch.bool)
+        staged[..., :half, half:] = False
+        cached = dream.model(ids[:, :half], position_ids=positions[:, :half], use_cache=True).past_key_values
+        rest = dream.model(ids[:, half:], position_ids=positions[:, half:], past_key_values=cached).logits
+        full = dream.model(ids, attention_mask=staged, position_ids=positions).logits
+        torch.testing.assert_close(rest, full[:, half:], rtol=0, atol=1e-5)
+    with pytest.raises(UserError, match="ships its own Python code"):
+        load_diffusion_lm(dream_folder, implementation="remote", trust_remote_code=False)
+
+
+def test_the_native_dream_decodes_trains_and_is_batch_invariant(dream_folder, tmp_path: Path) -> None:
+    dream = load_diffusion_lm(dream_folder)
+    assert_batch_size_invariant(dream)
+    ids, mask = dream.encode_prompts(PROMPTS, chat_template=False)
+    outs = [
+        llada_generate(
+            dream,
+            ids,
+            mask,
+            max_completion_length=8,
+            block_length=4,
+            steps=8,
+            cache=cache,
+            threshold=1.0,
+            generator=torch.Generator().manual_seed(0),
+        ).completion_ids
+        for cache in ("none", "dual")
+    ]
+    assert outs[0].shape == outs[1].shape == (len(PROMPTS), 8)
+    record = rl_step(dream_folder, "stabledrl", tmp_path / "dream", gradient_checkpointing=True)
+    assert torch.isfinite(torch.tensor(record["loss"])) and record["grad_norm"] > 0

@@ -1,0 +1,72 @@
+"""Layers the native model implementations share (LLaDA, Dream): the published files' numerics, written once.
+
+Both families are Llama-style transformers run bidirectionally; they differ in parameter names, biases and where
+RoPE is computed (LLaDA in float32, Dream in the model's dtype), which the arguments below say.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) in float32, cast back, then scaled: the published order (weight applied in the model's dtype)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return self.weight * normed
+
+
+def rope(t: torch.Tensor, positions: torch.Tensor, theta: float, *, float32: bool = True) -> torch.Tensor:
+    """Rotary embedding of ``t`` [B, H, Q, D] at ``positions`` [B, Q] (halves rotated, as both families do).
+
+    The angles are always computed in float32; ``float32`` rotates in float32 too (LLaDA's
+    ``rope_full_precision``), else in ``t``'s dtype with cos/sin cast to it (Dream, Qwen2).
+    """
+    dim = t.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=t.device, dtype=torch.float) / dim))
+    angles = positions.float()[..., None] * inv_freq  # [B, Q, D/2]
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, Q, D]
+    x = t.float() if float32 else t
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-second, first), dim=-1) * sin).to(t.dtype)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    past: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Bidirectional SDPA of rotated ``q`` [B, H, Q, D] over the cached and new keys (grouped-query heads
+    repeated); returns [B, Q, H * D] and the (keys, values) to cache."""
+    if past is not None:  # cached keys are already rotated at their own positions
+        k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+    present = (k, v)
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    batch, heads, length, dim = out.shape
+    return out.transpose(1, 2).reshape(batch, length, heads * dim), present
+
+
+def key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A [B, K] key-padding mask as the [B, 1, 1, K] boolean SDPA broadcasts; 4-D patterns pass through."""
+    if attention_mask is not None and attention_mask.dim() == 2:
+        return attention_mask.bool()[:, None, None, :]
+    return attention_mask
