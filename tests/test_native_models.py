@@ -28,7 +28,7 @@ from backend_checks import (
 from safetensors.torch import save_file
 
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, TinyBackend
+from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, SDARNativeBackend, TinyBackend
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
 from stabledrl_bench.core.sampling import llada_generate
 from stabledrl_bench.errors import UserError
@@ -311,3 +311,76 @@ def test_the_native_dream_decodes_trains_and_is_batch_invariant(dream_folder, tm
     assert outs[0].shape == outs[1].shape == (len(PROMPTS), 8)
     record = rl_step(dream_folder, "stabledrl", tmp_path / "dream", gradient_checkpointing=True)
     assert torch.isfinite(torch.tensor(record["loss"])) and record["grad_norm"] > 0
+
+
+# ----------------------------------------------------------------------------------------------------- SDAR
+@pytest.fixture(scope="module")
+def sdar_folder(folders, tmp_path_factory) -> Path:
+    """An SDAR checkpoint as published (model_type "sdar"), from the tiny weights plus per-head query/key norms."""
+    tiny = load_diffusion_lm(folders["tiny"])
+    cfg = tiny.model.config
+    folder = tmp_path_factory.mktemp("sdar")
+    head = cfg.hidden_size // cfg.num_attention_heads
+    weights = {name: t for name, t in dream_weights(tiny.model).items() if not name.endswith("_proj.bias")}
+    generator = torch.Generator().manual_seed(0)
+    for i in range(cfg.num_hidden_layers):
+        for norm in ("q_norm", "k_norm"):
+            weights[f"model.layers.{i}.self_attn.{norm}.weight"] = 1 + 0.1 * torch.randn(head, generator=generator)
+    config = {
+        "model_type": "sdar",
+        "architectures": ["SDARForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_sdar.SDARConfig",
+            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+        },
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_attention_heads,
+        "head_dim": head,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "block_size": 4,
+        "vocab_size": cfg.vocab_size,
+        "mask_token_id": cfg.mask_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": cfg.eos_token_id,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tiny.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_native_sdar_is_block_diffusion_with_an_exact_cache(sdar_folder, tmp_path: Path) -> None:
+    sdar = load_diffusion_lm(sdar_folder)
+    assert isinstance(sdar, SDARNativeBackend) and sdar.attention == "block" and sdar.block_size == 4
+    assert sdar.supports_kv_cache and not sdar.pad_free
+    assert_batch_size_invariant(sdar)
+    for temperature in (0.0, 1.0):  # committed blocks are cached exactly: cached decoding equals recomputation
+        cached = decode(sdar, PROMPTS, temperature=temperature, use_cache=True).completion_ids
+        assert torch.equal(cached, decode(sdar, PROMPTS, temperature=temperature, use_cache=False).completion_ids)
+    record = rl_step(sdar_folder, "trado", tmp_path / "sdar", gradient_checkpointing=True)
+    assert torch.isfinite(torch.tensor(record["loss"])) and record["grad_norm"] > 0
+    with pytest.raises(UserError, match="ships its own Python code"):
+        load_diffusion_lm(sdar_folder, implementation="remote", trust_remote_code=False)
+
+
+def test_weights_that_do_not_fit_the_native_network_are_never_loaded_half_random(folders, tmp_path: Path) -> None:
+    """A folder that only claims model_type llada (a missing tensor here) is run by its own code or refused."""
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "partial"
+    write_llada_folder(folder, folders["tiny"])
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["model.transformer.blocks.1.up_proj.weight"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match="ships its own Python code"):  # auto: its own code, which needs the opt-in
+        load_diffusion_lm(folder, trust_remote_code=False)
+    with pytest.raises(UserError, match=r"do not fit the native llada-native network \(missing_keys: .*up_proj"):
+        load_diffusion_lm(folder, implementation="native")

@@ -259,7 +259,7 @@ def test_the_published_files_behave_as_the_tiny_emulations_say(checkpoints) -> N
         sdar.eval()
 
 
-@pytest.mark.parametrize("variant", ["llada-hub", "llada-dllm-rl", "dream"])
+@pytest.mark.parametrize("variant", ["llada-hub", "llada-dllm-rl", "dream", "sdar-chat", "sdar-trado"])
 def test_the_native_implementation_equals_the_published_file(checkpoints, variant: str, tmp_path) -> None:
     """Same weights, same parameter names: logits, decoding, evaluation, lm-eval and an RL step agree."""
     from stabledrl_bench.core.models.backends import NativeBackend
@@ -268,9 +268,12 @@ def test_the_native_implementation_equals_the_published_file(checkpoints, varian
     native = load_diffusion_lm(checkpoints[variant], implementation="native")
     assert isinstance(native, NativeBackend) and not native.pad_free and native.shift_logits == remote.shift_logits
     assert set(native.model.state_dict()) == set(remote.model.state_dict())
-    ids = torch.randint(0, 40, (2, 12))
-    with torch.no_grad():
-        torch.testing.assert_close(native.model(ids).logits, remote.model(input_ids=ids).logits, rtol=0, atol=1e-5)
+    ids, mask = native.encode_prompts(PROMPTS, chat_template=False)
+    attention = native.context_attention(mask, 8)
+    canvas = torch.cat((ids, torch.full((ids.shape[0], 8), native.mask_id)), dim=1)
+    real = torch.cat((mask, torch.ones_like(canvas[:, ids.shape[1] :], dtype=torch.bool)), dim=1)  # pads: no logits
+    ours, theirs = native.logits(canvas, attention)[real], remote.logits(canvas, attention)[real]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     for temperature in (0.0, 1.0):
         ours, theirs = (decode(dlm, PROMPTS, temperature=temperature).completion_ids for dlm in (native, remote))
         assert torch.equal(ours, theirs)

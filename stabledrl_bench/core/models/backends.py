@@ -47,10 +47,10 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
-from stabledrl_bench.core.models.dream import DreamNativeConfig, DreamNativeModel
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
+from stabledrl_bench.core.models.qwen import DreamNativeConfig, DreamNativeModel, SDARNativeConfig, SDARNativeModel
 from stabledrl_bench.core.models.tiny import TinyDLM, TinyDLMConfig
 from stabledrl_bench.core.models.tokenizer import EOT, build_char_tokenizer
 from stabledrl_bench.core.registry import Registry, subclass_check
@@ -165,11 +165,24 @@ class LLaDANativeBackend(NativeBackend):
 
 @MODEL_FAMILIES.register("dream-native")
 class DreamNativeBackend(NativeBackend):
-    """Dream on :mod:`.dream`: its logits at position i predict token i + 1, shifted right like the remote file's."""
+    """Dream on :mod:`.qwen`: its logits at position i predict token i + 1, shifted right like the remote file's."""
 
     default_mask_id = DREAM_MASK_ID
-    block_classes = ("DreamDecoderLayer",)
+    block_classes = ("QwenDecoderLayer",)
     shift_logits = True
+
+
+@MODEL_FAMILIES.register("sdar-native")
+class SDARNativeBackend(NativeBackend):
+    """SDAR / TraDo on :mod:`.qwen`: block diffusion with the exact KV cache of committed blocks."""
+
+    default_mask_id = SDAR_MASK_ID
+    block_classes = ("QwenDecoderLayer",)
+    default_attention = "block"
+    supports_kv_cache = True
+
+
+LOADING_PROBLEMS = ("missing_keys", "unexpected_keys", "mismatched_keys")  # transformers' loading info
 
 
 @dataclass(frozen=True)
@@ -184,6 +197,7 @@ class NativeFamily:
 NATIVE = {
     "llada": NativeFamily(LLaDANativeConfig, LLaDANativeModel, "llada-native"),
     "dream": NativeFamily(DreamNativeConfig, DreamNativeModel, "dream-native"),
+    "sdar": NativeFamily(SDARNativeConfig, SDARNativeModel, "sdar-native"),
 }
 
 
@@ -397,7 +411,11 @@ def load_diffusion_lm(
     source = _resolve_source(path_or_id)
     native = _native_config(source, family, implementation)
     if native is not None:
-        return _load_native(source, *native, dtype=dtype, device=device, rank0_weights=rank0_weights)
+        loaded = _load_native(
+            source, *native, strict=implementation == "native", dtype=dtype, device=device, rank0_weights=rank0_weights
+        )
+        if loaded is not None:
+            return loaded
     trust = remote_code_trusted(trust_remote_code)
     files = [] if trust else remote_code_files(source)
     if files:
@@ -470,9 +488,13 @@ def _native_config(source: str, family: str | None, implementation: str) -> tupl
 
 
 def _load_native(
-    source: str, native: NativeFamily, config, *, dtype: torch.dtype | None, device, rank0_weights: bool
-) -> DiffusionLM:
-    """A published checkpoint on this package's implementation of its family: no code from the folder runs."""
+    source: str, native: NativeFamily, config, *, strict: bool, dtype: torch.dtype | None, device, rank0_weights: bool
+) -> DiffusionLM | None:
+    """A published checkpoint on this package's implementation of its family: no code from the folder runs.
+
+    The weights must fit the implementation exactly (every parameter present, none left over, same shapes): a
+    folder that only claims the family's model_type is a variant, run by its own code (None; ``strict``: refused).
+    """
     files = remote_code_files(source, configs=("tokenizer_config.json",))
     if files and not remote_code_trusted():
         raise UserError(
@@ -482,7 +504,16 @@ def _load_native(
     with _loading(source, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
     with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
-        model = native.model.from_pretrained(source, config=config, **_dtype_kwargs(dtype))
+        model, info = native.model.from_pretrained(
+            source, config=config, output_loading_info=True, **_dtype_kwargs(dtype)
+        )
+    unfit = [f"{kind}: {', '.join(map(str, info[kind][:3]))}" for kind in LOADING_PROBLEMS if info.get(kind)]
+    if unfit:
+        if strict:
+            raise UserError(
+                f"{source}: the weights do not fit the native {native.backend} network ({'; '.join(unfit)})"
+            )
+        return None
     if device is not None:
         model = model.to(device)
     model.eval()
@@ -492,7 +523,18 @@ def _load_native(
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
-    dlm = backend(model, tokenizer, mask_id=mask_id, eos_id=eos_id, pad_id=pad_id, stop_ids=stop_ids, name=source)
+    block = backend.default_attention == "block"
+    dlm = backend(
+        model,
+        tokenizer,
+        mask_id=mask_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        stop_ids=stop_ids,
+        attention=backend.default_attention,
+        block_size=getattr(config, "block_size", None) if block else None,
+        name=source,
+    )
     return dlm if rank0_weights else detect_pad_free(dlm)
 
 

@@ -1,21 +1,25 @@
-"""Dream written here: loads the published Dream-v0 (7B Base / Instruct) weights without running their code.
+"""Dream and SDAR written here: the published Dream-v0 (7B) and SDAR / TraDo weights load without running their code.
 
-Dream (arXiv:2508.15487) is a Qwen2.5 network run bidirectionally as a masked diffusion model, initialised from an
-autoregressive model, so its logits at position i predict the token at i + 1 (the backend shifts them). The
-published ``modeling_dream.py`` runs only as remote code on a pinned transformers; this is the same network with the
-published parameter names, so the safetensors load unchanged:
+Both are Qwen networks run as masked diffusion models. **Dream** (arXiv:2508.15487) is Qwen2.5 run bidirectionally,
+initialised from an autoregressive model, so its logits at position i predict the token at i + 1 (its backend
+shifts them). **SDAR** (SDAR-8B-Chat, TraDo; github.com/JetAstra/SDAR) is Qwen3 (per-head RMSNorm of queries and
+keys, an explicit head size) run block-causally for block diffusion. The published ``modeling_dream.py`` and
+``modeling_sdar.py`` run only as remote code on a pinned transformers (SDAR's imports are gone from 4.54 on); this
+is the same network with the published parameter names, so the safetensors load unchanged:
 
     model.embed_tokens                                   token embedding
     model.layers.<i>.input_layernorm                     RMSNorm before attention
-    model.layers.<i>.self_attn.{q,k,v}_proj (+ bias)     attention projections (grouped-query)
+    model.layers.<i>.self_attn.{q,k,v}_proj              attention projections (grouped-query; Dream: with bias)
+    model.layers.<i>.self_attn.{q,k}_norm                SDAR: RMSNorm of each query / key head before RoPE
     model.layers.<i>.self_attn.o_proj                    attention output, no bias
     model.layers.<i>.post_attention_layernorm            RMSNorm before the MLP
     model.layers.<i>.mlp.{gate,up,down}_proj             SiLU-gated MLP
     model.norm, lm_head                                  final norm and output head (tied when configured)
 
-RoPE is applied in the model's dtype, as Qwen2 does; explicit ``position_ids``, a boolean or additive [B, 1, Q, K]
-mask and keys cached after RoPE, as the LLaDA implementation (:mod:`.llada`). Only the published structure is
-built (SiLU, no RoPE scaling, no sliding window); another setting is one error line naming it.
+RoPE is applied in the model's dtype, as Qwen does; explicit ``position_ids``, a boolean or additive [B, 1, Q, K]
+mask (SDAR's block-causal pattern comes from the sampler and estimators) and keys cached after RoPE, as the LLaDA
+implementation (:mod:`.llada`). Only the published structure is built (SiLU, no RoPE scaling, no sliding window);
+another setting is one error line naming it.
 """
 
 from __future__ import annotations
@@ -41,10 +45,14 @@ SUPPORTED = {
 }
 
 
-class DreamNativeConfig(PretrainedConfig):
-    """The fields of Dream's ``config.json`` this implementation reads (the file's other fields are kept)."""
+class QwenDiffusionConfig(PretrainedConfig):
+    """The fields of a Dream / SDAR ``config.json`` this implementation reads (the file's other fields are kept).
+    Subclasses fix the family's structure: ``qkv_bias`` (Dream) and ``qk_norm`` (SDAR)."""
 
-    model_type = "dream_native"
+    model_type = "qwen_diffusion_native"
+    family = "Qwen"
+    qkv_bias = False
+    qk_norm = False
 
     def __init__(
         self,
@@ -54,6 +62,7 @@ class DreamNativeConfig(PretrainedConfig):
         num_hidden_layers: int = 28,
         num_attention_heads: int = 28,
         num_key_value_heads: int | None = 4,
+        head_dim: int | None = None,
         max_position_embeddings: int = 131072,
         rms_norm_eps: float = 1e-6,
         rope_theta: float = 1000000.0,
@@ -64,57 +73,73 @@ class DreamNativeConfig(PretrainedConfig):
         self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.max_position_embeddings, self.rms_norm_eps, self.rope_theta = (
-            max_position_embeddings,
-            rms_norm_eps,
-            rope_theta,
-        )
-        self.mask_token_id = mask_token_id
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.max_position_embeddings, self.rms_norm_eps = max_position_embeddings, rms_norm_eps
+        self.rope_theta, self.mask_token_id = rope_theta, mask_token_id
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         for key, allowed in SUPPORTED.items():
             if kwargs.get(key, allowed[0]) not in allowed:
-                raise UserError(f"native Dream: {key}={kwargs[key]!r} is not built here (supported: {allowed[0]!r})")
-        if hidden_size % num_attention_heads or num_attention_heads % self.num_key_value_heads:
-            raise UserError(
-                f"native Dream: hidden {hidden_size}, heads {num_attention_heads}/{self.num_key_value_heads}"
-            )
+                raise UserError(
+                    f"native {self.family}: {key}={kwargs[key]!r} is not built here (supported: {allowed[0]!r})"
+                )
+        if num_attention_heads % self.num_key_value_heads:
+            raise UserError(f"native {self.family}: {num_attention_heads} heads, {self.num_key_value_heads} kv heads")
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+
+class DreamNativeConfig(QwenDiffusionConfig):
+    model_type = "dream_native"
+    family = "Dream"
+    qkv_bias = True
+
+
+class SDARNativeConfig(QwenDiffusionConfig):
+    model_type = "sdar_native"
+    family = "SDAR"
+    qk_norm = True
+
+    def __init__(
+        self, attention_bias: bool = False, block_size: int | None = None, mask_token_id: int = 151669, **kwargs: Any
+    ) -> None:
+        self.qkv_bias = attention_bias
+        self.block_size = block_size or kwargs.get("block_length") or 4  # the published files name it either way
+        super().__init__(mask_token_id=mask_token_id, **kwargs)
 
 
 @dataclass
-class DreamOutput(ModelOutput):
+class QwenDiffusionOutput(ModelOutput):
     logits: torch.Tensor | None = None
     past_key_values: KVCache | None = None
 
 
-class DreamAttention(nn.Module):
-    def __init__(self, config: DreamNativeConfig) -> None:
+class QwenAttention(nn.Module):
+    def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__()
         self.config = config
-        d, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
-        self.q_proj = nn.Linear(d, d, bias=True)
-        self.k_proj = nn.Linear(d, kv, bias=True)
-        self.v_proj = nn.Linear(d, kv, bias=True)
-        self.o_proj = nn.Linear(d, d, bias=False)
+        d, head = config.hidden_size, config.head_dim
+        q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
+        self.q_proj = nn.Linear(d, q, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(d, kv, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(d, kv, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q, d, bias=False)
+        self.q_norm = RMSNorm(head, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(head, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x, mask, positions, past):
         cfg = self.config
         batch, length, _ = x.shape
 
-        def heads(t: torch.Tensor, n: int) -> torch.Tensor:
-            return t.view(batch, length, n, cfg.head_dim).transpose(1, 2)
+        def heads(t: torch.Tensor, n: int, norm: nn.Module | None = None) -> torch.Tensor:
+            t = t.view(batch, length, n, cfg.head_dim)
+            return (t if norm is None else norm(t)).transpose(1, 2)
 
-        q = rope(heads(self.q_proj(x), cfg.num_attention_heads), positions, cfg.rope_theta, float32=False)
-        k = rope(heads(self.k_proj(x), cfg.num_key_value_heads), positions, cfg.rope_theta, float32=False)
+        q = rope(heads(self.q_proj(x), cfg.num_attention_heads, self.q_norm), positions, cfg.rope_theta, float32=False)
+        k = rope(heads(self.k_proj(x), cfg.num_key_value_heads, self.k_norm), positions, cfg.rope_theta, float32=False)
         attended, present = attend(q, k, heads(self.v_proj(x), cfg.num_key_value_heads), mask, past)
         return self.o_proj(attended), present
 
 
-class DreamMLP(nn.Module):
-    def __init__(self, config: DreamNativeConfig) -> None:
+class QwenMLP(nn.Module):
+    def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -124,13 +149,13 @@ class DreamMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DreamDecoderLayer(nn.Module):
-    def __init__(self, config: DreamNativeConfig) -> None:
+class QwenDecoderLayer(nn.Module):
+    def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DreamAttention(config)
+        self.self_attn = QwenAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DreamMLP(config)
+        self.mlp = QwenMLP(config)
 
     def forward(self, x, mask, positions, past):
         attended, present = self.self_attn(self.input_layernorm(x), mask, positions, past)
@@ -138,27 +163,27 @@ class DreamDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
 
-class DreamBody(nn.Module):
-    def __init__(self, config: DreamNativeConfig) -> None:
+class QwenBody(nn.Module):
+    def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__()
-        # the published file gives the embedding a padding row (its gradient is zero), so this does too
+        # the published files give the embedding a padding row (its gradient is zero), so this does too
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.layers = nn.ModuleList(DreamDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(QwenDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class DreamNativeModel(PreTrainedModel):
-    """Dream's network under the published parameter names (``model.layers...``, ``lm_head``)."""
+class QwenDiffusionModel(PreTrainedModel):
+    """The Dream / SDAR network under the published parameter names (``model.layers...``, ``lm_head``)."""
 
-    config_class = DreamNativeConfig
+    config_class = QwenDiffusionConfig
     base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["DreamDecoderLayer"]
+    _no_split_modules: ClassVar[list[str]] = ["QwenDecoderLayer"]
     _tied_weights_keys: ClassVar[list[str]] = ["lm_head.weight"]
     supports_gradient_checkpointing = True
 
-    def __init__(self, config: DreamNativeConfig) -> None:
+    def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__(config)
-        self.model = DreamBody(config)
+        self.model = QwenBody(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.gradient_checkpointing = False
         self.post_init()
@@ -194,9 +219,9 @@ class DreamNativeModel(PreTrainedModel):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         **_: Any,
-    ) -> DreamOutput:
-        """Logits [B, Q, V] for ``input_ids`` [B, Q] (unshifted: position i predicts token i + 1); arguments as
-        :meth:`stabledrl_bench.core.models.llada.LLaDANativeModel.forward`."""
+    ) -> QwenDiffusionOutput:
+        """Logits [B, Q, V] for ``input_ids`` [B, Q] (Dream's unshifted: position i predicts token i + 1);
+        arguments as :meth:`stabledrl_bench.core.models.llada.LLaDANativeModel.forward`."""
         batch, length = input_ids.shape
         past_len = past_key_values[0][0].shape[2] if past_key_values else 0
         if position_ids is None:
@@ -212,7 +237,22 @@ class DreamNativeModel(PreTrainedModel):
                 x, kv = layer(x, mask, position_ids, past)
             present.append(kv)
         logits = self.lm_head(self.model.norm(x))
-        return DreamOutput(logits=logits, past_key_values=present if use_cache else None)
+        return QwenDiffusionOutput(logits=logits, past_key_values=present if use_cache else None)
 
 
-__all__ = ["DreamDecoderLayer", "DreamNativeConfig", "DreamNativeModel", "DreamOutput"]
+class DreamNativeModel(QwenDiffusionModel):
+    config_class = DreamNativeConfig
+
+
+class SDARNativeModel(QwenDiffusionModel):
+    config_class = SDARNativeConfig
+
+
+__all__ = [
+    "DreamNativeConfig",
+    "DreamNativeModel",
+    "QwenDecoderLayer",
+    "QwenDiffusionModel",
+    "SDARNativeConfig",
+    "SDARNativeModel",
+]
