@@ -507,7 +507,7 @@ def _load_native(
         model, info = native.model.from_pretrained(
             source, config=config, output_loading_info=True, **_dtype_kwargs(dtype)
         )
-    unfit = [f"{kind}: {', '.join(map(str, info[kind][:3]))}" for kind in LOADING_PROBLEMS if info.get(kind)]
+    unfit = [f"{kind}: {', '.join(map(str, list(info[kind])[:3]))}" for kind in LOADING_PROBLEMS if info.get(kind)]
     if unfit:
         if strict:
             raise UserError(

@@ -6,11 +6,23 @@ RoPE is computed (LLaDA in float32, Dream in the model's dtype), which the argum
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class NativeOutput:
+    """What a native model returns: logits [B, Q, V] and, when asked, each block's (rotated keys, values).
+
+    A plain dataclass, not transformers' ``ModelOutput``, whose field handling changes between releases."""
+
+    logits: torch.Tensor
+    past_key_values: KVCache | None = None
 
 
 class RMSNorm(nn.Module):

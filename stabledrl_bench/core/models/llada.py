@@ -25,7 +25,6 @@ setting in a ``config.json`` is one error line naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -33,9 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
-from transformers.utils import ModelOutput
 
-from stabledrl_bench.core.models.layers import KVCache, RMSNorm, attend, key_mask, rope
+from stabledrl_bench.core.models.layers import KVCache, NativeOutput, RMSNorm, attend, key_mask, rope
 from stabledrl_bench.errors import UserError
 
 # config.json settings of the published checkpoints this module implements; anything else is refused.
@@ -102,12 +100,6 @@ class LLaDANativeConfig(PretrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
-
-
-@dataclass
-class LLaDAOutput(ModelOutput):
-    logits: torch.Tensor | None = None
-    past_key_values: KVCache | None = None
 
 
 class LLaDALlamaBlock(nn.Module):
@@ -200,7 +192,7 @@ class LLaDANativeModel(PreTrainedModel):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         **_: Any,
-    ) -> LLaDAOutput:
+    ) -> NativeOutput:
         """Logits [B, Q, V] for ``input_ids`` [B, Q].
 
         ``attention_mask``: None (every query sees every key), a [B, K] key-padding mask, or a [B, 1, Q, K] pattern
@@ -227,7 +219,7 @@ class LLaDANativeModel(PreTrainedModel):
         logits = F.linear(x, head)
         if self.config.scale_logits:
             logits = logits / self.config.d_model**0.5
-        return LLaDAOutput(logits=logits, past_key_values=present if use_cache else None)
+        return NativeOutput(logits=logits, past_key_values=present if use_cache else None)
 
 
-__all__ = ["LLaDALlamaBlock", "LLaDANativeConfig", "LLaDANativeModel", "LLaDAOutput", "rope"]
+__all__ = ["LLaDALlamaBlock", "LLaDANativeConfig", "LLaDANativeModel", "rope"]

@@ -24,7 +24,6 @@ another setting is one error line naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -32,9 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
-from transformers.utils import ModelOutput
 
-from stabledrl_bench.core.models.layers import KVCache, RMSNorm, attend, key_mask, rope
+from stabledrl_bench.core.models.layers import KVCache, NativeOutput, RMSNorm, attend, key_mask, rope
 from stabledrl_bench.errors import UserError
 
 SUPPORTED = {
@@ -73,9 +71,11 @@ class QwenDiffusionConfig(PretrainedConfig):
         self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim or hidden_size // num_attention_heads
         self.max_position_embeddings, self.rms_norm_eps = max_position_embeddings, rms_norm_eps
         self.rope_theta, self.mask_token_id = rope_theta, mask_token_id
+        # not named head_dim (transformers 5 gives that name a meaning of its own on configs), and set before the
+        # base __init__, which is what transformers 5 keeps
+        self.head_size = head_dim or hidden_size // num_attention_heads
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         for key, allowed in SUPPORTED.items():
             if kwargs.get(key, allowed[0]) not in allowed:
@@ -105,17 +105,11 @@ class SDARNativeConfig(QwenDiffusionConfig):
         super().__init__(mask_token_id=mask_token_id, **kwargs)
 
 
-@dataclass
-class QwenDiffusionOutput(ModelOutput):
-    logits: torch.Tensor | None = None
-    past_key_values: KVCache | None = None
-
-
 class QwenAttention(nn.Module):
     def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__()
         self.config = config
-        d, head = config.hidden_size, config.head_dim
+        d, head = config.hidden_size, config.head_size
         q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
         self.q_proj = nn.Linear(d, q, bias=config.qkv_bias)
         self.k_proj = nn.Linear(d, kv, bias=config.qkv_bias)
@@ -129,7 +123,7 @@ class QwenAttention(nn.Module):
         batch, length, _ = x.shape
 
         def heads(t: torch.Tensor, n: int, norm: nn.Module | None = None) -> torch.Tensor:
-            t = t.view(batch, length, n, cfg.head_dim)
+            t = t.view(batch, length, n, cfg.head_size)
             return (t if norm is None else norm(t)).transpose(1, 2)
 
         q = rope(heads(self.q_proj(x), cfg.num_attention_heads, self.q_norm), positions, cfg.rope_theta, float32=False)
@@ -219,7 +213,7 @@ class QwenDiffusionModel(PreTrainedModel):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         **_: Any,
-    ) -> QwenDiffusionOutput:
+    ) -> NativeOutput:
         """Logits [B, Q, V] for ``input_ids`` [B, Q] (Dream's unshifted: position i predicts token i + 1);
         arguments as :meth:`stabledrl_bench.core.models.llada.LLaDANativeModel.forward`."""
         batch, length = input_ids.shape
@@ -237,7 +231,7 @@ class QwenDiffusionModel(PreTrainedModel):
                 x, kv = layer(x, mask, position_ids, past)
             present.append(kv)
         logits = self.lm_head(self.model.norm(x))
-        return QwenDiffusionOutput(logits=logits, past_key_values=present if use_cache else None)
+        return NativeOutput(logits=logits, past_key_values=present if use_cache else None)
 
 
 class DreamNativeModel(QwenDiffusionModel):
