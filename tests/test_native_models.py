@@ -36,28 +36,34 @@ from stabledrl_bench.errors import UserError
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
-def llada_weights(tiny: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tiny model's weights under LLaDA's published parameter names (fused projections split)."""
-    sd, out = tiny.state_dict(), {}
-    out["model.transformer.wte.weight"] = sd["embed.weight"]
-    out["model.transformer.ln_f.weight"] = sd["norm.weight"]
-    out["model.transformer.ff_out.weight"] = sd["lm_head.weight"]
-    layers = {int(key.split(".")[1]) for key in sd if key.startswith("layers.")}
-    for i in sorted(layers):
-        prefix, block = f"layers.{i}.", f"model.transformer.blocks.{i}."
-        q, k, v = sd[prefix + "attn.qkv.weight"].chunk(3)
-        gate, up = sd[prefix + "mlp.gate_up.weight"].chunk(2)
-        out |= {
-            block + "attn_norm.weight": sd[prefix + "attn_norm.weight"],
-            block + "ff_norm.weight": sd[prefix + "mlp_norm.weight"],
-            block + "q_proj.weight": q,
-            block + "k_proj.weight": k,
-            block + "v_proj.weight": v,
-            block + "attn_out.weight": sd[prefix + "attn.o_proj.weight"],
-            block + "ff_proj.weight": gate,
-            block + "up_proj.weight": up,
-            block + "ff_out.weight": sd[prefix + "mlp.down.weight"],
-        }
+# Where each tiny tensor goes in a published layout ({i}: the layer); the fused qkv and gate_up are split.
+LLADA_LAYOUT = {
+    "embed": "model.transformer.wte", "norm": "model.transformer.ln_f", "head": "model.transformer.ff_out",
+    "layer": "model.transformer.blocks.{i}.", "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "attn_out",
+    "gate": "ff_proj", "up": "up_proj", "down": "ff_out", "attn_norm": "attn_norm", "mlp_norm": "ff_norm",
+}  # fmt: skip
+QWEN_LAYOUT = {
+    "embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head", "layer": "model.layers.{i}.",
+    "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+}  # fmt: skip
+
+
+def tiny_weights_as(tiny: torch.nn.Module, layout: dict[str, str], qkv_bias: bool = False) -> dict[str, torch.Tensor]:
+    """The tiny model's weights under a published family's parameter names (zero q/k/v biases if it has them)."""
+    sd = tiny.state_dict()
+    out = {f"{layout[key]}.weight": sd[f"{name}.weight"] for key, name in (("embed", "embed"), ("norm", "norm"))}
+    out[f"{layout['head']}.weight"] = sd["lm_head.weight"]
+    for i in sorted({int(key.split(".")[1]) for key in sd if key.startswith("layers.")}):
+        tiny_layer, layer = f"layers.{i}.", layout["layer"].format(i=i)
+        parts = dict(zip("qkv", sd[tiny_layer + "attn.qkv.weight"].chunk(3), strict=True))
+        parts |= dict(zip(("gate", "up"), sd[tiny_layer + "mlp.gate_up.weight"].chunk(2), strict=True))
+        parts |= {"o": sd[tiny_layer + "attn.o_proj.weight"], "down": sd[tiny_layer + "mlp.down.weight"]}
+        parts |= {"attn_norm": sd[tiny_layer + "attn_norm.weight"], "mlp_norm": sd[tiny_layer + "mlp_norm.weight"]}
+        out |= {f"{layer}{layout[key]}.weight": weight for key, weight in parts.items()}
+        if qkv_bias:
+            out |= {f"{layer}{layout[key]}.bias": torch.zeros(parts[key].shape[0]) for key in "qkv"}
     return {name: tensor.contiguous().clone() for name, tensor in out.items()}
 
 
@@ -93,7 +99,7 @@ def write_llada_folder(folder: Path, tiny_folder: Path, **config_changes) -> Pat
         **config_changes,
     }
     (folder / "config.json").write_text(json.dumps(config))
-    save_file(llada_weights(tiny.model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tiny_weights_as(tiny.model, LLADA_LAYOUT), str(folder / "model.safetensors"), metadata={"format": "pt"})
     tiny.tokenizer.save_pretrained(folder)
     return folder
 
@@ -210,31 +216,6 @@ def test_the_8b_configuration_builds_on_the_meta_device() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- Dream
-def dream_weights(tiny: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tiny model's weights under Dream's published names (fused projections split, zero q/k/v biases)."""
-    sd, out = tiny.state_dict(), {}
-    out["model.embed_tokens.weight"] = sd["embed.weight"]
-    out["model.norm.weight"] = sd["norm.weight"]
-    out["lm_head.weight"] = sd["lm_head.weight"]
-    layers = {int(key.split(".")[1]) for key in sd if key.startswith("layers.")}
-    for i in sorted(layers):
-        prefix, layer = f"layers.{i}.", f"model.layers.{i}."
-        q, k, v = sd[prefix + "attn.qkv.weight"].chunk(3)
-        gate, up = sd[prefix + "mlp.gate_up.weight"].chunk(2)
-        for name, weight in (("q", q), ("k", k), ("v", v)):
-            out[f"{layer}self_attn.{name}_proj.weight"] = weight
-            out[f"{layer}self_attn.{name}_proj.bias"] = torch.zeros(weight.shape[0])
-        out |= {
-            layer + "self_attn.o_proj.weight": sd[prefix + "attn.o_proj.weight"],
-            layer + "input_layernorm.weight": sd[prefix + "attn_norm.weight"],
-            layer + "post_attention_layernorm.weight": sd[prefix + "mlp_norm.weight"],
-            layer + "mlp.gate_proj.weight": gate,
-            layer + "mlp.up_proj.weight": up,
-            layer + "mlp.down_proj.weight": sd[prefix + "mlp.down.weight"],
-        }
-    return {name: tensor.contiguous().clone() for name, tensor in out.items()}
-
-
 @pytest.fixture(scope="module")
 def dream_folder(folders, tmp_path_factory) -> Path:
     """A Dream checkpoint as published (model_type "Dream", auto_map naming files that are not there)."""
@@ -261,7 +242,11 @@ def dream_folder(folders, tmp_path_factory) -> Path:
         "eos_token_id": cfg.eos_token_id,
     }
     (folder / "config.json").write_text(json.dumps(config))
-    save_file(dream_weights(tiny.model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        tiny_weights_as(tiny.model, QWEN_LAYOUT, qkv_bias=True),
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     tiny.tokenizer.save_pretrained(folder)
     return folder
 
@@ -321,7 +306,7 @@ def sdar_folder(folders, tmp_path_factory) -> Path:
     cfg = tiny.model.config
     folder = tmp_path_factory.mktemp("sdar")
     head = cfg.hidden_size // cfg.num_attention_heads
-    weights = {name: t for name, t in dream_weights(tiny.model).items() if not name.endswith("_proj.bias")}
+    weights = tiny_weights_as(tiny.model, QWEN_LAYOUT)
     generator = torch.Generator().manual_seed(0)
     for i in range(cfg.num_hidden_layers):
         for norm in ("q_norm", "k_norm"):

@@ -444,11 +444,18 @@ def load_diffusion_lm(
     _check_token_ids(model, tokenizer, source, mask_id)
     if tiny and family == CONVENTION_FAMILY[config.convention]:
         return _wrap_tiny(model, tokenizer, name=source, probe=not rank0_weights)
+    block = getattr(config, "block_size", None) or getattr(config, "block_length", None) or 4
+    return _wrap(backend, model, tokenizer, config, mask_id, block, name=source, probe=not rank0_weights)
+
+
+def _wrap(
+    backend: type[Backend], model, tokenizer, config, mask_id: int, block: int, *, name: str, probe: bool
+) -> DiffusionLM:
+    """``model`` as a ``backend``: special token ids from the tokenizer (else the config), the family's attention
+    (``block``: the block size of a block-diffusion family), padding probed unless the caller does it later."""
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
-    block = getattr(config, "block_size", None) or getattr(config, "block_length", None) or 4
-    block_attention = backend.default_attention == "block"
     dlm = backend(
         model,
         tokenizer,
@@ -457,10 +464,10 @@ def load_diffusion_lm(
         pad_id=pad_id,
         stop_ids=stop_ids,
         attention=backend.default_attention,
-        block_size=block if block_attention else None,
-        name=source,
+        block_size=block if backend.default_attention == "block" else None,
+        name=name,
     )
-    return dlm if rank0_weights else detect_pad_free(dlm)
+    return detect_pad_free(dlm) if probe else dlm
 
 
 def _native_config(source: str, family: str | None, implementation: str) -> tuple[NativeFamily, Any] | None:
@@ -520,22 +527,8 @@ def _load_native(
     backend = MODEL_FAMILIES.get(native.backend)
     mask_id = getattr(config, "mask_token_id", None) or backend.default_mask_id
     _check_token_ids(model, tokenizer, source, mask_id)
-    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
-    block = backend.default_attention == "block"
-    dlm = backend(
-        model,
-        tokenizer,
-        mask_id=mask_id,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        stop_ids=stop_ids,
-        attention=backend.default_attention,
-        block_size=getattr(config, "block_size", None) if block else None,
-        name=source,
-    )
-    return dlm if rank0_weights else detect_pad_free(dlm)
+    block = getattr(config, "block_size", 4)
+    return _wrap(backend, model, tokenizer, config, mask_id, block, name=source, probe=not rank0_weights)
 
 
 def _check_token_ids(model: torch.nn.Module, tokenizer, source: str, mask_id: int | None) -> None:

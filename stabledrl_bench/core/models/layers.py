@@ -6,13 +6,27 @@ RoPE is computed (LLaDA in float32, Dream in the model's dtype), which the argum
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+from stabledrl_bench.errors import UserError
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def require_supported(family: str, settings: Mapping[str, Any], supported: Mapping[str, tuple[Any, ...]]) -> None:
+    """One error line for a ``config.json`` structural setting a native implementation does not build (absent
+    settings take the published value, the first allowed one)."""
+    for key, allowed in supported.items():
+        if settings.get(key, allowed[0]) not in allowed:
+            raise UserError(f"native {family}: {key}={settings[key]!r} is not built here (supported: {allowed[0]!r})")
 
 
 @dataclass
@@ -82,3 +96,45 @@ def key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     if attention_mask is not None and attention_mask.dim() == 2:
         return attention_mask.bool()[:, None, None, :]
     return attention_mask
+
+
+class NativeDiffusionModel(PreTrainedModel):
+    """What the native implementations share: initialisation, per-block activation checkpointing, and running the
+    blocks over positions that default to those after the cache. Subclasses build their modules and embed/head."""
+
+    supports_gradient_checkpointing = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Any = None) -> None:
+        self.gradient_checkpointing = enable
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        blocks: nn.ModuleList,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        past_key_values: KVCache | None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """``x`` [B, Q, D] through every block (each ``block(x, mask, positions, past) -> (x, (k, v))``)."""
+        batch, length = x.shape[:2]
+        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
+        if position_ids is None:
+            position_ids = torch.arange(past_len, past_len + length, device=x.device).expand(batch, length)
+        mask = key_mask(attention_mask)
+        present: KVCache = []
+        for i, block in enumerate(blocks):
+            past = past_key_values[i] if past_key_values else None
+            if getattr(self, "gradient_checkpointing", False) and self.training:
+                x, kv = checkpoint(block, x, mask, position_ids, past, use_reentrant=False)
+            else:
+                x, kv = block(x, mask, position_ids, past)
+            present.append(kv)
+        return x, present

@@ -30,10 +30,17 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
-from stabledrl_bench.core.models.layers import KVCache, NativeOutput, RMSNorm, attend, key_mask, rope
+from stabledrl_bench.core.models.layers import (
+    KVCache,
+    NativeDiffusionModel,
+    NativeOutput,
+    RMSNorm,
+    attend,
+    require_supported,
+    rope,
+)
 from stabledrl_bench.errors import UserError
 
 # config.json settings of the published checkpoints this module implements; anything else is refused.
@@ -91,9 +98,7 @@ class LLaDANativeConfig(PretrainedConfig):
         self.weight_tying, self.scale_logits = weight_tying, scale_logits
         self.mask_token_id = mask_token_id
         super().__init__(vocab_size=vocab_size, tie_word_embeddings=weight_tying, **kwargs)
-        for key, allowed in SUPPORTED.items():
-            if kwargs.get(key, allowed[0]) not in allowed:
-                raise UserError(f"native LLaDA: {key}={kwargs[key]!r} is not built here (supported: {allowed[0]!r})")
+        require_supported("LLaDA", kwargs, SUPPORTED)
         if d_model % n_heads or n_heads % self.n_kv_heads:
             raise UserError(f"native LLaDA: d_model {d_model}, n_heads {n_heads}, n_kv_heads {self.n_kv_heads}")
 
@@ -155,28 +160,18 @@ class LLaDATransformer(nn.Module):
             self.transformer["ff_out"] = nn.Linear(config.d_model, config.embedding_size, bias=False)
 
 
-class LLaDANativeModel(PreTrainedModel):
+class LLaDANativeModel(NativeDiffusionModel):
     """LLaDA's network under the published parameter names (``model.transformer...``), see the module docstring."""
 
     config_class = LLaDANativeConfig
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["LLaDALlamaBlock"]
-    supports_gradient_checkpointing = True
 
     def __init__(self, config: LLaDANativeConfig) -> None:
         super().__init__(config)
         self.model = LLaDATransformer(config)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
-    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Any = None) -> None:
-        self.gradient_checkpointing = enable
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.transformer["wte"]
@@ -200,20 +195,9 @@ class LLaDANativeModel(PreTrainedModel):
         positions after the cache. With ``use_cache`` the output carries each block's (rotated keys, values).
         """
         transformer = self.model.transformer
-        batch, length = input_ids.shape
-        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
-        if position_ids is None:
-            position_ids = torch.arange(past_len, past_len + length, device=input_ids.device).expand(batch, length)
-        mask = key_mask(attention_mask)
-        x = transformer["wte"](input_ids)
-        present: KVCache = []
-        for i, block in enumerate(transformer["blocks"]):
-            past = past_key_values[i] if past_key_values else None
-            if self.gradient_checkpointing and self.training:
-                x, kv = checkpoint(block, x, mask, position_ids, past, use_reentrant=False)
-            else:
-                x, kv = block(x, mask, position_ids, past)
-            present.append(kv)
+        x, present = self.run_blocks(
+            transformer["wte"](input_ids), transformer["blocks"], attention_mask, position_ids, past_key_values
+        )
         x = transformer["ln_f"](x)
         head = transformer["wte"].weight if self.config.weight_tying else transformer["ff_out"].weight
         logits = F.linear(x, head)

@@ -29,10 +29,17 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig
 
-from stabledrl_bench.core.models.layers import KVCache, NativeOutput, RMSNorm, attend, key_mask, rope
+from stabledrl_bench.core.models.layers import (
+    KVCache,
+    NativeDiffusionModel,
+    NativeOutput,
+    RMSNorm,
+    attend,
+    require_supported,
+    rope,
+)
 from stabledrl_bench.errors import UserError
 
 SUPPORTED = {
@@ -77,11 +84,7 @@ class QwenDiffusionConfig(PretrainedConfig):
         # base __init__, which is what transformers 5 keeps
         self.head_size = head_dim or hidden_size // num_attention_heads
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-        for key, allowed in SUPPORTED.items():
-            if kwargs.get(key, allowed[0]) not in allowed:
-                raise UserError(
-                    f"native {self.family}: {key}={kwargs[key]!r} is not built here (supported: {allowed[0]!r})"
-                )
+        require_supported(self.family, kwargs, SUPPORTED)
         if num_attention_heads % self.num_key_value_heads:
             raise UserError(f"native {self.family}: {num_attention_heads} heads, {self.num_key_value_heads} kv heads")
 
@@ -166,14 +169,13 @@ class QwenBody(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class QwenDiffusionModel(PreTrainedModel):
+class QwenDiffusionModel(NativeDiffusionModel):
     """The Dream / SDAR network under the published parameter names (``model.layers...``, ``lm_head``)."""
 
     config_class = QwenDiffusionConfig
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["QwenDecoderLayer"]
     _tied_weights_keys: ClassVar[list[str]] = ["lm_head.weight"]
-    supports_gradient_checkpointing = True
 
     def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__(config)
@@ -181,17 +183,6 @@ class QwenDiffusionModel(PreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
-    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Any = None) -> None:
-        self.gradient_checkpointing = enable
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -216,20 +207,9 @@ class QwenDiffusionModel(PreTrainedModel):
     ) -> NativeOutput:
         """Logits [B, Q, V] for ``input_ids`` [B, Q] (Dream's unshifted: position i predicts token i + 1);
         arguments as :meth:`stabledrl_bench.core.models.llada.LLaDANativeModel.forward`."""
-        batch, length = input_ids.shape
-        past_len = past_key_values[0][0].shape[2] if past_key_values else 0
-        if position_ids is None:
-            position_ids = torch.arange(past_len, past_len + length, device=input_ids.device).expand(batch, length)
-        mask = key_mask(attention_mask)
-        x = self.model.embed_tokens(input_ids)
-        present: KVCache = []
-        for i, layer in enumerate(self.model.layers):
-            past = past_key_values[i] if past_key_values else None
-            if self.gradient_checkpointing and self.training:
-                x, kv = checkpoint(layer, x, mask, position_ids, past, use_reentrant=False)
-            else:
-                x, kv = layer(x, mask, position_ids, past)
-            present.append(kv)
+        x, present = self.run_blocks(
+            self.model.embed_tokens(input_ids), self.model.layers, attention_mask, position_ids, past_key_values
+        )
         logits = self.lm_head(self.model.norm(x))
         return NativeOutput(logits=logits, past_key_values=present if use_cache else None)
 
