@@ -369,3 +369,18 @@ def test_weights_that_do_not_fit_the_native_network_are_never_loaded_half_random
         load_diffusion_lm(folder, trust_remote_code=False)
     with pytest.raises(UserError, match=r"do not fit the native llada-native network \(missing_keys: .*up_proj"):
         load_diffusion_lm(folder, implementation="native")
+
+
+@pytest.mark.parametrize("which", ["llada", "dream", "sdar"])
+def test_a_saved_native_model_is_a_published_folder_again(folders, dream_folder, sdar_folder, tmp_path, which) -> None:
+    """A trained policy is saved as its family's folder: it loads natively again, with the same weights."""
+    from stabledrl_bench.core.models import save_diffusion_lm as save
+
+    source = {"llada": folders["llada"], "dream": dream_folder, "sdar": sdar_folder}[which]
+    dlm = load_diffusion_lm(source)
+    save(dlm, tmp_path / "final")
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["model_type"].lower() == which
+    again = load_diffusion_lm(tmp_path / "final")
+    assert type(again) is type(dlm) and again.block_size == dlm.block_size
+    for name, tensor in dlm.model.state_dict().items():
+        assert torch.equal(tensor, again.model.state_dict()[name]), name

@@ -68,7 +68,9 @@ SUPPORTED = {
 class LLaDANativeConfig(PretrainedConfig):
     """The fields of LLaDA's ``config.json`` this implementation reads (the file's other fields are kept)."""
 
-    model_type = "llada_native"
+    # the published name, so a saved checkpoint (a trained policy) is a LLaDA folder again; never registered with
+    # transformers' AutoConfig, so it cannot shadow the checkpoint's own code for `implementation="remote"`
+    model_type = "llada"
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class LLaDANativeConfig(PretrainedConfig):
         self.rms_norm_eps, self.rope_theta = rms_norm_eps, rope_theta
         self.weight_tying, self.scale_logits = weight_tying, scale_logits
         self.mask_token_id = mask_token_id
+        kwargs.pop("tie_word_embeddings", None)  # a saved config repeats weight_tying under transformers' name
         super().__init__(vocab_size=vocab_size, tie_word_embeddings=weight_tying, **kwargs)
         require_supported("LLaDA", kwargs, SUPPORTED)
         if d_model % n_heads or n_heads % self.n_kv_heads:

@@ -90,13 +90,13 @@ class QwenDiffusionConfig(PretrainedConfig):
 
 
 class DreamNativeConfig(QwenDiffusionConfig):
-    model_type = "dream_native"
+    model_type = "Dream"  # the published name (see LLaDANativeConfig.model_type)
     family = "Dream"
     qkv_bias = True
 
 
 class SDARNativeConfig(QwenDiffusionConfig):
-    model_type = "sdar_native"
+    model_type = "sdar"  # the published name
     family = "SDAR"
     qk_norm = True
 
