@@ -200,6 +200,8 @@ def _cmd_list(args) -> int:
     registry = getattr(import_module(module), attribute)
     for name, entry in registry.items():
         print(f"{name:26s} {_summary(entry)}")
+    if args.what == "protocols":  # built on request, so never in the registry
+        print(f"{'<protocol>-n<N>-t<T>':26s} any protocol above decoded N times at temperature T: pass@k and maj@k")
     return 0
 
 
