@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,7 +339,8 @@ def figure(panels: int, *, width: float = 4.6, height: float = 3.2):
 
 
 def save_figure(fig, path: Path, title: str) -> str:
-    fig.suptitle(title, fontsize=10)
+    """Save ``fig`` with ``title`` wrapped to the figure's width (a one-panel figure cannot hold a long line)."""
+    fig.suptitle(textwrap.fill(title, width=max(40, int(fig.get_figwidth() * 15))), fontsize=10)
     return save_png(fig, path).name
 
 

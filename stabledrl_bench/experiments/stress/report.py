@@ -109,7 +109,8 @@ def _setting_line(record: Mapping[str, Any]) -> str:
 def _definitions_lines(record: Mapping[str, Any]) -> list[str]:
     lines = []
     noise = record.get("noise") or {}
-    if noise.get("text"):
+    conditions = {entry.get("condition") for entry in record.get("summary") or []}
+    if noise.get("text") and "exploding" in conditions:  # a long run records the noise it never injects
         lines.append(f"* exploding condition: {noise['text']};")
     for key, text in ((record.get("definitions") or {}).get("text") or {}).items():
         lines.append(f"* {key}: {text};")
