@@ -340,7 +340,7 @@ def figure(panels: int, *, width: float = 4.6, height: float = 3.2):
 
 def save_figure(fig, path: Path, title: str) -> str:
     """Save ``fig`` with ``title`` wrapped to the figure's width (a one-panel figure cannot hold a long line)."""
-    fig.suptitle(textwrap.fill(title, width=max(40, int(fig.get_figwidth() * 15))), fontsize=10)
+    fig.suptitle(textwrap.fill(title, width=max(40, int(fig.get_figwidth() * 11))), fontsize=10)
     return save_png(fig, path).name
 
 
