@@ -39,8 +39,17 @@ def encode(dlm: DiffusionLM, prompts: list[str]) -> tuple[torch.Tensor, torch.Te
     return dlm.encode_prompts(prompts, chat_template=False)
 
 
-def decode(dlm: DiffusionLM, prompts: list[str], *, temperature: float = 0.0, use_cache: bool = True, seed: int = 0):
-    """Completions of 8 tokens: LLaDA's sampler (2 blocks of 4) or block diffusion (2 steps per block)."""
+def decode(
+    dlm: DiffusionLM,
+    prompts: list[str],
+    *,
+    temperature: float = 0.0,
+    use_cache: bool = True,
+    seed: int = 0,
+    cache: str = "none",
+):
+    """Completions of 8 tokens: LLaDA's sampler (2 blocks of 4; ``cache``: its approximate KV cache) or block
+    diffusion (2 steps per block; ``use_cache``: the exact cache of committed blocks)."""
     ids, mask = encode(dlm, prompts)
     generator = torch.Generator().manual_seed(seed)
     if dlm.attention == "full":
@@ -53,6 +62,7 @@ def decode(dlm: DiffusionLM, prompts: list[str], *, temperature: float = 0.0, us
             steps=8,
             temperature=temperature,
             generator=generator,
+            cache=cache,
         )
     return block_diffusion_generate(
         dlm,

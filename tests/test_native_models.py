@@ -30,7 +30,6 @@ from safetensors.torch import save_file
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, SDARNativeBackend, TinyBackend
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
-from stabledrl_bench.core.sampling import llada_generate
 from stabledrl_bench.errors import UserError
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -139,21 +138,8 @@ def test_logits_on_padded_batches_equal_the_tiny_model(models) -> None:
 def test_decoding_equals_the_tiny_model_with_every_cache(models, cache: str) -> None:
     """The dual cache runs on LLaDA now (positions are explicit), and gives the tiny model's tokens."""
     tiny, llada = models
-    ids, mask = tiny.encode_prompts(PROMPTS, chat_template=False)
-    outs = [
-        llada_generate(
-            dlm,
-            ids,
-            mask,
-            max_completion_length=8,
-            block_length=4,
-            steps=8,
-            cache=cache,
-            generator=torch.Generator().manual_seed(0),
-        ).completion_ids
-        for dlm in (tiny, llada)
-    ]
-    assert torch.equal(outs[0], outs[1])
+    ours, theirs = (decode(dlm, PROMPTS, cache=cache).completion_ids for dlm in (llada, tiny))
+    assert torch.equal(ours, theirs)
     for temperature in (0.0, 1.0):
         assert torch.equal(
             decode(tiny, PROMPTS, temperature=temperature).completion_ids,
@@ -278,22 +264,8 @@ def test_a_dream_folder_loads_natively_and_its_network_equals_the_tiny_one(model
 def test_the_native_dream_decodes_trains_and_is_batch_invariant(dream_folder, tmp_path: Path) -> None:
     dream = load_diffusion_lm(dream_folder)
     assert_batch_size_invariant(dream)
-    ids, mask = dream.encode_prompts(PROMPTS, chat_template=False)
-    outs = [
-        llada_generate(
-            dream,
-            ids,
-            mask,
-            max_completion_length=8,
-            block_length=4,
-            steps=8,
-            cache=cache,
-            threshold=1.0,
-            generator=torch.Generator().manual_seed(0),
-        ).completion_ids
-        for cache in ("none", "dual")
-    ]
-    assert outs[0].shape == outs[1].shape == (len(PROMPTS), 8)
+    for cache in ("none", "dual"):
+        assert decode(dream, PROMPTS, cache=cache).completion_ids.shape == (len(PROMPTS), 8)
     record = rl_step(dream_folder, "stabledrl", tmp_path / "dream", gradient_checkpointing=True)
     assert torch.isfinite(torch.tensor(record["loss"])) and record["grad_norm"] > 0
 
