@@ -12,6 +12,7 @@ that hold the same token. Random weights never emit EOS, so the EOS stop saves n
 
     python benchmarks/bench_decoding.py --config 26M --max-completion-length 256 --batch 16 --threads 2
     python benchmarks/bench_decoding.py --rl-step --max-completion-length 128   # one RL step, fast vs exact rollouts
+    python benchmarks/bench_decoding.py --config 26M --family llada            # the same on the native LLaDA
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from timing import timed
 
 from stabledrl_bench.core.models import DiffusionLM, build_tiny, load_diffusion_lm, save_diffusion_lm
+from stabledrl_bench.core.models.convert import save_tiny_as
 from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings, GenerationOutput, generate
 
 CONFIGS = {
@@ -56,9 +58,17 @@ def agreement(model: DiffusionLM, out: GenerationOutput, exact: GenerationOutput
 
 
 def _model(args: argparse.Namespace) -> DiffusionLM:
-    if args.checkpoint:
-        return load_diffusion_lm(args.checkpoint)
-    return build_tiny(attention="full", seed=0, **CONFIGS[args.config])
+    """The tiny model (random weights of ``--config``, or ``--checkpoint``); with ``--family llada|dream`` the same
+    weights as that family's folder, run by the native implementation (``core/models/convert.py``)."""
+    dlm = (
+        load_diffusion_lm(args.checkpoint)
+        if args.checkpoint
+        else build_tiny(attention="full", seed=0, **CONFIGS[args.config])
+    )
+    if args.family == "tiny":
+        return dlm
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-{args.family}-")) / args.family
+    return load_diffusion_lm(save_tiny_as(dlm, args.family, folder))
 
 
 def _prompts(model: DiffusionLM, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,6 +200,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=tuple(CONFIGS), default="default")
     parser.add_argument("--checkpoint", help="a trained full-attention tiny checkpoint instead of random weights")
+    parser.add_argument(
+        "--family",
+        choices=("tiny", "llada", "dream"),
+        default="tiny",
+        help="run the weights as this family's folder on its native implementation (e.g. the dual cache on LLaDA)",
+    )
     parser.add_argument("--task", help="prompts from this task's test set (tiny protocol), e.g. for --checkpoint")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)

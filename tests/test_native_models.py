@@ -25,82 +25,20 @@ from backend_checks import (
     rl_step,
     sequence_batch,
 )
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, SDARNativeBackend, TinyBackend
+from stabledrl_bench.core.models.convert import save_tiny_as
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
 from stabledrl_bench.errors import UserError
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
-# Where each tiny tensor goes in a published layout ({i}: the layer); the fused qkv and gate_up are split.
-LLADA_LAYOUT = {
-    "embed": "model.transformer.wte", "norm": "model.transformer.ln_f", "head": "model.transformer.ff_out",
-    "layer": "model.transformer.blocks.{i}.", "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "attn_out",
-    "gate": "ff_proj", "up": "up_proj", "down": "ff_out", "attn_norm": "attn_norm", "mlp_norm": "ff_norm",
-}  # fmt: skip
-QWEN_LAYOUT = {
-    "embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head", "layer": "model.layers.{i}.",
-    "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "mlp_norm": "post_attention_layernorm",
-}  # fmt: skip
-
-
-def tiny_weights_as(tiny: torch.nn.Module, layout: dict[str, str], qkv_bias: bool = False) -> dict[str, torch.Tensor]:
-    """The tiny model's weights under a published family's parameter names (zero q/k/v biases if it has them)."""
-    sd = tiny.state_dict()
-    out = {f"{layout[key]}.weight": sd[f"{name}.weight"] for key, name in (("embed", "embed"), ("norm", "norm"))}
-    out[f"{layout['head']}.weight"] = sd["lm_head.weight"]
-    for i in sorted({int(key.split(".")[1]) for key in sd if key.startswith("layers.")}):
-        tiny_layer, layer = f"layers.{i}.", layout["layer"].format(i=i)
-        parts = dict(zip("qkv", sd[tiny_layer + "attn.qkv.weight"].chunk(3), strict=True))
-        parts |= dict(zip(("gate", "up"), sd[tiny_layer + "mlp.gate_up.weight"].chunk(2), strict=True))
-        parts |= {"o": sd[tiny_layer + "attn.o_proj.weight"], "down": sd[tiny_layer + "mlp.down.weight"]}
-        parts |= {"attn_norm": sd[tiny_layer + "attn_norm.weight"], "mlp_norm": sd[tiny_layer + "mlp_norm.weight"]}
-        out |= {f"{layer}{layout[key]}.weight": weight for key, weight in parts.items()}
-        if qkv_bias:
-            out |= {f"{layer}{layout[key]}.bias": torch.zeros(parts[key].shape[0]) for key in "qkv"}
-    return {name: tensor.contiguous().clone() for name, tensor in out.items()}
-
-
 def write_llada_folder(folder: Path, tiny_folder: Path, **config_changes) -> Path:
-    """A LLaDA checkpoint as published (model_type "llada", auto_map naming modeling files that are not there)."""
-    tiny = load_diffusion_lm(tiny_folder)
-    cfg = tiny.model.config
-    folder.mkdir(parents=True)
-    config = {
-        "model_type": "llada",
-        "architectures": ["LLaDAModelLM"],
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"},
-        "activation_type": "silu",
-        "block_type": "llama",
-        "layer_norm_type": "rms",
-        "d_model": cfg.hidden_size,
-        "n_heads": cfg.num_attention_heads,
-        "n_kv_heads": cfg.num_attention_heads,
-        "n_layers": cfg.num_hidden_layers,
-        "mlp_hidden_size": cfg.intermediate_size,
-        "vocab_size": cfg.vocab_size,
-        "embedding_size": cfg.vocab_size,
-        "max_sequence_length": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope": True,
-        "rope_theta": cfg.rope_theta,
-        "alibi": False,
-        "include_bias": False,
-        "weight_tying": False,
-        "mask_token_id": cfg.mask_token_id,
-        "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id,
-        **config_changes,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(tiny_weights_as(tiny.model, LLADA_LAYOUT), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    tiny.tokenizer.save_pretrained(folder)
-    return folder
+    """A LLaDA checkpoint as published, holding the tiny model's weights (:func:`save_tiny_as`)."""
+    return save_tiny_as(load_diffusion_lm(tiny_folder), "llada", folder, **config_changes)
 
 
 @pytest.fixture(scope="module")
@@ -204,37 +142,8 @@ def test_the_8b_configuration_builds_on_the_meta_device() -> None:
 # ---------------------------------------------------------------------------------------------------- Dream
 @pytest.fixture(scope="module")
 def dream_folder(folders, tmp_path_factory) -> Path:
-    """A Dream checkpoint as published (model_type "Dream", auto_map naming files that are not there)."""
-    tiny = load_diffusion_lm(folders["tiny"])
-    cfg = tiny.model.config
-    folder = tmp_path_factory.mktemp("dream")
-    config = {
-        "model_type": "Dream",
-        "architectures": ["DreamModel"],
-        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_attention_heads,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "vocab_size": cfg.vocab_size,
-        "mask_token_id": cfg.mask_token_id,
-        "pad_token_id": cfg.pad_token_id,
-        "eos_token_id": cfg.eos_token_id,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file(
-        tiny_weights_as(tiny.model, QWEN_LAYOUT, qkv_bias=True),
-        str(folder / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    tiny.tokenizer.save_pretrained(folder)
-    return folder
+    """A Dream checkpoint as published (model_type "Dream"), holding the tiny model's weights."""
+    return save_tiny_as(load_diffusion_lm(folders["tiny"]), "dream", tmp_path_factory.mktemp("dream") / "dream")
 
 
 def test_a_dream_folder_loads_natively_and_its_network_equals_the_tiny_one(models, dream_folder) -> None:
@@ -273,44 +182,14 @@ def test_the_native_dream_decodes_trains_and_is_batch_invariant(dream_folder, tm
 # ----------------------------------------------------------------------------------------------------- SDAR
 @pytest.fixture(scope="module")
 def sdar_folder(folders, tmp_path_factory) -> Path:
-    """An SDAR checkpoint as published (model_type "sdar"), from the tiny weights plus per-head query/key norms."""
-    tiny = load_diffusion_lm(folders["tiny"])
-    cfg = tiny.model.config
-    folder = tmp_path_factory.mktemp("sdar")
-    head = cfg.hidden_size // cfg.num_attention_heads
-    weights = tiny_weights_as(tiny.model, QWEN_LAYOUT)
+    """An SDAR checkpoint as published (model_type "sdar"), from the tiny weights plus per-head query/key norms (made
+    not all 1 here, so that they matter)."""
+    folder = save_tiny_as(load_diffusion_lm(folders["tiny"]), "sdar", tmp_path_factory.mktemp("sdar") / "sdar")
+    weights = load_file(str(folder / "model.safetensors"))
     generator = torch.Generator().manual_seed(0)
-    for i in range(cfg.num_hidden_layers):
-        for norm in ("q_norm", "k_norm"):
-            weights[f"model.layers.{i}.self_attn.{norm}.weight"] = 1 + 0.1 * torch.randn(head, generator=generator)
-    config = {
-        "model_type": "sdar",
-        "architectures": ["SDARForCausalLM"],
-        "auto_map": {
-            "AutoConfig": "configuration_sdar.SDARConfig",
-            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
-        },
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_attention_heads,
-        "head_dim": head,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "block_size": 4,
-        "vocab_size": cfg.vocab_size,
-        "mask_token_id": cfg.mask_token_id,
-        "pad_token_id": cfg.pad_token_id,
-        "eos_token_id": cfg.eos_token_id,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
+    for name in [name for name in weights if name.endswith(("q_norm.weight", "k_norm.weight"))]:
+        weights[name] = 1 + 0.1 * torch.randn(weights[name].shape, generator=generator)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    tiny.tokenizer.save_pretrained(folder)
     return folder
 
 
@@ -330,8 +209,6 @@ def test_the_native_sdar_is_block_diffusion_with_an_exact_cache(sdar_folder, tmp
 
 def test_weights_that_do_not_fit_the_native_network_are_never_loaded_half_random(folders, tmp_path: Path) -> None:
     """A folder that only claims model_type llada (a missing tensor here) is run by its own code or refused."""
-    from safetensors.torch import load_file
-
     folder = tmp_path / "partial"
     write_llada_folder(folder, folders["tiny"])
     weights = load_file(str(folder / "model.safetensors"))
@@ -356,3 +233,9 @@ def test_a_saved_native_model_is_a_published_folder_again(folders, dream_folder,
     assert type(again) is type(dlm) and again.block_size == dlm.block_size
     for name, tensor in dlm.model.state_dict().items():
         assert torch.equal(tensor, again.model.state_dict()[name]), name
+
+
+def test_save_tiny_as_names_its_families(folders, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="family must be one of llada, dream, sdar"):
+        save_tiny_as(load_diffusion_lm(folders["tiny"]), "olmo", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
