@@ -112,6 +112,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
     params = sum(p.numel() for p in model.model.parameters())
     source = args.checkpoint or f"random weights, config {args.config}"
     source += f", {args.task} prompts" if args.task else ", random prompts"
+    source += f", as a {args.family} folder on the native {type(model).__name__}" if args.family != "tiny" else ""
     print(
         f"model: {source} ({params / 1e6:.1f}M parameters); L={args.max_completion_length} B={args.batch} "
         f"prompt={ids.shape[1]} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
