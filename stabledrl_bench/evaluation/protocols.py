@@ -16,9 +16,9 @@ Each protocol names one such evaluator (docs/protocols.md gives each one's setti
 * Approximate decoding (Fast-dLLM, arXiv:2505.22618; its LLaDA-8B GSM8K anchor at 256 tokens: 8.1x faster with
   dual cache + parallel decoding, -0.8 points), d1's and tiny's prompts and lengths with:
   ``d1-fast`` / ``tiny-fast``: dual KV cache + confidence threshold 0.9 + EOS stop; ``d1-fast-prefix``: the
-  same with a prefix cache (LLaDA's backend has no dual cache); ``d1-parallel`` / ``tiny-parallel``: threshold
-  0.9 + EOS stop without a cache. Their numbers are never shown next to exact ones without saying so
-  (:attr:`EvalProtocol.approximate`).
+  same with a prefix cache (for LLaDA run on its own remote code, which allows only that one); ``d1-parallel`` /
+  ``tiny-parallel``: threshold 0.9 + EOS stop without a cache. Their numbers are never shown next to exact ones
+  without saying so (:attr:`EvalProtocol.approximate`).
 * Sampled evaluation for pass@k / maj@k (:mod:`stabledrl_bench.evaluation.passk`): any protocol above decoded n
   times per problem at temperature T is the protocol ``<name>-n<n>-t<T>`` (e.g. ``tiny-n16-t1``, ``d1-n8-t0.6``),
   built on request by :func:`get_protocol`; its records are shown apart from greedy ones.
