@@ -239,3 +239,12 @@ def test_save_tiny_as_names_its_families(folders, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="family must be one of llada, dream, sdar"):
         save_tiny_as(load_diffusion_lm(folders["tiny"]), "olmo", tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_check_model_says_which_code_runs_the_network(folders, capsys) -> None:
+    from stabledrl_bench.cli import main
+
+    assert main(["check-model", "--model", str(folders["llada"]), "--processes", "2", "--preset", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "family               llada-native" in out and "implementation       native (llada.py" in out
+    assert "[fail]" not in out

@@ -379,11 +379,22 @@ def run_probes(dlm: DiffusionLM, *, train: bool = True, checkpointing: bool = Fa
     return probes
 
 
+def implementation(module: str) -> str:
+    """Whose code runs the network: this package's (native, or the built-in tiny model) or the checkpoint's own."""
+    if module.startswith("stabledrl_bench.core.models.tiny"):
+        return "built-in tiny model"
+    if module.startswith("stabledrl_bench."):
+        return f"native ({module.rsplit('.', 1)[-1]}.py, no code from the folder)"
+    return f"the checkpoint's own code ({module.rsplit('.', 1)[-1]}.py)"
+
+
 def model_facts(dlm: DiffusionLM) -> dict[str, str]:
     """Family, attention, dtype and size of the loaded model (``check-model``; the plan adds what a preset needs)."""
     params = sum(p.numel() for p in dlm.model.parameters())
+    module = type(getattr(dlm.model, "module", dlm.model)).__module__
     return {
         "family": dlm.family,
+        "implementation": implementation(module),
         "attention": dlm.attention + (f" (block {dlm.block_size})" if dlm.block_size else ""),
         "dtype": str(_dtype(dlm)).replace("torch.", ""),
         "parameters": f"{params:,}",
