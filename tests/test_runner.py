@@ -108,7 +108,7 @@ def test_finished_runs_are_reused_and_other_settings_are_refused(start, tmp_path
     second = run_training(job)
     assert second["cached"] and second["final"] == first["final"]
     assert (tmp_path / "run" / "log.jsonl").read_text() == log  # nothing ran again
-    with pytest.raises(UserError, match="other settings"):
+    with pytest.raises(UserError, match=r"other settings \(config\.seed: 0 -> 1\); delete it"):  # names what differs
         run_training(TrainJob(_config(final, tmp_path / "run", seed=1)))
     assert (tmp_path / "run" / "summary.json").is_file()  # refused, not overwritten
     assert run_training(TrainJob(_config(final, tmp_path / "run", seed=1)), force=True)["cached"] is False

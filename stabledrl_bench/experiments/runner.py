@@ -177,6 +177,17 @@ class TrainJob:
         return Path(self.config.output_dir)
 
 
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """``path: old -> new`` for every leaf where two run identities differ, so a refused run says what changed."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for key in sorted(old.keys() | new.keys())
+            for d in _differences(old.get(key), new.get(key), f"{path}.{key}".lstrip("."))
+        ]
+    return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
+
+
 def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
     """Train ``job`` (or reuse it) and return its summary: final model folder (None if it stopped on non-finite
     steps), last step, step of the stop, wall and CPU seconds, and whether it was reused (``cached``)."""
@@ -188,7 +199,10 @@ def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
     barrier()
     found = {name: json.loads(p.read_text()) for name in (SUMMARY_FILE, JOB_FILE) if (p := folder / name).is_file()}
     if any(record.get("key") != key for record in found.values()):
-        raise UserError(f"{folder} holds a run with other settings; delete it or pass --force")
+        stored = found.get(JOB_FILE, {}).get("identity")
+        differ = _differences(stored, json.loads(json.dumps(job.identity(), default=str))) if stored else []
+        detail = f" ({'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''})" if differ else ""
+        raise UserError(f"{folder} holds a run with other settings{detail}; delete it or pass --force")
     if SUMMARY_FILE in found:
         return {**found[SUMMARY_FILE], "cached": True}
     if latest_checkpoint(folder) is not None and JOB_FILE not in found:
