@@ -1,6 +1,10 @@
-"""Test-wide settings: nothing may touch the network, and CPU thread counts stay predictable."""
+"""Test-wide settings: nothing may touch the network, and CPU thread counts stay predictable; shared fixtures."""
 
+import importlib
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ[_var] = "1"
@@ -64,3 +68,33 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory on sys.path for installed-distribution metadata (:func:`install_plugin`); every registry's state
+    is restored afterwards."""
+    from stabledrl_bench.cli import REGISTRIES
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, attribute in REGISTRIES.values():
+        registry = getattr(importlib.import_module(module), attribute)
+        registry.entries()  # built-ins loaded before the snapshot
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+        monkeypatch.setattr(registry, "_loaded", False)
+    before = set(sys.modules)
+    yield tmp_path
+    for module in set(sys.modules) - before:
+        if module.startswith("sdrl_test_plugin"):
+            del sys.modules[module]
+
+
+def install_plugin(root: Path, group: str, entry: str, target: str, module: str, source: str) -> None:
+    """Write ``module.py`` and a dist-info whose entry point ``entry = target`` sits in ``group``, as ``pip install``
+    would leave them (``root`` is on sys.path: :func:`plugin_dir`)."""
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry} = {target}\n")
+    importlib.invalidate_caches()

@@ -3,15 +3,12 @@ through real entry points (a ``*.dist-info`` folder on ``sys.path``, as ``pip in
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUILTIN_BASELINES, small_budget
+from conftest import BUILTIN_BASELINES, install_plugin, small_budget
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.advantages import ADVANTAGES
@@ -147,31 +144,6 @@ def test_clip_threshold_ablation_is_a_stabledrl_option() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- plugins
-@pytest.fixture
-def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A directory on sys.path for installed-distribution metadata; every registry's state is restored."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for registry in ALL.values():
-        registry.entries()  # built-ins loaded before the snapshot
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-        monkeypatch.setattr(registry, "_loaded", False)
-    before = set(sys.modules)
-    yield tmp_path
-    for module in set(sys.modules) - before:
-        if module.startswith("sdrl_test_plugin"):
-            del sys.modules[module]
-
-
-def _install(root: Path, group: str, entry: str, target: str, module: str, source: str) -> None:
-    """Write ``module.py`` and a dist-info whose entry point ``entry = target`` sits in ``group``."""
-    (root / f"{module}.py").write_text(source)
-    info = root / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{group}]\n{entry} = {target}\n")
-    importlib.invalidate_caches()
-
-
 BASELINE_PLUGIN = """
 from stabledrl_bench.core.baseline import Baseline, register_baseline
 from stabledrl_bench.core.estimators import D1OneStep
@@ -278,7 +250,7 @@ def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
     from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 
     source, target = PLUGINS["tasks"]
-    _install(
+    install_plugin(
         plugin_dir, TASKS.group, "hard_sudoku", "sdrl_test_plugin_tasks" + target, "sdrl_test_plugin_tasks", source
     )
     run = tmp_path / "run"
@@ -316,7 +288,7 @@ def test_external_plugin_through_entry_points(what: str, plugin_dir: Path) -> No
     registry, (source, target) = ALL[what], PLUGINS[what]
     module = f"sdrl_test_plugin_{what.replace('-', '_')}"
     name = ENTRY_NAMES[what]
-    _install(plugin_dir, registry.group, name, module + target, module, source)
+    install_plugin(plugin_dir, registry.group, name, module + target, module, source)
     names = list(registry)
     assert name in names and names.index(name) == len(names) - 1  # built-ins first, then plugins
     entry = registry.get(name)
@@ -346,7 +318,7 @@ def test_plugins_compose(plugin_dir: Path) -> None:
     for what in ("baselines", "advantages", "reward-profiles"):
         source, target = PLUGINS[what]
         module = f"sdrl_test_plugin_{what.replace('-', '_')}"
-        _install(plugin_dir, ALL[what].group, ENTRY_NAMES[what], module + target, module, source)
+        install_plugin(plugin_dir, ALL[what].group, ENTRY_NAMES[what], module + target, module, source)
     baseline = build_baseline("my_method")
     advantages, keep = baseline.advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
     assert advantages.tolist() == [0.5, -0.5] and keep.all()
@@ -357,7 +329,7 @@ def test_plugins_compose(plugin_dir: Path) -> None:
 
 
 def test_plugin_that_fails_to_import_is_named(plugin_dir: Path) -> None:
-    _install(
+    install_plugin(
         plugin_dir, BASELINES.group, "bad", "sdrl_test_plugin_bad", "sdrl_test_plugin_bad", "raise OSError('boom')\n"
     )
     with pytest.raises(UserError, match=r"baseline plugin 'bad'.*failed to load: boom"):
