@@ -66,7 +66,9 @@ from stabledrl_bench.experiments.stress.common import (
     stability_dir,
     write_record,
 )
+from stabledrl_bench.experiments.stress.observations import drift_claims
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.tables import drift_block
 from stabledrl_bench.experiments.stress.training import TrainSettings, on_preset
 from stabledrl_bench.training.trainer import SampledBatch
 
@@ -413,6 +415,11 @@ def _drift_arguments(p: argparse.ArgumentParser) -> None:
 EXPERIMENTS.register(
     "drift",
     Experiment(
-        "drift", "spike probability of each update rule vs drift from the rollout policy", _drift_arguments, _run_drift
+        "drift",
+        "spike probability of each update rule vs drift from the rollout policy",
+        _drift_arguments,
+        _run_drift,
+        report=drift_block,
+        observations=drift_claims,
     ),
 )

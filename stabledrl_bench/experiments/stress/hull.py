@@ -46,7 +46,9 @@ from stabledrl_bench.experiments.stress.common import (
     stability_dir,
     write_record,
 )
+from stabledrl_bench.experiments.stress.observations import hull_claims
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.tables import hull_block
 
 HULL_VARIANTS = ("stabledrl", "selfnorm_only", "clip_only", "espo", "grpo")
 OMEGA = 0.5  # SPG/StableDRL mixture weight of the EUBO in the A <= 0 bound
@@ -272,5 +274,12 @@ def _hull_arguments(p: argparse.ArgumentParser) -> None:
 
 EXPERIMENTS.register(
     "hull",
-    Experiment("hull", "convex-hull property of the update on random inputs (no model)", _hull_arguments, _run_hull),
+    Experiment(
+        "hull",
+        "convex-hull property of the update on random inputs (no model)",
+        _hull_arguments,
+        _run_hull,
+        report=hull_block,
+        observations=hull_claims,
+    ),
 )

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.experiments.stress import options
+from stabledrl_bench.experiments.stress.observations import longrun_claims
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.tables import training_block
 from stabledrl_bench.experiments.stress.training import METHODS, method_sweep
 
 # Cause-finding variants, run when named in --methods: the noisier one-sample estimators, and shared masks.
@@ -53,5 +55,12 @@ def _run(args: argparse.Namespace) -> Path:
 
 EXPERIMENTS.register(
     "longrun",
-    Experiment("longrun", "every method for 500 steps under the official knobs: collapse or not", _arguments, _run),
+    Experiment(
+        "longrun",
+        "every method for 500 steps under the official knobs: collapse or not",
+        _arguments,
+        _run,
+        report=training_block,
+        observations=longrun_claims,
+    ),
 )

@@ -34,7 +34,9 @@ from stabledrl_bench.experiments.stress.common import (
     stability_dir,
     write_record,
 )
+from stabledrl_bench.experiments.stress.observations import lrsweep_observations
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import (
     METHODS,
     RunSpec,
@@ -179,6 +181,11 @@ def _run(args: argparse.Namespace) -> Path:
 EXPERIMENTS.register(
     LRSWEEP,
     Experiment(
-        LRSWEEP, "every long-run method at several learning rates: which rate the other tests use", _arguments, _run
+        LRSWEEP,
+        "every long-run method at several learning rates: which rate the other tests use",
+        _arguments,
+        _run,
+        report=lrsweep_block,
+        observations=lrsweep_observations,
     ),
 )

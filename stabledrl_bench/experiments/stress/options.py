@@ -34,8 +34,9 @@ class Experiment:
     """One ``stress`` command: its help line, its options and what it runs (returns the record it wrote).
 
     ``report(record, link_base)`` renders its record in the leaderboard's Stability section and
-    ``observations(record or None)`` gives its lines under "What we observed"; left out, the built-in experiments
-    use :mod:`.report`'s and a plugin gets a generic block (title, settings, plots) and no verdict.
+    ``observations(record or None)`` gives its lines under "What we observed" (the built-in experiments' are in
+    :mod:`.tables` and :mod:`.observations`); left out, the experiment gets a generic block (title, settings, plots)
+    and no verdict.
     """
 
     name: str

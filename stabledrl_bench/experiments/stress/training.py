@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,7 +53,9 @@ from stabledrl_bench.experiments.stress.common import (
     stability_dir,
     write_record,
 )
+from stabledrl_bench.experiments.stress.observations import clip_claims, exploding_claims
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.tables import training_block
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
@@ -556,9 +559,18 @@ EXPERIMENTS.register(
         "methods x {normal, exploding} x seeds: rewards, spikes, collapse",
         _exploding_arguments,
         _run_exploding,
+        report=training_block,
+        observations=exploding_claims,
     ),
 )
 EXPERIMENTS.register(
     "clip",
-    Experiment("clip", "StableDRL clip threshold C sweep x conditions x seeds", _clip_arguments, _run_clip),
+    Experiment(
+        "clip",
+        "StableDRL clip threshold C sweep x conditions x seeds",
+        _clip_arguments,
+        _run_clip,
+        report=functools.partial(training_block, label_name="clip threshold"),
+        observations=clip_claims,
+    ),
 )
