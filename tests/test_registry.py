@@ -217,15 +217,20 @@ class TinyFork(TinyBackend):
 """,
         "",
     ),
-    "stress-experiments": (
+    "stress-experiments": (  # run end to end in tests/test_stress_plugin.py
         """
+from dataclasses import dataclass
 from pathlib import Path
-from stabledrl_bench.experiments.stress.options import Experiment, add_output
+from stabledrl_bench.experiments.stress.options import Experiment, option
 
-def run(args):
-    return Path(args.results) / "echo.json"
+@dataclass(frozen=True)
+class EchoOptions:
+    word: str = option("hello")
 
-ECHO = Experiment("echo", "a plugin experiment: one module, nothing else edited", add_output, run)
+def run(stress, options):
+    return Path(stress.results) / "echo.json"
+
+ECHO = Experiment("echo", "a plugin experiment: one module, nothing else edited", EchoOptions, run)
 """,
         ":ECHO",
     ),
@@ -301,16 +306,7 @@ def test_external_plugin_through_entry_points(what: str, plugin_dir: Path) -> No
 
         assert entry.family == name and family_of("tiny_fork") == name
     elif what == "stress-experiments":
-        from stabledrl_bench.experiments.stress import stability_section
-        from stabledrl_bench.experiments.stress.cli import build_parser
-        from stabledrl_bench.experiments.stress.common import write_record
-
-        args = build_parser().parse_args(["echo", "--results", "elsewhere"])
-        assert entry.run(args) == Path("elsewhere/echo.json")
-        # Its record shows in the leaderboard's Stability section with no report code of its own.
-        write_record(plugin_dir / "results", "echo", {"title": "Echo experiment", "seeds": [0]})
-        text = stability_section(plugin_dir / "results")
-        assert "### Echo experiment" in text and "stress {lrsweep," in text and ",echo}" in text
+        assert entry.options().word == "hello"
 
 
 def test_plugins_compose(plugin_dir: Path) -> None:

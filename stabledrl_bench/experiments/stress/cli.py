@@ -1,53 +1,106 @@
 """``python -m stabledrl_bench stress {exploding,drift,clip,hull,all} [options]``: one command per experiment.
 
-The commands come from the :data:`~stabledrl_bench.experiments.stress.options.EXPERIMENTS` registry (each experiment
-module registers its own options and run function). Each writes ``<results>/stability/<experiment>.json`` (settings,
-seeds, definitions, warm start, budget and its hash, hardware, per-run numbers and curves) and its PNG plots, then
-rebuilds the leaderboard (whose Stability section is generated from those files) unless ``--no-leaderboard``.
-Training runs are jobs of the experiment runner, cached under ``--runs`` (default ``runs/stress``), so an
-interrupted command resumes by being run again.
+The commands come from the :data:`~stabledrl_bench.experiments.stress.options.EXPERIMENTS` registry: each
+experiment's options dataclass becomes its ``--options`` here, and the parsed command line becomes typed objects
+(:class:`~.options.StressOptions` and the experiment's own) before anything runs, so nothing below this module sees
+``argparse``. Each command writes ``<results>/stability/<experiment>.json`` (settings, seeds, definitions, warm start,
+budget and its hash, hardware, per-run numbers and curves) and its PNG plots, then rebuilds the leaderboard (whose
+Stability section is generated from those files) unless ``--no-leaderboard``. Training runs are jobs of the
+experiment runner, cached under ``--runs`` (default ``runs/stress``), so an interrupted command resumes by being run
+again.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from stabledrl_bench.errors import CommandParser, UserError, positive_int
-from stabledrl_bench.experiments.stress import options
-from stabledrl_bench.experiments.stress.options import EXPERIMENTS
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, StressOptions, in_order, option_fields
+
+T = TypeVar("T")
+
+
+def _add_arguments(parser: argparse.ArgumentParser, options: Iterable[tuple[dataclasses.Field, Any]]) -> None:
+    """``--<name>`` for every (option, default) pair, parsed as :func:`~.options.option` says."""
+    for f, default in options:
+        flag, help_text, parse = f"--{f.name.replace('_', '-')}", f.metadata.get("help"), f.metadata.get("parse")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if parse is None and isinstance(default, int | float):
+            parse = type(default)
+        parser.add_argument(flag, type=parse, default=default, help=help_text)
+
+
+def _add_experiment(parser: argparse.ArgumentParser, own: Any) -> None:
+    """The experiment's options in declaration order, where files go (:class:`StressOptions`) listed before its
+    first option group (last when it has none)."""
+    common = list(option_fields(StressOptions()))
+    for f in dataclasses.fields(own):
+        value = getattr(own, f.name)
+        if dataclasses.is_dataclass(value):
+            _add_arguments(parser, common)
+            common = []
+            _add_arguments(parser, option_fields(value))
+        else:
+            _add_arguments(parser, [(f, value)])
+    _add_arguments(parser, common)
+
+
+def _typed(options: T, args: argparse.Namespace) -> T:
+    """``options`` (an options dataclass) with every option's value parsed into ``args``, groups recursively."""
+    values = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        values[f.name] = _typed(value, args) if dataclasses.is_dataclass(value) else getattr(args, f.name)
+    return dataclasses.replace(options, **values)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m stabledrl_bench stress", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="experiment", required=True)
     for name, experiment in EXPERIMENTS.items():
-        experiment.add_arguments(sub.add_parser(name, help=experiment.help))
+        _add_experiment(sub.add_parser(name, help=experiment.help), experiment.options())
     p = sub.add_parser("all", help="every experiment in turn with its default settings")
-    options.add_output(p)
+    _add_arguments(p, option_fields(StressOptions()))
     p.add_argument("--jobs", type=positive_int, default=2)
     p.add_argument("--warm-start")
     return parser
 
 
-def _refresh_leaderboard(args: argparse.Namespace) -> None:
-    if args.no_leaderboard:
+def _refresh_leaderboard(stress: StressOptions) -> None:
+    if stress.no_leaderboard:
         return
     from stabledrl_bench.experiments.stress.report import stability_section
     from stabledrl_bench.reporting.leaderboard import write_leaderboard
 
     try:
         path = write_leaderboard(
-            args.results,
-            args.leaderboard,
-            plots_dir=Path(args.results) / "plots",
+            stress.results,
+            stress.leaderboard,
+            plots_dir=Path(stress.results) / "plots",
             extra_sections=[stability_section],
         )
     except UserError as exc:  # the stability records are written; a problem elsewhere must not hide that
         print(f"warning: leaderboard not rebuilt: {exc}")
         return
     print(f"leaderboard: {path}")
+
+
+def _one_of_all(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace) -> argparse.Namespace:
+    """``stress all``'s command line for experiment ``name``: its defaults, ``all``'s folders, and the shared
+    options it has (``--jobs``, ``--warm-start``); the leaderboard is rebuilt once, at the end."""
+    one = parser.parse_args([name, "--results", args.results, "--runs", args.runs])
+    one.no_leaderboard = True
+    for key in ("jobs", "warm_start"):
+        if hasattr(one, key) and getattr(args, key) is not None:
+            setattr(one, key, getattr(args, key))
+    return one
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,19 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     """
     import torch
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    names = options.in_order() if args.experiment == "all" else [args.experiment]
+    names = in_order() if args.experiment == "all" else [args.experiment]
     for name in names:
-        sub_args = args
-        if args.experiment == "all":  # each experiment's defaults, and the shared options it has
-            sub_args = build_parser().parse_args([name, "--results", args.results, "--runs", args.runs])
-            sub_args.no_leaderboard = True
-            for key in ("jobs", "warm_start"):
-                if hasattr(sub_args, key) and getattr(args, key) is not None:
-                    setattr(sub_args, key, getattr(args, key))
+        one = _one_of_all(parser, name, args) if args.experiment == "all" else args
+        experiment = EXPERIMENTS.get(name)
         start = time.perf_counter()
-        path = EXPERIMENTS.get(name).run(sub_args)
+        path = experiment.run(_typed(StressOptions(), one), _typed(experiment.options(), one))
         print(f"stress {name}: {path} ({time.perf_counter() - start:.0f} s)")
-    _refresh_leaderboard(args)
+    _refresh_leaderboard(_typed(StressOptions(), args))
     return 0

@@ -12,8 +12,10 @@ never learned the format. All runs of all experiments start from this one checkp
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import textwrap
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +300,26 @@ def chosen_lr(results_dir: Path | str, preset: str | None = None, task: str | No
     if record.get("chosen_lr") is None:
         raise UserError(f"{path}: the sweep chose no learning rate ({record.get('choice')}); pass --lr")
     return float(record["chosen_lr"])
+
+
+def runtime(
+    start: tuple[float, float], workers: int, warm_start: Mapping[str, Any] | None, worker_cpu: float = 0.0
+) -> dict[str, Any]:
+    """Wall time of this invocation, and the cost of the whole experiment from scratch, which does not depend on
+    what was cached: CPU seconds of the warm-start SFT (as recorded when it was built; its wall time for older
+    records), of this process and of every run (as recorded by the run), and from them the estimated wall time on
+    ``workers`` free cores. A shared machine makes measured wall times pessimistic, hence the load average."""
+    main_cpu = time.process_time() - start[1]
+    warm = warm_start or {}
+    sft_cpu = warm.get("sft_cpu_seconds") or warm.get("sft_seconds") or 0.0
+    other_cpu = main_cpu - (sft_cpu if warm.get("built_now") else 0.0)
+    return {
+        "runtime_s": time.perf_counter() - start[0],
+        "cpu_seconds": {"warm_start": sft_cpu, "main": other_cpu, "workers": worker_cpu},
+        "estimated_free_cores_s": sft_cpu + other_cpu + worker_cpu / max(1, workers),
+        "cores": workers,
+        "load_average": os.getloadavg(),
+    }
 
 
 # --------------------------------------------------------------------------------------------------- plots

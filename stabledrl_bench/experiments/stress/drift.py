@@ -35,11 +35,11 @@ GRPO and ESPO run with beta = 0 here (their KL terms do not involve the ratio be
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError, comma_list, positive_int
 from stabledrl_bench.experiments.runner import control_config, sample_rollouts
-from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     CONDITIONS,
@@ -62,14 +61,24 @@ from stabledrl_bench.experiments.stress.common import (
     band,
     figure,
     finite,
+    runtime,
     save_figure,
     stability_dir,
     write_record,
 )
 from stabledrl_bench.experiments.stress.observations import drift_claims
-from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.options import (
+    EXPERIMENTS,
+    Experiment,
+    ModelOptions,
+    NoiseOptions,
+    StressOptions,
+    check_positive,
+    option,
+    recorded_settings,
+)
 from stabledrl_bench.experiments.stress.tables import drift_block
-from stabledrl_bench.experiments.stress.training import TrainSettings, on_preset
+from stabledrl_bench.experiments.stress.training import TrainSettings, on_preset, stress_budget, warm_start
 from stabledrl_bench.training.trainer import SampledBatch
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -336,50 +345,66 @@ def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequen
 
 
 # ----------------------------------------------------------------------------------------------- command
-def _run_drift(args: argparse.Namespace) -> Path:
+@dataclass(frozen=True)
+class DriftOptions:
+    """``stress drift``: which variants, conditions and drift levels, how many repeats, rollouts and seeds, the
+    model and noise, and the spike threshold."""
+
+    variants: str = option(",".join(VARIANTS), f"subset of {', '.join(VARIANTS)}")
+    conditions: str = option(",".join(CONDITIONS))
+    levels: str = option("0,0.02,0.05,0.1,0.2,0.3", "relative parameter-noise levels sigma")
+    repeats: int = option(16, "drift directions and mask draws per level and seed", parse=positive_int)
+    rollouts: int = option(4, "rollout batches per seed (cycled over repeats)", parse=positive_int)
+    seeds: str = option("0,1,2", "comma-separated seeds (rollouts, directions, masks)")
+    model: ModelOptions = field(default=ModelOptions())
+    noise: NoiseOptions = field(default=NoiseOptions())
+    spike_k: float = option(Definitions.spike_k, "spike: norm > k x reference median")
+
+
+def _run_drift(stress: StressOptions, options: DriftOptions) -> Path:
     start = (time.perf_counter(), time.process_time())
-    variants = comma_list(args.variants, "--variants", choices=VARIANTS, what="variant")
-    conditions = comma_list(args.conditions, "--conditions", choices=CONDITIONS, what="condition")
-    levels = sorted(comma_list(args.levels, "--levels", kind=float, what="level"))
+    variants = comma_list(options.variants, "--variants", choices=VARIANTS, what="variant")
+    conditions = comma_list(options.conditions, "--conditions", choices=CONDITIONS, what="condition")
+    levels = sorted(comma_list(options.levels, "--levels", kind=float, what="level"))
     if levels[0] < 0:
         raise UserError("--levels must be >= 0")
-    seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
-    options.check_positive(repeats=args.repeats, rollouts=args.rollouts, spike_k=args.spike_k)
-    noise = options.noise(args)
-    path, info, model = options.warm_start(args)
-    budget = options.stress_budget(args, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
-    settings = TrainSettings(warm_start=str(path), budget=budget, learning_rate=0.0, max_grad_norm=1.0, noise=noise)
-    if args.preset is not None:
-        settings = on_preset(settings, args.preset, args.task, budget.max_steps)
-        budget = settings.budget
+    seeds = comma_list(options.seeds, "--seeds", kind=int, what="seed")
+    check_positive(repeats=options.repeats, rollouts=options.rollouts, spike_k=options.spike_k)
+    noise = options.noise.noise()
+    path, info, model = warm_start(options.model, stress.runs)
+    budget = stress_budget(options.model, 2)  # one rollout phase: the rollout, then the off-policy inner step mu = 2
+    train = TrainSettings(warm_start=str(path), budget=budget, learning_rate=0.0, max_grad_norm=1.0, noise=noise)
+    if options.model.preset is not None:
+        train = on_preset(train, options.model.preset, options.model.task, budget.max_steps)
+        budget = train.budget
     records_by_seed = {}
     for seed in seeds:
-        control = control_config(settings.config("stabledrl", {}, seed), Path(args.runs) / "drift")
-        dlm, rollouts = sample_rollouts(control, args.rollouts)
+        control = control_config(train.config("stabledrl", {}, seed), Path(stress.runs) / "drift")
+        dlm, rollouts = sample_rollouts(control, options.rollouts)
         records_by_seed[seed] = measure_update_norms(
             dlm,
             rollouts,
             variants,
             levels,
-            args.repeats,
+            options.repeats,
             conditions,
             noise,
             seed=seed,
             block_length=budget.block_length,
         )
-    summary = summarize(records_by_seed, variants, levels, conditions, args.spike_k)
-    figure_name = plot(summary, variants, conditions, Path(args.results), args.spike_k)
+    summary = summarize(records_by_seed, variants, levels, conditions, options.spike_k)
+    figure_name = plot(summary, variants, conditions, Path(stress.results), options.spike_k)
     payload = {
         "title": "Spike probability vs drift",
-        "settings": options.settings(args),
+        "settings": recorded_settings("drift", options),
         "seeds": seeds,
         "levels": levels,
         "variants": {v: {"baseline": VARIANTS[v][0], "options": VARIANTS[v][1]} for v in variants},
         "noise": {**noise.__dict__, "text": noise.describe()},
         "definitions": {
-            "spike_k": args.spike_k,
+            "spike_k": options.spike_k,
             "text": {
-                "spike": f"update norm > {args.spike_k:g} x the variant's median norm at the smallest drift level "
+                "spike": f"update norm > {options.spike_k:g} x the variant's median norm at the smallest drift level "
                 "(normal condition), per seed; non-finite norms count as spikes",
                 "drift": "mean |E_theta - E_theta0| per completion (StableDRL's per-token ELBO, same masks)",
                 "policy": "theta = theta0 + sigma * rms(W) * N(0, 1) per parameter tensor W",
@@ -393,23 +418,9 @@ def _run_drift(args: argparse.Namespace) -> Path:
         "summary": summary,
         "start_noise": start_noise(records_by_seed, variants),
         "plots": {"spikes": figure_name},
-        **options.runtime(start, 1, info),
+        **runtime(start, 1, info),
     }
-    return write_record(args.results, "drift", payload)
-
-
-def _drift_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
-    p.add_argument("--conditions", default=",".join(CONDITIONS))
-    p.add_argument("--levels", default="0,0.02,0.05,0.1,0.2,0.3", help="relative parameter-noise levels sigma")
-    p.add_argument(
-        "--repeats", type=positive_int, default=16, help="drift directions and mask draws per level and seed"
-    )
-    p.add_argument("--rollouts", type=positive_int, default=4, help="rollout batches per seed (cycled over repeats)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (rollouts, directions, masks)")
-    for add in (options.add_output, options.add_model, options.add_noise):
-        add(p)
-    p.add_argument("--spike-k", type=float, default=Definitions.spike_k, help="spike: norm > k x reference median")
+    return write_record(stress.results, "drift", payload)
 
 
 EXPERIMENTS.register(
@@ -417,7 +428,7 @@ EXPERIMENTS.register(
     Experiment(
         "drift",
         "spike probability of each update rule vs drift from the rollout policy",
-        _drift_arguments,
+        DriftOptions,
         _run_drift,
         report=drift_block,
         observations=drift_claims,

@@ -23,7 +23,6 @@ rebuilt from ``importance_weights`` as an explicit convex combination (``residua
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections.abc import Sequence
@@ -37,17 +36,24 @@ from stabledrl_bench.baselines.espo import espo_loss
 from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, stabledrl_loss
 from stabledrl_bench.errors import comma_list, positive_int
-from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     band,
     figure,
+    runtime,
     save_figure,
     stability_dir,
     write_record,
 )
 from stabledrl_bench.experiments.stress.observations import hull_claims
-from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.options import (
+    EXPERIMENTS,
+    Experiment,
+    StressOptions,
+    check_positive,
+    option,
+    recorded_settings,
+)
 from stabledrl_bench.experiments.stress.tables import hull_block
 
 HULL_VARIANTS = ("stabledrl", "selfnorm_only", "clip_only", "espo", "grpo")
@@ -242,34 +248,34 @@ def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> s
 
 
 # ----------------------------------------------------------------------------------------------- command
-def _run_hull(args: argparse.Namespace) -> Path:
+@dataclass(frozen=True)
+class HullOptions:
+    """``stress hull``: how many random trials at which Cauchy scales, the seed, and StableDRL's clip threshold."""
+
+    trials: int = option(4000, parse=positive_int)
+    scales: str = option("0.1,0.3,1,3,10", "Cauchy scales of the log-ratios, cycled over trials")
+    seed: int = option(0)
+    clip_threshold: float = option(5.0)
+
+
+def _run_hull(stress: StressOptions, options: HullOptions) -> Path:
     start = (time.perf_counter(), time.process_time())
-    scales = comma_list(args.scales, "--scales", kind=float, what="scale")
-    options.check_positive(
-        trials=args.trials, clip_threshold=args.clip_threshold, **{f"scale {s:g}": s for s in scales}
-    )
-    records = run_hull(args.trials, scales, args.seed, clip_threshold=args.clip_threshold)
+    scales = comma_list(options.scales, "--scales", kind=float, what="scale")
+    check_positive(trials=options.trials, clip_threshold=options.clip_threshold, **{f"scale {s:g}": s for s in scales})
+    records = run_hull(options.trials, scales, options.seed, clip_threshold=options.clip_threshold)
     summary = summarize(records, scales)
-    figure_name = plot(records, Path(args.results), args.clip_threshold)
+    figure_name = plot(records, Path(stress.results), options.clip_threshold)
     payload = {
         "title": "Convex-hull property",
-        "settings": options.settings(args),
-        "seeds": [args.seed],
+        "settings": recorded_settings("hull", options),
+        "seeds": [options.seed],
         "scales": scales,
         "tolerance": TOLERANCE,
         "summary": summary,
         "plots": {"hull": figure_name},
-        **options.runtime(start, 1, None),
+        **runtime(start, 1, None),
     }
-    return write_record(args.results, "hull", payload)
-
-
-def _hull_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trials", type=positive_int, default=4000)
-    p.add_argument("--scales", default="0.1,0.3,1,3,10", help="Cauchy scales of the log-ratios, cycled over trials")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--clip-threshold", type=float, default=5.0)
-    options.add_output(p)
+    return write_record(stress.results, "hull", payload)
 
 
 EXPERIMENTS.register(
@@ -277,7 +283,7 @@ EXPERIMENTS.register(
     Experiment(
         "hull",
         "convex-hull property of the update on random inputs (no model)",
-        _hull_arguments,
+        HullOptions,
         _run_hull,
         report=hull_block,
         observations=hull_claims,

@@ -16,13 +16,20 @@ is reported: the leaderboard's verdict compares it with the claim.
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stabledrl_bench.experiments.stress import options
+from stabledrl_bench.errors import positive_int
 from stabledrl_bench.experiments.stress.observations import longrun_claims
-from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.options import (
+    EXPERIMENTS,
+    Experiment,
+    StressOptions,
+    SweepOptions,
+    TrainingOptions,
+    option,
+)
 from stabledrl_bench.experiments.stress.tables import training_block
 from stabledrl_bench.experiments.stress.training import METHODS, method_sweep
 
@@ -41,16 +48,26 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 CHOICES = {**METHODS, **VARIANTS}
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(CHOICES)}")
-    p.add_argument("--conditions", default="normal", help="normal (default) and/or exploding")
-    options.add_training_sweep(p)
-    p.add_argument("--num-iterations", type=options.positive_int, default=2, help="mu: optimizer steps per rollout")
-    p.set_defaults(steps=500, seeds="0,1,2,3,4")
+@dataclass(frozen=True)
+class LongRunOptions:
+    """``stress longrun``: which methods under which conditions, the training sweep's options (500 steps, 5 seeds)
+    and mu."""
+
+    methods: str = option(",".join(METHODS), f"subset of {', '.join(CHOICES)}")
+    conditions: str = option("normal", "normal (default) and/or exploding")
+    sweep: SweepOptions = field(default=SweepOptions(training=TrainingOptions(steps=500, seeds="0,1,2,3,4")))
+    num_iterations: int = option(2, "mu: optimizer steps per rollout", parse=positive_int)
 
 
-def _run(args: argparse.Namespace) -> Path:
-    return method_sweep(args, "longrun", "Long-run stability without injected noise", CHOICES)
+def _run(stress: StressOptions, options: LongRunOptions) -> Path:
+    return method_sweep(
+        stress,
+        options,
+        "longrun",
+        "Long-run stability without injected noise",
+        CHOICES,
+        num_iterations=options.num_iterations,
+    )
 
 
 EXPERIMENTS.register(
@@ -58,7 +75,7 @@ EXPERIMENTS.register(
     Experiment(
         "longrun",
         "every method for 500 steps under the official knobs: collapse or not",
-        _arguments,
+        LongRunOptions,
         _run,
         report=training_block,
         observations=longrun_claims,

@@ -17,33 +17,43 @@ falls below (:func:`choose`); the record says which methods gain there. ``longru
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.errors import comma_list
-from stabledrl_bench.experiments.stress import options
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     LRSWEEP,
     figure,
+    runtime,
     save_figure,
     stability_dir,
     write_record,
 )
 from stabledrl_bench.experiments.stress.observations import lrsweep_observations
-from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.options import (
+    EXPERIMENTS,
+    Experiment,
+    StressOptions,
+    SweepOptions,
+    TrainingOptions,
+    check_positive,
+    option,
+    recorded_settings,
+)
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import (
     METHODS,
     RunSpec,
     TrainSettings,
     effective_options,
-    sweep,
+    run_sweep,
     train_settings,
+    warm_start,
 )
 from stabledrl_bench.training.runlog import finite
 
@@ -119,41 +129,44 @@ def _plot(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]], results_dir: P
     return save_figure(fig, stability_dir(results_dir) / f"{LRSWEEP}.png", "Learning-rate sweep (95% intervals)")
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {', '.join(METHODS)}")
-    p.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in LEARNING_RATES), help="learning rates to sweep")
-    options.add_training_sweep(p)
-    p.set_defaults(steps=100, seeds="0,1")
+@dataclass(frozen=True)
+class LrSweepOptions:
+    """``stress lrsweep``: which methods at which rates, and the training sweep's options (100 steps, 2 seeds)."""
+
+    methods: str = option(",".join(METHODS), f"subset of {', '.join(METHODS)}")
+    lrs: str = option(",".join(f"{lr:g}" for lr in LEARNING_RATES), "learning rates to sweep")
+    sweep: SweepOptions = field(default=SweepOptions(training=TrainingOptions(steps=100, seeds="0,1")))
 
 
-def _run(args: argparse.Namespace) -> Path:
+def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
     start = (time.perf_counter(), time.process_time())
-    chosen_methods = comma_list(args.methods, "--methods", choices=METHODS, what="method")
-    rates = sorted(comma_list(args.lrs, "--lrs", kind=float, what="learning rate"))
-    options.check_positive(**{f"lrs ({lr:g})": lr for lr in rates})
-    seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
-    definitions = options.definitions(args)
-    base = train_settings(args, learning_rate=rates[0])
-    path, info, model = options.warm_start(args)
+    sweep, training = options.sweep, options.sweep.training
+    chosen_methods = comma_list(options.methods, "--methods", choices=METHODS, what="method")
+    rates = sorted(comma_list(options.lrs, "--lrs", kind=float, what="learning rate"))
+    check_positive(**{f"lrs ({lr:g})": lr for lr in rates})
+    seeds = comma_list(training.seeds, "--seeds", kind=int, what="seed")
+    definitions = sweep.definitions.definitions()
+    base = train_settings(stress, sweep, learning_rate=rates[0])
+    path, info, model = warm_start(sweep.model, stress.runs)
     base = dataclasses.replace(base, warm_start=str(path))
     by_lr, runs, cost = {}, [], {"jobs": 0, "jobs_reused": 0, "worker_cpu_seconds": 0.0}
     for lr in rates:
-        settings: TrainSettings = dataclasses.replace(base, learning_rate=lr)
+        lr_settings: TrainSettings = dataclasses.replace(base, learning_rate=lr)
         specs = [
             RunSpec(m, METHODS[m][0], tuple(sorted(METHODS[m][1].items())), "normal", seed)
             for m in chosen_methods
             for seed in seeds
         ]
-        rows, frozen, spent = sweep(
-            specs, settings, Path(args.runs), definitions, args.jobs, f"lr {lr:g}", lambda _: False
+        rows, frozen, spent = run_sweep(
+            specs, lr_settings, Path(stress.runs), definitions, training.jobs, f"lr {lr:g}", lambda _: False
         )
-        by_lr[lr] = summarise(rows, frozen, settings.budget.max_steps)
+        by_lr[lr] = summarise(rows, frozen, lr_settings.budget.max_steps)
         runs += [{**row, "learning_rate": lr} for row in rows]
         cost = {key: cost[key] + spent[key] for key in cost}
     lr, why = choose(by_lr)
     payload = {
         "title": "Learning-rate sweep",
-        "settings": options.settings(args),
+        "settings": recorded_settings(LRSWEEP, options),
         "seeds": seeds,
         "methods": {
             m: {"baseline": METHODS[m][0], "options": METHODS[m][1], "effective": effective_options(*METHODS[m])}
@@ -171,11 +184,11 @@ def _run(args: argparse.Namespace) -> Path:
         "chosen_lr": lr,
         "choice": why,
         "runs": runs,
-        "plots": {"sweep": _plot(by_lr, Path(args.results), lr)},
+        "plots": {"sweep": _plot(by_lr, Path(stress.results), lr)},
         "jobs": cost,
-        **options.runtime(start, args.jobs, info, cost["worker_cpu_seconds"]),
+        **runtime(start, training.jobs, info, cost["worker_cpu_seconds"]),
     }
-    return write_record(args.results, LRSWEEP, payload)
+    return write_record(stress.results, LRSWEEP, payload)
 
 
 EXPERIMENTS.register(
@@ -183,7 +196,7 @@ EXPERIMENTS.register(
     Experiment(
         LRSWEEP,
         "every long-run method at several learning rates: which rate the other tests use",
-        _arguments,
+        LrSweepOptions,
         _run,
         report=lrsweep_block,
         observations=lrsweep_observations,

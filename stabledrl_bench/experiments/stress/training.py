@@ -18,23 +18,22 @@ harder prompts later in the run.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.errors import UserError, comma_list
-from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
-from stabledrl_bench.experiments.stress import options
+from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, ensure_warm_start, run_jobs
 from stabledrl_bench.experiments.stress.common import (
     COLORS,
     CONDITIONS,
     LRSWEEP,
+    STRESS_CANVAS,
     STRESS_GENERATOR,
     STRESS_PROTOCOL,
     STRESS_TASK,
@@ -47,41 +46,94 @@ from stabledrl_bench.experiments.stress.common import (
     figure,
     finite,
     running_mean,
+    runtime,
     save_figure,
     seed_band,
     spike_steps,
     stability_dir,
+    stress_warm_start,
     write_record,
 )
 from stabledrl_bench.experiments.stress.observations import clip_claims, exploding_claims
-from stabledrl_bench.experiments.stress.options import EXPERIMENTS, Experiment
+from stabledrl_bench.experiments.stress.options import (
+    EXPERIMENTS,
+    Experiment,
+    ModelOptions,
+    StressOptions,
+    SweepOptions,
+    check_positive,
+    option,
+    recorded_settings,
+)
 from stabledrl_bench.experiments.stress.tables import training_block
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.trainer import TrainConfig
 
-# Display name -> (registered baseline, options): the five methods, each with its official estimator settings
-# (num_mc = 2 where the method has Monte-Carlo masks) and one KL setting for all: beta = 0, as the official StableDRL
-# recipe trains (GRPO's 0.04, ESPO's 1e-3 and TraDo's 0.01 would give three methods an anchor the others lack).
-METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "grpo": ("grpo", {"beta": 0.0}),
-    "espo": ("espo", {"beta": 0.0}),
-    "spg": ("spg", {}),
-    "trado": ("trado", {"beta": 0.0}),
-    "stabledrl": ("stabledrl", {}),
-}
-# StableDRL's two halves alone (paper Fig. 5): unconditional clipping without self-normalisation, and the reverse.
-ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "clip_only": ("stabledrl_clip_only", {}),
-    "selfnorm_only": ("stabledrl_selfnorm_only", {}),
-}
-# The exploding test: every method with a ratio to explode (TraDo replays traces, out of its noise model) and SPG.
-EXPLODING_METHODS = {**{m: METHODS[m] for m in ("grpo", "espo", "spg", "stabledrl")}, **ABLATIONS}
-CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
 # A checkpoint every 100 steps, so a 500-step run cut short resumes instead of starting again (not part of a run's
 # identity: cached runs stay valid).
 SAVE_EVERY = 100
+
+
+def stress_budget(model: ModelOptions, steps: int, num_iterations: int = 2) -> Budget:
+    """The stress budget: the tiny Table 1 canvas (L = 48, block 8, T = 0.9) and mu = 2, the official recipe's, with
+    ``--prompts`` x ``--generations`` rollouts and ``--diffusion-steps`` (an experiment with a ``--num-iterations``
+    option sets mu itself)."""
+    return Budget(
+        max_steps=steps,
+        prompts_per_step=model.prompts,
+        num_generations=model.generations,
+        num_iterations=num_iterations,
+        max_completion_length=STRESS_CANVAS,
+        diffusion_steps=model.diffusion_steps,
+        block_length=8,
+        temperature=0.9,
+        max_prompt_length=64,
+    )
+
+
+def preset(name: str, task: str | None) -> Any:
+    """The Table 1 preset ``name``, checked to have ``task`` (one error line otherwise)."""
+    from stabledrl_bench.experiments.reproduce import presets
+
+    known = presets("table1")
+    if name not in known:
+        raise UserError(f"--preset {name}: unknown; choose from {', '.join(known)}")
+    if task not in known[name].tasks:
+        raise UserError(f"--preset {name} needs --task, one of {', '.join(known[name].tasks)}")
+    return known[name]
+
+
+def chosen_preset(model: ModelOptions) -> Any:
+    """``--preset`` checked with its ``--task`` and, for a preset without a warm start of its own, ``--warm-start``
+    (None: the stress settings, which take no ``--task``)."""
+    if model.preset is None:
+        if model.task is not None:
+            raise UserError("--task needs --preset (the stress settings have their own task)")
+        return None
+    chosen = preset(model.preset, model.task)
+    if chosen.task_sft(model.task) is None and model.warm_start is None:
+        raise UserError(f"--preset {model.preset} trains a given model: pass --warm-start /path/to/model")
+    return chosen
+
+
+def warm_start(model: ModelOptions, runs: str) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """Warm-start folder, its description and the model summary (parameter count etc.): ``--warm-start``, else the
+    stress warm start, or with ``--preset`` that preset's warm start of ``--task`` (training seed 0), cached under
+    ``runs``."""
+    from stabledrl_bench.core.models.backends import load_diffusion_lm
+
+    chosen = chosen_preset(model)
+    if chosen is None:
+        spec, folder = stress_warm_start(model.sft_steps), Path(runs) / "sft"
+    else:
+        from stabledrl_bench.experiments.reproduce import warm_start_spec
+
+        spec = None if model.warm_start else warm_start_spec(chosen, model.task, chosen.model, seed=0)
+        folder = Path(runs) / f"sft-{model.preset}-{model.task}"
+    path, info = ensure_warm_start(spec, folder, override=model.warm_start)
+    return path, info, load_diffusion_lm(path).config_summary()
 
 
 @dataclass(frozen=True)
@@ -143,7 +195,7 @@ class TrainSettings:
         }
 
     def config(self, baseline: str, options: dict[str, Any], seed: int) -> TrainConfig:
-        """The trainer config of one run (its folder is set by :func:`_in_folder`)."""
+        """The trainer config of one run (its folder is set by the job that runs it)."""
         return TrainConfig(
             baseline=baseline,
             task=self.task,
@@ -164,6 +216,56 @@ class TrainSettings:
             progress=False,
             save_every=SAVE_EVERY,
         )
+
+
+def train_settings(
+    stress: StressOptions, sweep: SweepOptions, *, learning_rate: float | None = None, num_iterations: int = 2
+) -> TrainSettings:
+    """The settings of a training experiment: ``learning_rate``, else ``--lr``, else the rate the committed
+    learning-rate sweep chose (:func:`~stabledrl_bench.experiments.stress.common.chosen_lr`); mu =
+    ``num_iterations``. Every check is cheap and comes before the warm start is built; its folder is filled in
+    afterwards (``warm_start``)."""
+    model, training = sweep.model, sweep.training
+    chosen_preset(model)
+    if learning_rate is None:
+        learning_rate = training.lr if training.lr is not None else chosen_lr(stress.results, model.preset, model.task)
+    check_positive(lr=learning_rate, max_grad_norm=training.max_grad_norm, jobs=training.jobs)
+    if not 0 <= training.weight_decay < 1:
+        raise UserError(f"--weight-decay must be in [0, 1), got {training.weight_decay}")
+    settings = TrainSettings(
+        warm_start="",
+        budget=stress_budget(model, training.steps, num_iterations),
+        learning_rate=learning_rate,
+        max_grad_norm=training.max_grad_norm,
+        weight_decay=training.weight_decay,
+        lr_scheduler_type=training.lr_scheduler,
+        noise=sweep.noise.noise(),
+    )
+    return settings if model.preset is None else on_preset(settings, model.preset, model.task, training.steps)
+
+
+def on_preset(settings: TrainSettings, name: str, task: str, steps: int) -> TrainSettings:
+    """``settings`` moved onto a Table 1 preset's ``task``: its data, rewards, budget (``steps`` long) and
+    precision, e.g. the paper's on a real checkpoint; the optimiser knobs and the rate stay the experiment's."""
+    chosen = preset(name, task)
+    recipe = chosen.tasks[task]
+    return dataclasses.replace(
+        settings,
+        budget=dataclasses.replace(chosen.budget, max_steps=steps),
+        task=task,
+        generator_options=tuple(recipe.generator_options.items()),
+        protocol=chosen.prompt_protocol,
+        preset=name,
+        reward_profile=chosen.reward_profile,
+        train_split=recipe.train_split,
+        per_device_prompts=chosen.per_device_prompts,
+        dtype=chosen.dtype,
+        bf16=chosen.bf16,
+        gradient_checkpointing=chosen.gradient_checkpointing,
+    )
+
+
+CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
 
 
 @dataclass(frozen=True)
@@ -288,7 +390,7 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
     return table
 
 
-def sweep(
+def run_sweep(
     specs: list[RunSpec],
     settings: TrainSettings,
     runs_dir: Path,
@@ -391,51 +493,41 @@ def plot_sweep(
     return out
 
 
-# ----------------------------------------------------------------------------------------------- commands
+# Display name -> (registered baseline, options): the five methods, each with its official estimator settings
+# (num_mc = 2 where the method has Monte-Carlo masks) and one KL setting for all: beta = 0, as the official StableDRL
+# recipe trains (GRPO's 0.04, ESPO's 1e-3 and TraDo's 0.01 would give three methods an anchor the others lack).
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("grpo", {"beta": 0.0}),
+    "espo": ("espo", {"beta": 0.0}),
+    "spg": ("spg", {}),
+    "trado": ("trado", {"beta": 0.0}),
+    "stabledrl": ("stabledrl", {}),
+}
+# StableDRL's two halves alone (paper Fig. 5): unconditional clipping without self-normalisation, and the reverse.
+ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "clip_only": ("stabledrl_clip_only", {}),
+    "selfnorm_only": ("stabledrl_selfnorm_only", {}),
+}
+# The exploding test: every method with a ratio to explode (TraDo replays traces, out of its noise model) and SPG.
+EXPLODING_METHODS = {**{m: METHODS[m] for m in ("grpo", "espo", "spg", "stabledrl")}, **ABLATIONS}
 CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
 
 
-def train_settings(args: argparse.Namespace, learning_rate: float | None = None) -> TrainSettings:
-    """The settings of a training experiment: ``learning_rate``, else ``--lr``, else the rate the committed
-    learning-rate sweep chose (:func:`~stabledrl_bench.experiments.stress.common.chosen_lr`). Every check is
-    cheap and comes before the warm start is built; its folder is filled in afterwards (``warm_start``)."""
-    options.chosen_preset(args)
-    if learning_rate is None:
-        learning_rate = args.lr if args.lr is not None else chosen_lr(args.results, args.preset, args.task)
-    options.check_positive(lr=learning_rate, max_grad_norm=args.max_grad_norm, jobs=args.jobs)
-    if not 0 <= args.weight_decay < 1:
-        raise UserError(f"--weight-decay must be in [0, 1), got {args.weight_decay}")
-    settings = TrainSettings(
-        warm_start="",
-        budget=options.stress_budget(args, args.steps),
-        learning_rate=learning_rate,
-        max_grad_norm=args.max_grad_norm,
-        weight_decay=args.weight_decay,
-        lr_scheduler_type=args.lr_scheduler,
-        noise=options.noise(args),
-    )
-    return settings if args.preset is None else on_preset(settings, args.preset, args.task, args.steps)
+class TrainingExperimentOptions(Protocol):
+    """What :func:`training_experiment` reads of an experiment's options (its record's settings are all of them)."""
+
+    @property
+    def conditions(self) -> str: ...
+
+    @property
+    def sweep(self) -> SweepOptions: ...
 
 
-def on_preset(settings: TrainSettings, name: str, task: str, steps: int) -> TrainSettings:
-    """``settings`` moved onto a Table 1 preset's ``task``: its data, rewards, budget (``steps`` long) and
-    precision, e.g. the paper's on a real checkpoint; the optimiser knobs and the rate stay the experiment's."""
-    preset = options.preset(name, task)
-    recipe = preset.tasks[task]
-    return dataclasses.replace(
-        settings,
-        budget=dataclasses.replace(preset.budget, max_steps=steps),
-        task=task,
-        generator_options=tuple(recipe.generator_options.items()),
-        protocol=preset.prompt_protocol,
-        preset=name,
-        reward_profile=preset.reward_profile,
-        train_split=recipe.train_split,
-        per_device_prompts=preset.per_device_prompts,
-        dtype=preset.dtype,
-        bf16=preset.bf16,
-        gradient_checkpointing=preset.gradient_checkpointing,
-    )
+class MethodSweepOptions(TrainingExperimentOptions, Protocol):
+    """What :func:`method_sweep` reads besides: ``--methods``."""
+
+    @property
+    def methods(self) -> str: ...
 
 
 def effective_options(baseline: str, chosen: dict[str, Any]) -> dict[str, Any]:
@@ -444,68 +536,73 @@ def effective_options(baseline: str, chosen: dict[str, Any]) -> dict[str, Any]:
 
 
 def training_experiment(
-    args: argparse.Namespace,
+    stress: StressOptions,
+    options: TrainingExperimentOptions,
     experiment: str,
     title: str,
     labels: list[str],
     make_spec: Callable[[str, str, int], RunSpec],
     shared_normal: Callable[[RunSpec], bool],
     extra: dict[str, Any] | None = None,
+    num_iterations: int = 2,
 ) -> Path:
-    """Shared body of ``exploding`` and ``clip``: labels x conditions x seeds of real runs from one warm start."""
+    """Shared body of the training experiments: labels x conditions x seeds of real runs from one warm start, mu =
+    ``num_iterations``."""
     start = (time.perf_counter(), time.process_time())
-    conditions = comma_list(args.conditions, "--conditions", choices=CONDITIONS, what="condition")
-    seeds = comma_list(args.seeds, "--seeds", kind=int, what="seed")
-    definitions = options.definitions(args)
-    settings = train_settings(args)
-    path, info, model = options.warm_start(args)
-    settings = dataclasses.replace(settings, warm_start=str(path))
+    sweep, training = options.sweep, options.sweep.training
+    conditions = comma_list(options.conditions, "--conditions", choices=CONDITIONS, what="condition")
+    seeds = comma_list(training.seeds, "--seeds", kind=int, what="seed")
+    definitions = sweep.definitions.definitions()
+    train = train_settings(stress, sweep, num_iterations=num_iterations)
+    path, info, model = warm_start(sweep.model, stress.runs)
+    train = dataclasses.replace(train, warm_start=str(path))
     specs = [make_spec(label, condition, seed) for label in labels for condition in conditions for seed in seeds]
-    rows, frozen, cost = sweep(
-        specs, settings, Path(args.runs), definitions, args.jobs, f"{experiment} runs", shared_normal
+    rows, frozen, cost = run_sweep(
+        specs, train, Path(stress.runs), definitions, training.jobs, f"{experiment} runs", shared_normal
     )
     plots = plot_sweep(
-        rows, frozen, labels, conditions, Path(args.results), experiment, title, definitions.reward_window
+        rows, frozen, labels, conditions, Path(stress.results), experiment, title, definitions.reward_window
     )
     payload = {
         "title": title,
         **(extra or {}),
-        "settings": options.settings(args),
+        "settings": recorded_settings(experiment, options),
         "seeds": seeds,
         "definitions": {**definitions.to_dict(), "text": definitions.describe()},
         "warm_start": info,
         "model": model,
-        **settings.describe(),
-        "learning_rate_source": "--lr" if args.lr is not None else f"stability/{LRSWEEP}.json",
+        **train.describe(),
+        "learning_rate_source": "--lr" if training.lr is not None else f"stability/{LRSWEEP}.json",
         "runs": rows,
         "frozen": frozen,
         "summary": aggregate(rows, labels, conditions),
         "plots": plots,
         "jobs": cost,
-        **options.runtime(start, args.jobs, info, cost["worker_cpu_seconds"]),
+        **runtime(start, training.jobs, info, cost["worker_cpu_seconds"]),
     }
-    return write_record(args.results, experiment, payload)
+    return write_record(stress.results, experiment, payload)
 
 
 def method_sweep(
-    args: argparse.Namespace,
+    stress: StressOptions,
+    options: MethodSweepOptions,
     experiment: str,
     title: str,
     methods: dict[str, tuple[str, dict[str, Any]]],
-    extra: dict[str, Any] | None = None,
+    num_iterations: int = 2,
 ) -> Path:
     """A sweep over ``--methods`` (display name -> registered baseline and options) x conditions x seeds. SPG has
     no ratio, so its exploding row is its normal run."""
-    chosen = comma_list(args.methods, "--methods", choices=methods, what="method")
+    chosen = comma_list(options.methods, "--methods", choices=methods, what="method")
     return training_experiment(
-        args,
+        stress,
+        options,
         experiment,
         title,
         chosen,
         lambda m, condition, seed: RunSpec(m, methods[m][0], tuple(sorted(methods[m][1].items())), condition, seed),
         shared_normal=lambda spec: spec.condition == "exploding" and spec.baseline == "spg",
         extra={
-            **(extra or {}),
             "methods": {
                 m: {
                     "baseline": methods[m][0],
@@ -515,20 +612,41 @@ def method_sweep(
                 for m in chosen
             },
         },
+        num_iterations=num_iterations,
     )
 
 
-def _run_exploding(args: argparse.Namespace) -> Path:
-    return method_sweep(args, "exploding", "Exploding-weight stress test", EXPLODING_METHODS)
+# ----------------------------------------------------------------------------------------------- commands
+@dataclass(frozen=True)
+class ExplodingOptions:
+    """``stress exploding``: which methods under which conditions, and the training sweep's options."""
+
+    methods: str = option(",".join(EXPLODING_METHODS), f"subset of {', '.join(EXPLODING_METHODS)}")
+    conditions: str = option(",".join(CONDITIONS))
+    sweep: SweepOptions = field(default=SweepOptions())
 
 
-def _run_clip(args: argparse.Namespace) -> Path:
-    thresholds = comma_list(args.thresholds, "--thresholds", kind=float, what="threshold")
+@dataclass(frozen=True)
+class ClipOptions:
+    """``stress clip``: which thresholds C of StableDRL under which conditions, and the training sweep's options."""
+
+    thresholds: str = option(",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
+    conditions: str = option(",".join(CONDITIONS))
+    sweep: SweepOptions = field(default=SweepOptions())
+
+
+def _run_exploding(stress: StressOptions, options: ExplodingOptions) -> Path:
+    return method_sweep(stress, options, "exploding", "Exploding-weight stress test", EXPLODING_METHODS)
+
+
+def _run_clip(stress: StressOptions, options: ClipOptions) -> Path:
+    thresholds = comma_list(options.thresholds, "--thresholds", kind=float, what="threshold")
     if any(not c > 0 for c in thresholds):
         raise UserError("--thresholds must be positive")
     by_label = {f"C={c:g}": c for c in thresholds}
     return training_experiment(
-        args,
+        stress,
+        options,
         "clip",
         "Clip-threshold ablation",
         list(by_label),
@@ -540,24 +658,12 @@ def _run_clip(args: argparse.Namespace) -> Path:
     )
 
 
-def _exploding_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default=",".join(EXPLODING_METHODS), help=f"subset of {', '.join(EXPLODING_METHODS)}")
-    p.add_argument("--conditions", default=",".join(CONDITIONS))
-    options.add_training_sweep(p)
-
-
-def _clip_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--thresholds", default=",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
-    p.add_argument("--conditions", default=",".join(CONDITIONS))
-    options.add_training_sweep(p)
-
-
 EXPERIMENTS.register(
     "exploding",
     Experiment(
         "exploding",
         "methods x {normal, exploding} x seeds: rewards, spikes, collapse",
-        _exploding_arguments,
+        ExplodingOptions,
         _run_exploding,
         report=training_block,
         observations=exploding_claims,
@@ -568,7 +674,7 @@ EXPERIMENTS.register(
     Experiment(
         "clip",
         "StableDRL clip threshold C sweep x conditions x seeds",
-        _clip_arguments,
+        ClipOptions,
         _run_clip,
         report=functools.partial(training_block, label_name="clip threshold"),
         observations=clip_claims,
