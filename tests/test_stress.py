@@ -42,7 +42,7 @@ from stabledrl_bench.experiments.stress.common import (
     spike_steps,
     stress_warm_start,
 )
-from stabledrl_bench.experiments.stress.drift import log_weight_noise, measure_update_norms
+from stabledrl_bench.experiments.stress.update_norms import log_weight_noise, measure_update_norms
 from stabledrl_bench.training.trainer import SampledBatch
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}

@@ -14,13 +14,18 @@ command        what                                                            m
                rollout policy (no training loop)
 ``clip``       StableDRL with C in {1, 5, 100, 1000}                           :mod:`.training`
 ``hull``       ||update|| vs the convex-hull bound on random inputs            :mod:`.hull`
+``lrsweep``    the learning rate the training experiments use                  :mod:`.lrsweep`
+``longrun``    every method for 500 steps, no injected noise                   :mod:`.longrun`
 =============  ==============================================================  ==================================
 
-Each module registers its command in :data:`.options.EXPERIMENTS` (its options and run function), and its training
-runs are jobs of the one experiment runner (:mod:`stabledrl_bench.experiments.runner`), so a new experiment is one
-module. ``python -m stabledrl_bench stress <command>`` writes ``results/stability/<command>.json`` plus PNGs and
+Each module registers its command in :data:`.options.EXPERIMENTS` (an options dataclass, its run function and its
+report), and its training runs are jobs of the one experiment runner (:mod:`stabledrl_bench.experiments.runner`),
+so a new experiment is one module. :mod:`.cli` turns the command line into typed options, the only place that
+parses it. ``python -m stabledrl_bench stress <command>`` writes ``results/stability/<command>.json`` plus PNGs and
 rebuilds the leaderboard, whose Stability section (:func:`stability_section`) is generated from those files.
-Definitions (spike, collapse, exploding noise) live in :mod:`.common`; the CI regression is ``tests/test_stress.py``.
+Definitions (spike, collapse, exploding noise) live in :mod:`.common`; the warm start, budget and shared run
+settings in :mod:`.settings`; running and analysing a sweep of training runs in :mod:`.sweep`; the section's blocks
+in :mod:`.tables` and its verdicts in :mod:`.observations`. The CI regression is ``tests/test_stress.py``.
 """
 
 from stabledrl_bench.experiments.stress.report import stability_section

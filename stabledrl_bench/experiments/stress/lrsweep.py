@@ -45,16 +45,10 @@ from stabledrl_bench.experiments.stress.options import (
     option,
     recorded_settings,
 )
+from stabledrl_bench.experiments.stress.settings import TrainSettings, train_settings, warm_start
+from stabledrl_bench.experiments.stress.sweep import RunSpec, run_sweep
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
-from stabledrl_bench.experiments.stress.training import (
-    METHODS,
-    RunSpec,
-    TrainSettings,
-    effective_options,
-    run_sweep,
-    train_settings,
-    warm_start,
-)
+from stabledrl_bench.experiments.stress.training import METHODS, effective_options
 from stabledrl_bench.training.runlog import finite
 
 LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)

@@ -1,0 +1,266 @@
+"""Running a sweep of training runs and reading it back: each :class:`RunSpec` (a labelled method under one
+condition and seed) becomes a job of the experiment runner (:mod:`..runner`), every seed gets its frozen control,
+and each finished run is analysed (spikes, collapse, reward against the control), aggregated over seeds and plotted.
+
+A run is identified by its runner key (trainer config, effective baseline config, noise hook); its folder
+``<runs>/train/<baseline>-<condition>-s<seed>-<key>`` holds the trainer's log and the runner's ``summary.json``. A
+finished run is reused by every later command that needs the same configuration (e.g. StableDRL with C = 5 is shared
+by ``exploding`` and ``clip``); an interrupted one resumes. Runs are independent, so they execute in ``--jobs`` worker
+processes with one intra-op thread each: for a 0.1 M-parameter model, process parallelism is what uses two cores
+well. Every seed's frozen control (``<runs>/control/s<seed>-<key>``) is the warm start trained with learning rate
+0, which draws the same prompts with the same random numbers as every run of that seed, so that a reward change is
+not confused with easier or harder prompts later in the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
+from stabledrl_bench.experiments.stress.common import (
+    COLORS,
+    Definitions,
+    Series,
+    band,
+    collapse_analysis,
+    figure,
+    finite,
+    running_mean,
+    save_figure,
+    seed_band,
+    spike_steps,
+    stability_dir,
+)
+from stabledrl_bench.experiments.stress.settings import TrainSettings
+from stabledrl_bench.training.runlog import read_log
+
+CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: a labelled method under one condition and seed."""
+
+    label: str
+    baseline: str
+    options: tuple[tuple[str, Any], ...]
+    condition: str
+    seed: int
+
+
+def _in_folder(job: TrainJob, parent: Path, name: str) -> TrainJob:
+    """``job`` writing to ``parent/<name>-<first 8 digits of its key>`` (the key ignores the folder)."""
+    folder = parent / f"{name}-{job.key()[:8]}"
+    return dataclasses.replace(job, config=dataclasses.replace(job.config, output_dir=str(folder)))
+
+
+def train_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> TrainJob:
+    """The runner job of ``spec``; the exploding condition is the trainer hook :class:`NoiseInjection`."""
+    hook = None
+    if spec.condition == "exploding":
+        hook = settings.noise.injection(spec.baseline, settings.budget.max_completion_length)
+    job = TrainJob(settings.config(spec.baseline, dict(spec.options), spec.seed), hook)
+    return _in_folder(job, runs_dir / "train", f"{spec.baseline}-{spec.condition}-s{spec.seed}")
+
+
+def control_job(seed: int, settings: TrainSettings, runs_dir: Path) -> TrainJob:
+    """The frozen control of a seed (:func:`~stabledrl_bench.experiments.runner.control_config`)."""
+    job = TrainJob(control_config(settings.config(CONTROL_BASELINE, {}, seed), ""))
+    return _in_folder(job, runs_dir / "control", f"s{seed}")
+
+
+def _clean(value: Any) -> float | None:
+    """Finite numbers as floats, anything else (NaN, inf, missing) as None (JSON null = not finite)."""
+    return float(value) if finite(value) else None
+
+
+def _curves(records: list[dict[str, Any]]) -> dict[str, list]:
+    rollouts = [r for r in records if r.get("phase_iteration") == 0]
+    curves = {
+        "step": [r["step"] for r in records],
+        "grad_norm": [_clean(r.get("grad_norm")) for r in records],
+        "skipped": [bool(r.get("skipped")) for r in records],
+        "reward_step": [r["step"] for r in rollouts],
+        "reward_mean": [_clean(r.get("reward_mean")) for r in rollouts],
+    }
+    for key in CURVE_KEYS:
+        curves[key] = [_clean(r.get(key)) for r in records]
+    return curves
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions, planned_steps: int) -> dict[str, Any]:
+    """Spike steps, collapse and reward statistics of one run (definitions in :class:`Definitions`); collapse and
+    the final reward are judged against the frozen warm start's reward on the same rollout steps (same prompts)."""
+    c = summary["curves"]
+    spikes = spike_steps(c["step"], c["grad_norm"], d)
+    frozen_at = dict(zip(frozen["reward_step"], frozen["reward_mean"], strict=True))
+    collapse = collapse_analysis(
+        c["reward_step"],
+        c["reward_mean"],
+        frozen_at,
+        last_step=summary["last_step"],
+        planned_steps=planned_steps,
+        diverged_at=summary["diverged_at"],
+        d=d,
+    )
+    rewards = [r for r in c["reward_mean"] if finite(r)]
+    norms = [g for g in c["grad_norm"] if finite(g)]
+    last_steps = c["reward_step"][-d.reward_window :]
+    frozen_final = band([frozen_at[step] for step in last_steps if step in frozen_at])["mean"]
+    final = band(rewards[-d.reward_window :])["mean"]
+    return {
+        "spike_steps": spikes,
+        "spike_count": len(spikes),
+        "spike_rate": len(spikes) / summary["last_step"] if summary["last_step"] else None,
+        "nonfinite_steps": sum(not finite(g) for g in c["grad_norm"]),
+        **collapse,
+        "initial_reward": band(rewards[: d.initial_rollouts])["mean"],
+        "final_reward": final,
+        "frozen_final_reward": frozen_final,
+        "final_vs_frozen": None if final is None or frozen_final is None else final - frozen_final,
+        "mean_reward": band(rewards)["mean"],
+        "grad_norm_median": sorted(norms)[len(norms) // 2] if norms else None,
+        "grad_norm_max": max(norms) if norms else None,
+    }
+
+
+def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Sequence[str]) -> list[dict[str, Any]]:
+    """Per label x condition: how many seeds collapsed and when, spike counts, reward bands."""
+    table = []
+    for label in labels:
+        for condition in conditions:
+            group = [r for r in rows if r["label"] == label and r["condition"] == condition]
+            if not group:
+                continue
+            collapsed = [r["collapse_step"] for r in group if r["collapse_step"] is not None]
+            table.append(
+                {
+                    "label": label,
+                    "condition": condition,
+                    "seeds": len(group),
+                    "collapsed": len(collapsed),
+                    "collapse_steps": collapsed,
+                    "collapse_kinds": sorted({r["collapse_kind"] for r in group if r["collapse_kind"]}),
+                    "transient_collapses": sum(r["transient_collapses"] for r in group),
+                    "zero_reward_steps": band([r["zero_reward_steps"] for r in group]),
+                    "above_frozen": sum(finite(r["final_vs_frozen"]) and r["final_vs_frozen"] > 0 for r in group),
+                    "spikes": band([r["spike_count"] for r in group]),
+                    "spike_rate": band([r["spike_rate"] for r in group]),
+                    "nonfinite_steps": band([r["nonfinite_steps"] for r in group]),
+                    "initial_reward": band([r["initial_reward"] for r in group]),
+                    "final_reward": band([r["final_reward"] for r in group]),
+                    "final_vs_frozen": band([r["final_vs_frozen"] for r in group]),
+                    "grad_norm_median": band([r["grad_norm_median"] for r in group]),
+                    "grad_norm_max": band([r["grad_norm_max"] for r in group]),
+                    "shared_with_normal": any(r.get("shared_with_normal") for r in group),
+                }
+            )
+    return table
+
+
+def run_sweep(
+    specs: list[RunSpec],
+    settings: TrainSettings,
+    runs_dir: Path,
+    definitions: Definitions,
+    workers: int,
+    desc: str,
+    shared_normal: Callable[[RunSpec], bool],
+) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], dict[str, Any]]:
+    """Train (or reuse) every run and the frozen control of every seed through the experiment runner; returns one
+    analysed row per spec, the control's rollout rewards per seed and the cost (worker CPU seconds of every distinct
+    job, how many ran now and how many were reused).
+
+    ``shared_normal(spec)``: the spec's ``exploding`` row is its ``normal`` run (a method without ratios).
+    """
+    resolved = [dataclasses.replace(s, condition="normal") if shared_normal(s) else s for s in specs]
+    jobs = [train_job(s, settings, runs_dir) for s in resolved]
+    seeds = sorted({s.seed for s in specs})
+    controls = [control_job(seed, settings, runs_dir) for seed in seeds]
+    summaries = run_jobs([*controls, *jobs], workers, desc)
+    unique = {s["key"]: s for s in summaries}
+    cost = {
+        "jobs": len(unique),
+        "jobs_reused": sum(bool(s["cached"]) for s in unique.values()),
+        "worker_cpu_seconds": sum(s.get("cpu_seconds") or 0.0 for s in unique.values()),
+    }
+    frozen = {}
+    for seed, summary in zip(seeds, summaries, strict=False):
+        curves = _curves(read_log(Path(summary["folder"]) / "log.jsonl"))
+        frozen[seed] = {
+            "key": summary["key"],
+            "run_dir": summary["folder"],
+            "reward_step": curves["reward_step"],
+            "reward_mean": curves["reward_mean"],
+            "cpu_seconds": summary["cpu_seconds"],
+        }
+    rows = []
+    for spec, resolved_spec, summary in zip(specs, resolved, summaries[len(controls) :], strict=True):
+        run = {**summary, "curves": _curves(read_log(Path(summary["folder"]) / "log.jsonl"))}
+        rows.append(
+            {
+                **dataclasses.asdict(spec),
+                "options": dict(spec.options),
+                "shared_with_normal": resolved_spec.condition != spec.condition,
+                "run_dir": summary["folder"],
+                "seconds": summary["seconds"],
+                "cpu_seconds": summary.get("cpu_seconds"),
+                "last_step": summary["last_step"],
+                "diverged_at": summary["diverged_at"],
+                **analyze(run, frozen[spec.seed], definitions, settings.budget.max_steps),
+                "curves": run["curves"],
+            }
+        )
+    return rows, frozen, cost
+
+
+# --------------------------------------------------------------------------------------------------- plots
+def plot_sweep(
+    rows: list[dict[str, Any]],
+    frozen: dict[int, dict[str, Any]],
+    labels: Sequence[str],
+    conditions: Sequence[str],
+    results_dir: Path,
+    experiment: str,
+    title: str,
+    window: int,
+) -> dict[str, str]:
+    """``<experiment>_reward.png`` (running mean over ``window`` rollouts, the frozen warm start on the same prompts
+    in black) and ``<experiment>_gradnorm.png`` (pre-clip, log scale): one panel per condition, seed bands."""
+    out = {}
+    for metric, x_key, y_key in (("reward", "reward_step", "reward_mean"), ("gradnorm", "step", "grad_norm")):
+        log = metric == "gradnorm"
+        fig, axes = figure(len(conditions))
+        for ax, condition in zip(axes, conditions, strict=True):
+            drawn = False
+            for color, label in zip(COLORS, labels, strict=False):
+                series = Series(label)
+                for r in (r for r in rows if r["label"] == label and r["condition"] == condition):
+                    ys = r["curves"][y_key]
+                    series.runs.append((r["curves"][x_key], ys if log else running_mean(ys, window)))
+                    if r["diverged_at"] is not None:
+                        series.stopped.append(r["diverged_at"])
+                drawn |= seed_band(ax, series, color, log=log)
+            if not log:
+                runs = [(f["reward_step"], running_mean(f["reward_mean"], window)) for f in frozen.values()]
+                drawn |= seed_band(ax, Series("frozen warm start", runs), "black")
+            ax.set_title(condition, fontsize=9)
+            ax.set_xlabel("optimizer step", fontsize=8)
+            ax.set_ylabel(f"reward, mean of last {window} rollouts" if not log else "pre-clip grad norm", fontsize=8)
+            if log and drawn:
+                ax.set_yscale("log")
+            ax.tick_params(labelsize=7)
+            if drawn:
+                ax.legend(fontsize=7)
+        what = "reward" if not log else "pre-clip gradient norm"
+        out[metric] = save_figure(
+            fig,
+            stability_dir(results_dir) / f"{experiment}_{metric}.png",
+            f"{title}: {what} (mean, min-max over seeds; dotted = stopped on non-finite steps)",
+        )
+    return out
