@@ -188,8 +188,9 @@ REGISTRIES = {
 
 
 def _summary(entry: object) -> str:
-    """One line about a registry entry: its ``description``, else the first line of its docstring."""
-    text = getattr(entry, "description", "") or (getattr(entry, "__doc__", "") or "").strip()
+    """One line about a registry entry: its ``description`` or ``help`` text, else the first line of its docstring."""
+    own = [text for name in ("description", "help") if isinstance(text := getattr(entry, name, ""), str) and text]
+    text = own[0] if own else (getattr(entry, "__doc__", "") or "").strip()
     return text.splitlines()[0] if text else ""
 
 
