@@ -34,7 +34,7 @@ Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, se
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
   samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy``, ``pass@k`` and
   ``maj@k`` (k >= 1; protocols that decode each problem several times) and no other name (:data:`METRIC_NAMES`);
-* ``environment`` (:func:`environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``.
+* ``environment`` (:func:`~.provenance.environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``.
 
 Loaded records carry one extra key, ``_path`` (the JSON file), which :func:`load_samples` uses.
 """
@@ -44,15 +44,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import platform
 import re
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +56,11 @@ from stabledrl_bench.config import canonical_json, from_dict, parse_json, stable
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN
 from stabledrl_bench.migrations import upgraded_result
+from stabledrl_bench.reporting.provenance import environment_info
+
+# Still importable from here only because stabledrl_bench.experiments.stress.report imports it so, and stress/ is
+# being refactored separately: once it imports from provenance, this line goes.
+from stabledrl_bench.reporting.provenance import hardware_label as hardware_label
 from stabledrl_bench.tasks import TASKS
 
 SCHEMA = "stabledrl-bench/result/v2"
@@ -82,7 +82,6 @@ TABLE2_OPTIONAL = ("aime25",)  # a paper column shown only when some row has it
 SAMPLING_MODES = ("static", "dynamic")
 TABLES = ("table1", "table2")
 
-ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
 SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
 
 
@@ -110,107 +109,6 @@ class ResultKey:
 KEY_FIELDS = tuple(ResultKey.__dataclass_fields__)
 
 
-# --------------------------------------------------------------------------------------------- environment
-GENERATED_PATHS = ("results", "leaderboard.md")
-
-
-def _git_state(directory: Path) -> dict[str, Any]:
-    """Commit and dirty flag of the git work tree holding ``directory``; ``None`` values outside git."""
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10, check=True)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None, "dirty": None}
-    # What the commands themselves write (results/, the regenerated leaderboard.md) must not make every later run
-    # "dirty": a second `reproduce` on the same checkout would otherwise disown results of committed code.
-    excluded = (f":(top,exclude){path}" for path in GENERATED_PATHS)
-    status = git("status", "--porcelain", "--untracked-files=all", "--", ":(top)", *excluded)
-    if status is None:
-        return {"commit": commit.strip(), "dirty": None}
-    return {"commit": commit.strip(), "dirty": any(_changes_code(line) for line in status.splitlines())}
-
-
-# An untracked file makes the tree dirty only if it can change what runs: a second runs folder (`--runs runs2`),
-# a scratch log or a downloaded checkpoint does not.
-CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg")
-
-
-def _changes_code(status_line: str) -> bool:
-    """One ``git status --porcelain`` line: any change to a tracked file, or an untracked code or config file."""
-    if status_line.startswith("?? "):
-        return status_line[3:].strip().strip('"').endswith(CODE_SUFFIXES)
-    return bool(status_line.strip())
-
-
-def _gpu_names() -> list[str]:
-    try:
-        import torch
-    except ImportError:
-        return []
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-
-
-def _package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def environment_info() -> dict[str, Any]:
-    """Where and with what a result was produced, so that a leaderboard row can say which hardware and code made it.
-
-    The git state is that of the repository containing this package (``dirty`` when ``git status --porcelain``
-    lists a change outside ``results/`` and ``leaderboard.md`` that can change what runs, see :func:`_changes_code`),
-    because results from uncommitted code cannot be reproduced from the commit alone.
-    """
-    return {
-        "python": platform.python_version(),
-        "hardware": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "gpus": _gpu_names(),
-        },
-        "packages": {name: _package_version(name) for name in ENV_PACKAGES},
-        "git": _git_state(Path(__file__).resolve().parent),
-        "argv": list(sys.argv),
-    }
-
-
-def hardware_label(environment: Mapping[str, Any]) -> str:
-    """Short hardware description for a table cell: ``"1× NVIDIA H200"`` or ``"CPU ×2"``."""
-    hardware = environment.get("hardware") or {}
-    gpus = hardware.get("gpus") or []
-    if gpus:
-        names = sorted(set(gpus))
-        return ", ".join(f"{gpus.count(name)}× {name}" for name in names)
-    return f"CPU ×{hardware.get('cpu_count', '?')}"
-
-
-def code_label(environment: Mapping[str, Any]) -> str:
-    """The code that produced a result, for a table cell: ``"00ef291"``, ``"00ef291 dirty"`` or ``"unknown"``.
-
-    ``dirty`` means uncommitted changes (outside ``results/``) to tracked files, or untracked code or config files
-    (:data:`CODE_SUFFIXES`), were present: that code cannot be checked out. Records written before untracked
-    files were sorted this way call a tree dirty for any untracked file, e.g. a second runs folder.
-    """
-    git = environment.get("git") or {}
-    commit = git.get("commit")
-    if not commit:
-        return "unknown"
-    state = {True: " dirty", False: "", None: " dirty?"}[git.get("dirty")]
-    return f"{str(commit)[:7]}{state}"
-
-
 # ---------------------------------------------------------------------------------------------- hashing
 def budget_hash(budget: Mapping[str, Any]) -> str:
     """:func:`~stabledrl_bench.config.stable_hash` of a training budget, the identity every RL row must share."""
@@ -223,7 +121,7 @@ def budget_hash(budget: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------- records
 def stamped(record: Mapping[str, Any], schema: str) -> dict[str, Any]:
     """``record`` with its bookkeeping filled in where absent: ``schema``, ``created`` (now, UTC) and
-    ``environment`` (:func:`environment_info`). Every record this package writes goes through here."""
+    ``environment`` (:func:`~.provenance.environment_info`). Every record this package writes goes through here."""
     full = {"schema": schema, **record}
     full.setdefault("created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
     full.setdefault("environment", environment_info())
@@ -506,7 +404,7 @@ def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Se
     """Validate and store one evaluation; returns the JSON path.
 
     ``record`` may omit the bookkeeping fields, which are filled in: ``schema``, ``kind``, ``sampling`` (null),
-    ``budget_hash`` (from ``budget``), ``environment`` (:func:`environment_info`), ``created`` (now, UTC),
+    ``budget_hash`` (from ``budget``), ``environment`` (:func:`~.provenance.environment_info`), ``created`` (now, UTC),
     ``samples_file`` and ``samples_sha256``. Given values are checked, never overwritten. ``baseline`` must be a
     registered baseline or ``base``/``sft``. Nothing is written unless the record and samples are valid.
     """
