@@ -246,7 +246,8 @@ def _cmd_eval(args) -> int:
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
     from stabledrl_bench.evaluation.protocols import get_protocol
-    from stabledrl_bench.reporting.results import TABLE1_LENGTHS, ResultKey
+    from stabledrl_bench.reporting.results import ResultKey
+    from stabledrl_bench.reporting.schema import TABLE1_LENGTHS
     from stabledrl_bench.tasks import get_task
 
     # Everything cheap is checked before the model loads (any registered task is a column of either table).

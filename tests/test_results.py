@@ -18,7 +18,6 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting import provenance
 from stabledrl_bench.reporting.provenance import ENV_PACKAGES, environment_info
 from stabledrl_bench.reporting.results import (
-    budget_hash,
     load_results,
     load_samples,
     model_short_name,
@@ -26,6 +25,7 @@ from stabledrl_bench.reporting.results import (
     result_path,
     write_result,
 )
+from stabledrl_bench.reporting.schema import budget_hash
 
 
 @register_baseline("test_rl_a")
