@@ -246,7 +246,7 @@ def _cmd_eval(args) -> int:
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
     from stabledrl_bench.evaluation.protocols import get_protocol
-    from stabledrl_bench.reporting.results import ResultKey
+    from stabledrl_bench.reporting.naming import ResultKey
     from stabledrl_bench.reporting.schema import TABLE1_LENGTHS
     from stabledrl_bench.tasks import get_task
 

@@ -16,15 +16,9 @@ import pytest
 from stabledrl_bench.core.baseline import Baseline, register_baseline
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting import provenance
+from stabledrl_bench.reporting.naming import model_short_name, result_path
 from stabledrl_bench.reporting.provenance import ENV_PACKAGES, environment_info
-from stabledrl_bench.reporting.results import (
-    load_results,
-    load_samples,
-    model_short_name,
-    result_exists,
-    result_path,
-    write_result,
-)
+from stabledrl_bench.reporting.results import load_results, load_samples, result_exists, write_result
 from stabledrl_bench.reporting.schema import budget_hash
 
 

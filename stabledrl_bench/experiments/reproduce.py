@@ -54,7 +54,7 @@ from stabledrl_bench.experiments.runner import (
 from stabledrl_bench.experiments.stages import Stages
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
-from stabledrl_bench.reporting.results import ResultKey
+from stabledrl_bench.reporting.naming import ResultKey
 from stabledrl_bench.reporting.training import (
     CONTROL_RUN,
     TRAINING_COLUMNS,

@@ -64,8 +64,9 @@ from stabledrl_bench.reporting.frame import (
 )
 from stabledrl_bench.reporting.layout import TABLE_TITLES, CellKey, Column, extra_notes, table_columns
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
+from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.published import EMPTY_BLOCK, load_published, published_block
-from stabledrl_bench.reporting.results import load_results, load_samples, slugify
+from stabledrl_bench.reporting.results import load_results, load_samples
 from stabledrl_bench.reporting.sampled import sampled_blocks
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval, bootstrap_mean_ci

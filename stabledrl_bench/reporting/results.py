@@ -24,24 +24,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.atomic import atomic_write_text
-from stabledrl_bench.config import canonical_json, parse_json
+from stabledrl_bench.config import parse_json
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.reporting.identity import identity_problems
+from stabledrl_bench.reporting.naming import result_path, samples_path
 from stabledrl_bench.reporting.provenance import environment_info
 
 # Still importable from here only because stabledrl_bench.experiments.stress.report imports it so, and stress/ is
 # being refactored separately: once it imports from provenance, this line goes.
 from stabledrl_bench.reporting.provenance import hardware_label as hardware_label
 from stabledrl_bench.reporting.schema import (
-    REFERENCE_BASELINES,
-    SAMPLES_SUFFIX,
     SCHEMA,
     budget_hash,
     check_registered,
@@ -51,30 +49,6 @@ from stabledrl_bench.reporting.schema import (
 )
 
 STABILITY_DIR = "stability"
-
-
-@dataclass(frozen=True)
-class ResultKey:
-    """What identifies an evaluation (and therefore its file name, :func:`result_path`); everything else in a
-    record describes its outcome. ``length`` is the nominal length (a table column), ``sampling`` Table 2's
-    static/dynamic column (None in Table 1), ``model`` the :func:`~stabledrl_bench.evaluation.native.model_record`."""
-
-    comparison: str
-    table: str
-    preset: str
-    baseline: str
-    task: str
-    length: int
-    sampling: str | None
-    protocol: str
-    seed: int
-    model: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in KEY_FIELDS}
-
-
-KEY_FIELDS = tuple(ResultKey.__dataclass_fields__)
 
 
 # ------------------------------------------------------------------------------------------- records
@@ -121,49 +95,6 @@ def read_json_record(path: Path, schema: str) -> dict[str, Any]:
     return record
 
 
-# ------------------------------------------------------------------------------------------ file naming
-def slugify(value: Any, limit: int = 48) -> str:
-    """File-name-safe ``value`` (letters, digits, ``._+-``; no ``__``, which separates name parts), ``limit`` long."""
-    slug = re.sub(r"_{2,}", "_", re.sub(r"[^A-Za-z0-9._+-]+", "-", str(value))).strip("-._")
-    return slug[:limit] or "x"
-
-
-def model_short_name(model: Mapping[str, Any]) -> str:
-    """Readable model label for file names: the checkpoint's last two path parts, else the model name's last part.
-
-    Two parts because fine-tuned checkpoints are usually ``<run>/<step>`` and the step alone says nothing.
-    """
-    checkpoint = model.get("checkpoint")
-    if checkpoint:
-        return "-".join(Path(str(checkpoint)).parts[-2:])
-    return str(model["name"]).rstrip("/").split("/")[-1]
-
-
-def result_path(results_dir: Path | str, key: Mapping[str, Any]) -> Path:
-    """Where the result JSON for the evaluation identified by ``key`` (the :data:`KEY_FIELDS`) lives.
-
-    The readable parts can collide after slugging (two checkpoints ``a/final`` in different folders), so a short
-    hash of all key fields keeps names unique while staying deterministic for :func:`result_exists`.
-    """
-    key = {"sampling": None, **key}  # Table 1 keys may leave it out, as write_result allows
-    missing = [field for field in KEY_FIELDS if field not in key]
-    if missing:
-        raise UserError(f"result key is missing field(s): {', '.join(missing)}")
-    model = key["model"]
-    identity = canonical_json(
-        {**{field: key[field] for field in KEY_FIELDS}, "model": [model.get("name"), model.get("checkpoint")]}
-    )
-    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:8]
-    length = f"L{key['length']}" + (f"_{key['sampling']}" if key["sampling"] else "")
-    parts = [key["table"], key["preset"], key["baseline"], key["task"], length, key["protocol"], f"s{key['seed']}"]
-    stem = "__".join(slugify(part) for part in parts) + f"__{slugify(model_short_name(model))}-{digest}"
-    return Path(results_dir) / slugify(key["comparison"], 80) / f"{stem}.json"
-
-
-def _samples_path(json_path: Path) -> Path:
-    return json_path.with_name(json_path.name[: -len(".json")] + SAMPLES_SUFFIX)
-
-
 # ------------------------------------------------------------------------------------------- write/read
 def _dump_jsonl(rows: Sequence[Mapping[str, Any]], where: str) -> str:
     try:
@@ -188,9 +119,9 @@ def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Se
     path = result_path(results_dir, full)
     where = str(path)
     text = _dump_jsonl(samples, where)
-    samples_path = _samples_path(path)
+    jsonl_path = samples_path(path)
     for key, value in (
-        ("samples_file", samples_path.name),
+        ("samples_file", jsonl_path.name),
         ("samples_sha256", hashlib.sha256(text.encode("utf-8")).hexdigest()),
     ):
         if full.setdefault(key, value) != value:
@@ -205,11 +136,11 @@ def write_result(results_dir: Path | str, record: Mapping[str, Any], samples: Se
     # Overwriting: drop the old JSON first, so an interruption leaves "not done" instead of an old JSON whose
     # samples were already replaced (the sha256 would catch it, but a rerun is the better outcome).
     path.unlink(missing_ok=True)
-    atomic_write_text(samples_path, text)
+    atomic_write_text(jsonl_path, text)
     try:
         atomic_write_text(path, record_text)
     except BaseException:
-        samples_path.unlink(missing_ok=True)  # no samples file without the record that describes it
+        jsonl_path.unlink(missing_ok=True)  # no samples file without the record that describes it
         raise
     return path
 
@@ -245,65 +176,6 @@ def load_results(results_dir: Path | str) -> list[dict[str, Any]]:
         path, problem = next(iter(problems.items()))
         raise UserError(f"{path}: {problem[0]} (python -m stabledrl_bench verify lists every such record)")
     return records
-
-
-def identity_problems(records: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Records whose identity (comparison, baseline, task, seed, length, protocol) disagrees with what else names
-    them, by path: their file name (derived from every key field when written), the folders of their checkpoint
-    path (``runs/<comparison>/<task>/s<seed>/<baseline>/final``, where present), the run's ``job.json`` when the
-    run folder is here, and the other records (another seed's record with the very same completions and weights).
-
-    What a relabelling that rewrites all of these consistently cannot be caught by: a record without its
-    checkpoint proves its completions and grades, not which run made them (README, ``verify``).
-    """
-    from stabledrl_bench.core.baseline import BASELINES
-    from stabledrl_bench.tasks import TASKS
-
-    methods = {*BASELINES.entries(), *REFERENCE_BASELINES}
-    found: dict[str, list[str]] = {}
-    seen: dict[tuple, Mapping[str, Any]] = {}
-    for record in records:
-        path = Path(record["_path"])
-        problems = found.setdefault(str(path), [])
-        expected = result_path(path.parent.parent, record)
-        if (expected.parent.name, expected.name) != (path.parent.name, path.name):
-            problems.append(f"its file name is not the one its fields give ({expected.parent.name}/{expected.name})")
-        parts = Path(str(record["model"].get("checkpoint") or "")).parts
-        named = {part for part in parts if part in methods}
-        if record["baseline"] != "base" and named and record["baseline"] not in named:
-            problems.append(f"its checkpoint path names {sorted(named)}, not baseline {record['baseline']!r}")
-        seeds = {part for part in parts if re.fullmatch(r"s\d+", part)}
-        if seeds and f"s{record['seed']}" not in seeds:
-            problems.append(f"its checkpoint path names seed {sorted(seeds)}, not s{record['seed']}")
-        tasks = {part for part in parts if part in TASKS.entries()}
-        if tasks and record["task"] not in tasks:
-            problems.append(f"its checkpoint path names task {sorted(tasks)}, not {record['task']!r}")
-        problems.extend(_job_problems(record))
-        # two seeds' runs never end with the same weights; a weak model may decode the same text from different ones
-        same = (record["comparison"], record["baseline"], record["task"], record["length"], record["protocol"])
-        twin = seen.setdefault((*same, record["samples_sha256"], record["model"].get("weights_sha256")), record)
-        if twin is not record and twin["seed"] != record["seed"]:
-            problems.append(
-                f"seed {record['seed']} has the very completions and weights of seed {twin['seed']} ({twin['_path']})"
-            )
-    return {path: problems for path, problems in found.items() if problems}
-
-
-def _job_problems(record: Mapping[str, Any]) -> list[str]:
-    """The training run's ``job.json`` (when the run folder is on this machine) against the record's identity."""
-    job = Path(str(record["model"].get("checkpoint") or "")).parent / "job.json"
-    if record["baseline"] in REFERENCE_BASELINES or not job.is_file():
-        return []
-    try:
-        config = json.loads(job.read_text())["identity"]["config"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return [f"its run's {job} is unreadable"]
-    fields = {"baseline": config.get("baseline"), "task": config.get("task"), "seed": config.get("seed")}
-    return [
-        f"its run ({job}) trained {name} {value!r}, the record says {record[name]!r}"
-        for name, value in fields.items()
-        if value is not None and value != record[name]
-    ]
 
 
 def _read_samples_text(record: Mapping[str, Any]) -> tuple[Path, str]:
