@@ -308,7 +308,7 @@ def _cmd_check_model(args) -> int:
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.core.models.probes import model_facts, run_probes
     from stabledrl_bench.experiments.plan import format_plan, plan
-    from stabledrl_bench.experiments.reproduce import presets
+    from stabledrl_bench.experiments.presets import presets
 
     if not (args.tflops > 0 and math.isfinite(args.tflops)):
         raise UserError(f"--tflops must be a positive number, got {args.tflops}")
@@ -398,7 +398,8 @@ def _cmd_grade(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from stabledrl_bench.experiments.reproduce import comparison, reproduce
+    from stabledrl_bench.experiments.comparison import comparison
+    from stabledrl_bench.experiments.reproduce import reproduce
 
     require_folder(args.results, "--results")
     require_folder(args.runs, "--runs")

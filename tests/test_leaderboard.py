@@ -540,7 +540,7 @@ def test_approximate_decoding_gets_its_own_block(tmp_path: Path) -> None:
 
 def test_the_paper_layout_is_the_paper_presets() -> None:
     """The columns the published tables have are the tasks and lengths the paper presets reproduce."""
-    from stabledrl_bench.experiments.reproduce import presets
+    from stabledrl_bench.experiments.presets import presets
     from stabledrl_bench.reporting.layout import TABLE1_TASKS, TABLE2_OPTIONAL, TABLE2_TASKS
     from stabledrl_bench.reporting.schema import TABLE1_LENGTHS
 
