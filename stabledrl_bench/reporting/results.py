@@ -163,7 +163,8 @@ def load_results(results_dir: Path | str) -> list[dict[str, Any]]:
 
     Every other ``*.json`` must be a valid record: a corrupt or foreign file is an error, not something to skip,
     because skipping it would silently drop a row from the leaderboard. So is a record whose identity disagrees
-    with what else names it (:func:`identity_problems`): the board would show it under a label it did not earn.
+    with what else names it (:func:`~.identity.identity_problems`): the board would show it under a label it did
+    not earn.
     """
     root = Path(results_dir)
     if not root.is_dir():
@@ -203,7 +204,7 @@ def load_samples(record: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def result_exists(results_dir: Path | str, key: Mapping[str, Any]) -> bool:
-    """True when the evaluation identified by ``key`` (:data:`KEY_FIELDS`) is stored completely.
+    """True when the evaluation identified by ``key`` (:data:`~.naming.KEY_FIELDS`) is stored completely.
 
     Lets an interrupted command skip finished evaluations. A JSON whose samples are missing counts as not done;
     a JSON that exists but is corrupt raises (it cannot come from :func:`write_result`, so someone must look).
