@@ -247,7 +247,8 @@ def _cmd_eval(args) -> int:
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
     from stabledrl_bench.evaluation.protocols import get_protocol
-    from stabledrl_bench.reporting.results import TABLE1_LENGTHS, ResultKey
+    from stabledrl_bench.reporting.naming import ResultKey
+    from stabledrl_bench.reporting.schema import TABLE1_LENGTHS
     from stabledrl_bench.tasks import get_task
 
     # Everything cheap is checked before the model loads (any registered task is a column of either table).
@@ -308,7 +309,7 @@ def _cmd_check_model(args) -> int:
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.core.models.probes import model_facts, run_probes
     from stabledrl_bench.experiments.plan import format_plan, plan
-    from stabledrl_bench.experiments.reproduce import presets
+    from stabledrl_bench.experiments.presets import presets
 
     if not (args.tflops > 0 and math.isfinite(args.tflops)):
         raise UserError(f"--tflops must be a positive number, got {args.tflops}")
@@ -398,7 +399,8 @@ def _cmd_grade(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from stabledrl_bench.experiments.reproduce import comparison, reproduce
+    from stabledrl_bench.experiments.comparison import comparison
+    from stabledrl_bench.experiments.reproduce import reproduce
 
     require_folder(args.results, "--results")
     require_folder(args.runs, "--runs")

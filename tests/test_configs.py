@@ -11,8 +11,8 @@ import yaml
 from stabledrl_bench.config import deep_merge, read_mapping, read_recipe
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.experiments import reproduce
-from stabledrl_bench.experiments.reproduce import presets
+from stabledrl_bench.experiments import presets as presets_module
+from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import PAPER_RECIPE, Budget, paper_budget
 from stabledrl_bench.training.optim import OptimConfig
@@ -127,7 +127,7 @@ def test_a_task_changes_the_warm_start_and_can_stay_out_of_the_default_run():
     ],
 )
 def test_bad_presets_are_one_line_errors(tmp_path, monkeypatch, text, message):
-    monkeypatch.setattr(reproduce, "presets_dir", lambda: _write_presets(tmp_path, text))
+    monkeypatch.setattr(presets_module, "presets_dir", lambda: _write_presets(tmp_path, text))
     with pytest.raises(UserError, match=message):
         presets("table1")
 

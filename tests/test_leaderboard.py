@@ -17,7 +17,7 @@ from test_results import BUDGET, store
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting.leaderboard import ROW_COLUMNS, build_leaderboard, write_leaderboard
 from stabledrl_bench.reporting.published import load_published
-from stabledrl_bench.reporting.results import budget_hash
+from stabledrl_bench.reporting.schema import budget_hash
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 from stabledrl_bench.reporting.training import TRAINING_COLUMNS, training_changes, training_path
 
@@ -540,8 +540,9 @@ def test_approximate_decoding_gets_its_own_block(tmp_path: Path) -> None:
 
 def test_the_paper_layout_is_the_paper_presets() -> None:
     """The columns the published tables have are the tasks and lengths the paper presets reproduce."""
-    from stabledrl_bench.experiments.reproduce import presets
-    from stabledrl_bench.reporting.results import TABLE1_LENGTHS, TABLE1_TASKS, TABLE2_OPTIONAL, TABLE2_TASKS
+    from stabledrl_bench.experiments.presets import presets
+    from stabledrl_bench.reporting.layout import TABLE1_TASKS, TABLE2_OPTIONAL, TABLE2_TASKS
+    from stabledrl_bench.reporting.schema import TABLE1_LENGTHS
 
     table1, table2 = presets("table1")["paper"], presets("table2")["paper"]
     assert tuple(table1.tasks) == TABLE1_TASKS and tuple(table1.lengths) == TABLE1_LENGTHS

@@ -28,7 +28,8 @@ from stabledrl_bench.evaluation.passk import (
 )
 from stabledrl_bench.evaluation.protocols import get_protocol, sampled_protocol
 from stabledrl_bench.evaluation.verify import verify_record
-from stabledrl_bench.experiments.reproduce import comparison, presets
+from stabledrl_bench.experiments.comparison import comparison
+from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.reporting.leaderboard import build_leaderboard
 from stabledrl_bench.reporting.results import load_results, write_result
 from stabledrl_bench.tasks import get_task

@@ -10,7 +10,7 @@ from conftest import SMALL
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.experiments.plan import GiB, plan
-from stabledrl_bench.experiments.reproduce import presets
+from stabledrl_bench.experiments.presets import presets
 
 
 @pytest.fixture(scope="module")

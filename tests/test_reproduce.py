@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from stabledrl_bench.cli import main
-from stabledrl_bench.experiments.reproduce import TABLE_BASELINES, presets
+from stabledrl_bench.experiments.comparison import TABLE_BASELINES
+from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.reporting.results import load_results
 
 

@@ -15,18 +15,11 @@ import pytest
 
 from stabledrl_bench.core.baseline import Baseline, register_baseline
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting import results
-from stabledrl_bench.reporting.results import (
-    ENV_PACKAGES,
-    budget_hash,
-    environment_info,
-    load_results,
-    load_samples,
-    model_short_name,
-    result_exists,
-    result_path,
-    write_result,
-)
+from stabledrl_bench.reporting import provenance
+from stabledrl_bench.reporting.naming import model_short_name, result_path
+from stabledrl_bench.reporting.provenance import ENV_PACKAGES, environment_info
+from stabledrl_bench.reporting.results import load_results, load_samples, result_exists, write_result
+from stabledrl_bench.reporting.schema import budget_hash
 
 
 @register_baseline("test_rl_a")
@@ -272,7 +265,7 @@ def test_interrupted_overwrite_never_leaves_an_inconsistent_result(
             raise KeyboardInterrupt
         real_replace(source, destination)
 
-    monkeypatch.setattr(results.os, "replace", replace_then_fail_on_json)
+    monkeypatch.setattr(os, "replace", replace_then_fail_on_json)
     with pytest.raises(KeyboardInterrupt):
         store(tmp_path, [False, False])
     monkeypatch.undo()
@@ -311,16 +304,16 @@ def test_generated_files_do_not_make_the_tree_dirty(tmp_path: Path) -> None:
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "r.json").write_text("{}")
     (tmp_path / "leaderboard.md").write_text("regenerated\n")
-    assert results._git_state(tmp_path)["dirty"] is False
+    assert provenance._git_state(tmp_path)["dirty"] is False
     (tmp_path / "runs2" / "s0").mkdir(parents=True)  # a second runs folder, a scratch note: not code
     (tmp_path / "runs2" / "s0" / "log.jsonl").write_text("{}\n")
     (tmp_path / "notes.txt").write_text("scratch\n")
-    assert results._git_state(tmp_path)["dirty"] is False
+    assert provenance._git_state(tmp_path)["dirty"] is False
     (tmp_path / "runs2" / "s0" / "plugin.py").write_text("x = 3\n")  # untracked code can change what runs
-    assert results._git_state(tmp_path)["dirty"] is True
+    assert provenance._git_state(tmp_path)["dirty"] is True
     (tmp_path / "runs2" / "s0" / "plugin.py").unlink()
     (tmp_path / "recipe.yaml").write_text("lr: 1\n")
-    assert results._git_state(tmp_path)["dirty"] is True
+    assert provenance._git_state(tmp_path)["dirty"] is True
     (tmp_path / "recipe.yaml").unlink()
     (tmp_path / "code.py").write_text("x = 2\n")
-    assert results._git_state(tmp_path)["dirty"] is True
+    assert provenance._git_state(tmp_path)["dirty"] is True

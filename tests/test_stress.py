@@ -29,7 +29,7 @@ from stabledrl_bench.baselines.stabledrl import stabledrl_loss
 from stabledrl_bench.core.estimators import Estimate, SequenceBatch, build_estimator
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.experiments.reproduce import presets
+from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress import hull as hull_mod
 from stabledrl_bench.experiments.stress import main, stability_section

@@ -159,7 +159,7 @@ def test_verify_catches_edited_completions_swapped_weights_and_unknown_commits(t
 def _copy(path: Path, edit, *, rename: bool) -> Path:
     """A copy of a record (and its samples) with ``edit`` applied to its fields; ``rename`` also gives the copy the
     file name its new fields imply, as a careful forger would."""
-    from stabledrl_bench.reporting.results import result_path
+    from stabledrl_bench.reporting.naming import result_path
 
     record = json.loads(path.read_text())
     edit(record)

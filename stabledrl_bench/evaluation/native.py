@@ -24,7 +24,8 @@ from stabledrl_bench.evaluation.passk import sampled_metrics, votes_by_problem
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.migrations import upgraded_settings
 from stabledrl_bench.processes import barrier, gather_lists, is_main_process, keyed_generator, my_share
-from stabledrl_bench.reporting.results import read_result, result_exists, result_path, write_result
+from stabledrl_bench.reporting.naming import result_path
+from stabledrl_bench.reporting.results import read_result, result_exists, write_result
 from stabledrl_bench.tasks import get_task
 
 

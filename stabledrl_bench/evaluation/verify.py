@@ -12,7 +12,7 @@ This goes further, record by record:
 * **commit**: the recorded commit must exist in this repository;
 * **identity**: the record's comparison, baseline, task, seed, length and protocol agree with its file name, its
   checkpoint path, its run's ``job.json`` where the run is here, and no other seed holds the very same completions
-  (:func:`~stabledrl_bench.reporting.results.identity_problems`): a record relabelled by editing its fields;
+  (:func:`~stabledrl_bench.reporting.identity.identity_problems`): a record relabelled by editing its fields;
 * **re-decode** (``--redecode N``, greedy protocols only): decode N prompts drawn at random (``--redecode-seed``,
   printed with the items drawn) again with the recorded settings and compare the completions token for token
   (forged or edited completions; a forger cannot know which items will be drawn).
@@ -36,7 +36,8 @@ import torch
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import weights_sha256
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN, sampled_metrics, votes_by_problem
-from stabledrl_bench.reporting.results import STABILITY_DIR, identity_problems, load_samples, read_result
+from stabledrl_bench.reporting.identity import identity_problems
+from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result
 from stabledrl_bench.tasks import get_task
 
 SCORE_TOLERANCE = 1e-9

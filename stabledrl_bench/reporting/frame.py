@@ -14,7 +14,9 @@ import pandas as pd
 
 from stabledrl_bench.core.sampling import DecodeSettings
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.results import REFERENCE_BASELINES, code_label, hardware_label, model_short_name
+from stabledrl_bench.reporting.naming import model_short_name
+from stabledrl_bench.reporting.provenance import code_label, hardware_label
+from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 
 
 def _row_path(path: str | None, seed: int, task: str, comparison: str) -> str | None:

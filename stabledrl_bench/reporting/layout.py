@@ -7,15 +7,15 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from stabledrl_bench.reporting.markdown import task_label
-from stabledrl_bench.reporting.results import (
-    SAMPLING_MODES,
-    TABLE1_LENGTHS,
-    TABLE1_TASKS,
-    TABLE2_OPTIONAL,
-    TABLE2_TASKS,
-)
+from stabledrl_bench.reporting.schema import SAMPLING_MODES, TABLE1_LENGTHS
 from stabledrl_bench.tasks import TASKS
 
+# The papers' layouts: the columns their tables (and published.yaml's cells) have. Any other registered task is a
+# column of either table once measured, after these and never in Table 1's overall average; its label and note
+# come from the Task (stabledrl_bench.tasks.base.Task.label, .note), so a plugin task needs no edit here.
+TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")
+TABLE2_TASKS = ("math500", "aime24", "gsm8k", "aime25")
+TABLE2_OPTIONAL = ("aime25",)  # a paper column shown only when some row has it
 OVERALL = "overall"
 AVG = "avg"
 TABLE_TITLES = {

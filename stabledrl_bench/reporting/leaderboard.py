@@ -20,10 +20,10 @@ comparison must share one ``budget_hash`` (reference rows ``base``/``sft`` are e
 leaderboard fails - results trained under different budgets are not comparable. Several seeds of one row are pooled.
 
 Under a comparison that has a starting point (an ``sft`` row, else ``base``), a "Change from the starting point"
-table gives every RL row minus that start, paired by test item (:func:`paired_change`): the learning signal, with
-the item difficulty shared by both rows taken out. Where ``<results>/training/<comparison>__<task>.csv`` exists
-(written by ``reproduce``), a "Training reward" table gives each run's reward over its last rollouts minus a frozen
-control's on the same rollouts (:func:`training_changes`).
+table gives every RL row minus that start, paired by test item (:func:`~.measured.paired_change`): the learning
+signal, with the item difficulty shared by both rows taken out. Where
+``<results>/training/<comparison>__<task>.csv`` exists (written by ``reproduce``), a "Training reward" table gives
+each run's reward over its last rollouts minus a frozen control's on the same rollouts (:func:`training_changes`).
 
 Intervals are percentile bootstraps (1000 resamples, ``numpy.random.default_rng(0)``, so the file is reproducible)
 of the mean per-sample correctness. An average column resamples each of its cells independently and averages:
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,24 +54,16 @@ import pandas as pd
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.plots import new_figure, save_png
-from stabledrl_bench.reporting.frame import (
-    ROW_KEY,
-    check_consistency,
-    join_unique,
-    records_frame,
-    row_order,
-)
-from stabledrl_bench.reporting.layout import TABLE_TITLES, CellKey, Column, extra_notes, table_columns
+from stabledrl_bench.reporting.frame import check_consistency, join_unique, records_frame
+from stabledrl_bench.reporting.layout import TABLE_TITLES, Column, extra_notes, table_columns
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
+from stabledrl_bench.reporting.measured import MeasuredRow, compared_rows, measured_rows, paired_change, starting_points
+from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.published import EMPTY_BLOCK, load_published, published_block
-from stabledrl_bench.reporting.results import (
-    REFERENCE_BASELINES,
-    load_results,
-    load_samples,
-    slugify,
-)
+from stabledrl_bench.reporting.results import load_results
 from stabledrl_bench.reporting.sampled import sampled_blocks
-from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval, bootstrap_mean_ci
+from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
+from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval
 from stabledrl_bench.reporting.training import training_block
 from stabledrl_bench.tasks import get_task
 
@@ -81,113 +72,15 @@ ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", 
 ExtraSection = Callable[[Path], str | None]
 
 
-# --------------------------------------------------------------------------------------------- columns
 # -------------------------------------------------------------------------------------------- measured
 def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
     return MISSING if interval is None else interval.text(spec)
 
 
-@dataclass
-class MeasuredRow:
-    """One displayed row: its descriptive columns, the estimate of every numeric column (None = missing), and per
-    cell the mean headline value of every test item (over seeds and repeats), which the paired comparison needs."""
-
-    info: dict[str, str]
-    estimates: dict[CellKey, Interval | None]
-    per_item: dict[CellKey, dict[str, float]]
-    per_seed: dict[int, dict[CellKey, dict[str, float]]]  # the same, for each training seed on its own
-    protocols: str = ""  # the protocol (family) of the row: an RL row is compared with the start under the same
-
-
-def _measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: list[Column]) -> list[MeasuredRow]:
-    """Pool the seeds of every cell and estimate each column.
-
-    An average column is filled only when all of its cells were measured: an average over fewer lengths or tasks
-    would look comparable with the published averages while it is not.
-    """
-    rows = []
-    for _, group in row_order(frame).groupby(ROW_KEY, sort=False):
-        cells: dict[CellKey, np.ndarray] = {}
-        per_item: dict[CellKey, dict[str, float]] = {}
-        per_seed: dict[int, dict[CellKey, dict[str, float]]] = {}
-        for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
-            field = get_task(task).headline_field
-            loaded = {i: load_samples(records[i]) for i in runs["index"]}  # each samples file is read once
-            samples = [sample for record_samples in loaded.values() for sample in record_samples]
-            cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
-            per_item[(task, sub)] = _item_means(samples, field)
-            for seed, seed_runs in runs.groupby("seed", sort=True):
-                seed_samples = [sample for i in seed_runs["index"] for sample in loaded[i]]
-                per_seed.setdefault(int(seed), {})[(task, sub)] = _item_means(seed_samples, field)
-        first = group.iloc[0]
-        budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
-        info = {
-            "Baseline": first["baseline"],
-            "Model": first["model"],
-            "Preset": first["preset"],
-            "Protocol": join_unique(group["protocol"].tolist()),
-            "Budget": ", ".join(f"`{digest}`" for digest in sorted(set(budgets))) or MISSING,
-            "Hardware": "; ".join(sorted(set(group["hardware"]))),
-            "Code": "; ".join(sorted(set(group["code"]))),
-            "Seeds": join_unique(group["seed"].tolist()),
-        }
-        estimates = {
-            column.key: bootstrap_mean_ci([cells[part] for part in column.parts])
-            if all(part in cells for part in column.parts)
-            else None
-            for column in columns
-        }
-        rows.append(MeasuredRow(info, estimates, per_item, per_seed, protocols=first["protocols"]))
-    return rows
-
-
-def _item_means(samples: Sequence[Mapping[str, Any]], field: str) -> dict[str, float]:
-    """Mean headline value of every test item (over repeats and pooled seeds)."""
-    by_item: dict[str, list[float]] = {}
-    for sample in samples:
-        by_item.setdefault(str(sample["doc_id"]), []).append(float(sample[field]))
-    return {doc: float(np.mean(values)) for doc, values in by_item.items()}
-
-
-def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> Interval | None:
-    """Change of ``row`` over ``reference`` in one column, paired by test item.
-
-    Why paired: both rows answered the same test items, so the per-item difference d_i = x_i - x_ref_i removes
-    the item difficulty that dominates the spread of either row alone; the interval is the bootstrap of
-    (1/K) Σ_c mean(d_c) over the column's cells c (:func:`bootstrap_mean_ci` on the differences). It measures the
-    test-set sampling noise only: one training seed says nothing about the spread over training seeds.
-    ``None`` when a cell is missing in either row or the two rows share no item.
-    """
-    differences = []
-    for part in column.parts:
-        if part not in row.per_item or part not in reference.per_item:
-            return None
-        ours, theirs = row.per_item[part], reference.per_item[part]
-        shared = sorted(ours.keys() & theirs.keys())
-        if not shared:
-            return None
-        differences.append(np.asarray([ours[doc] - theirs[doc] for doc in shared], dtype=np.float64))
-    return bootstrap_mean_ci(differences)
-
-
-def _starts(rows: list[MeasuredRow]) -> dict[str, MeasuredRow]:
-    """The starting point of each protocol (family): ``sft`` if measured, else ``base``. An RL row is compared with
-    the start evaluated the same way (:attr:`MeasuredRow.protocols`)."""
-    starts: dict[str, MeasuredRow] = {}
-    for name in REFERENCE_BASELINES:  # base, then sft: a measured sft replaces base
-        starts |= {row.protocols: row for row in rows if row.info["Baseline"] == name}
-    return starts
-
-
-def _compared(rows: list[MeasuredRow], starts: Mapping[str, MeasuredRow]) -> list[MeasuredRow]:
-    """The RL rows that have a start to be compared with."""
-    return [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES and row.protocols in starts]
-
-
 def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
-    """Every RL row minus its starting point (:func:`_starts`), paired by item."""
-    starts = _starts(rows)
-    others = _compared(rows, starts)
+    """Every RL row minus its starting point (:func:`~.measured.starting_points`), paired by item."""
+    starts = starting_points(rows)
+    others = compared_rows(rows, starts)
     if not others:
         return ""
     display = pd.DataFrame(
@@ -314,8 +207,8 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     by_task: dict[str, list[Column]] = {}
     for column in shown:
         by_task.setdefault(column.key[0], []).append(column)
-    starts = _starts(rows)
-    others = _compared(rows, starts)
+    starts = starting_points(rows)
+    others = compared_rows(rows, starts)
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
     colors = {row.info["Baseline"]: palette[i % len(palette)] for i, row in enumerate(rows)}
     panels = 2 if others else 1
@@ -363,7 +256,7 @@ def _measured_blocks(
     # exact and approximate decoding never share a block (nor its change-from-start table or its plot)
     for (comparison, approximate), group in subset.groupby(["comparison", "approximate"], sort=True):
         columns = table_columns(table, set(group["task"]))
-        rows = _measured_rows(group, records, columns)
+        rows = measured_rows(group, records, columns)
         display = pd.DataFrame(
             [row.info | {c.header: _format_measured(row.estimates[c.key]) for c in columns} for row in rows]
         )

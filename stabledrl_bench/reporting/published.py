@@ -12,9 +12,9 @@ import pandas as pd
 import yaml
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.layout import AVG, OVERALL, Column, table_columns
+from stabledrl_bench.reporting.layout import AVG, OVERALL, TABLE1_TASKS, TABLE2_TASKS, Column, table_columns
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table
-from stabledrl_bench.reporting.results import SAMPLING_MODES, TABLE1_LENGTHS, TABLE1_TASKS, TABLE2_TASKS
+from stabledrl_bench.reporting.schema import SAMPLING_MODES, TABLE1_LENGTHS
 
 PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
 DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown

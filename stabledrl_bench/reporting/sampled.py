@@ -27,7 +27,9 @@ from stabledrl_bench.evaluation.passk import k_values, per_problem, votes_by_pro
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import ROW_KEY, join_unique, row_order
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
-from stabledrl_bench.reporting.results import REFERENCE_BASELINES, load_samples, slugify
+from stabledrl_bench.reporting.naming import slugify
+from stabledrl_bench.reporting.results import load_samples
+from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
 
 Cell = tuple[str, Any]  # (task, length) in Table 1, (task, sampling) in Table 2

@@ -13,7 +13,7 @@ import pandas as pd
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.migrations import upgraded_training_rewards
 from stabledrl_bench.reporting.markdown import markdown_table, task_label
-from stabledrl_bench.reporting.results import slugify
+from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 
 TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards

@@ -1,0 +1,170 @@
+"""One ``reproduce`` command as typed values: the :class:`Comparison` it runs (preset, model, baselines, tasks,
+seeds, folders, the optional sampled evaluation), and the :class:`Replicate` s it consists of (one task, one seed).
+
+Why typed and built once: every option of the command line is checked when the :class:`Comparison` is built
+(:func:`comparison`), so a bad option is one line before anything runs, not an error after the first warm start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.core.baseline import BASELINES
+from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
+from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol, sampled_protocol
+from stabledrl_bench.experiments.presets import Preset, choose_preset
+from stabledrl_bench.reporting.naming import ResultKey
+
+TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
+
+
+@dataclass(frozen=True)
+class SampledEval:
+    """``--pass-k``: every test problem also decoded ``samples`` times at ``temperature`` (pass@k, maj@k) at the
+    nominal ``lengths`` (empty: every length of the preset)."""
+
+    samples: int
+    temperature: float = 1.0
+    lengths: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One ``reproduce`` command: every baseline trained under the preset's budget on every task and seed, each
+    checkpoint evaluated under every protocol and length. Built from the command line once (:func:`comparison`)."""
+
+    table: str
+    preset: Preset
+    model: str  # the start: a checkpoint, or the preset's built-in model
+    baselines: tuple[str, ...]
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    runs_root: Path  # --runs; this comparison's runs go to runs_root/<name>
+    results: Path
+    leaderboard: Path
+    limit: int | None = None  # evaluate the first N test items only (None: the preset's eval_limit)
+    force: bool = False
+    check_model: bool = True
+    sampled: SampledEval | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.table}-{self.preset.name}"
+
+    @property
+    def runs(self) -> Path:
+        return self.runs_root / self.name
+
+    @property
+    def eval_limit(self) -> int | None:
+        return self.limit if self.limit is not None else self.preset.eval_limit
+
+    def evaluations(self) -> list[tuple[EvalProtocol, dict[int, int]]]:
+        """Every (protocol, nominal -> decoded length) a checkpoint is evaluated under: the preset's protocols at
+        every length, and with ``--pass-k`` each of them sampled (:func:`sampled_protocol`) at its lengths."""
+        evaluations = [(get_protocol(name), self.preset.lengths) for name in self.preset.protocols]
+        if self.sampled is None:
+            return evaluations
+        lengths = {n: self.preset.lengths[n] for n in self.sampled.lengths or self.preset.lengths}
+        sampled = [
+            (sampled_protocol(name, self.sampled.samples, self.sampled.temperature), lengths)
+            for name in self.preset.protocols
+        ]
+        return evaluations + sampled
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """One training seed of one task of a comparison: warm start, every baseline, the frozen control."""
+
+    comparison: Comparison
+    task: str
+    seed: int
+
+    @property
+    def runs(self) -> Path:
+        return self.comparison.runs / self.task / f"s{self.seed}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.task} seed {self.seed}"
+
+    def result_key(self, baseline: str, protocol: EvalProtocol, length: int, model: dict[str, Any]) -> ResultKey:
+        table = self.comparison.table
+        return ResultKey(
+            comparison=self.comparison.name,
+            table=table,
+            preset=self.comparison.preset.name,
+            baseline=baseline,
+            task=self.task,
+            length=length,
+            sampling=None if table == "table1" else protocol.sampling,
+            protocol=protocol.name,
+            seed=self.seed,
+            model=model,
+        )
+
+
+def comparison(
+    table: str,
+    *,
+    preset: str = "auto",
+    model: str | None = None,
+    baselines: str | None = None,
+    tasks: str | None = None,
+    seeds: str | None = None,
+    runs: str = "runs",
+    results: str = "results",
+    leaderboard: str = "leaderboard.md",
+    limit: int | None = None,
+    force: bool = False,
+    check_model: bool = True,
+    pass_k: int | None = None,
+    temperature: float = 1.0,
+    pass_k_lengths: str | None = None,
+) -> Comparison:
+    """The :class:`Comparison` the ``reproduce`` options ask for (the command line's text, checked here): every
+    bad option is one line before anything runs, not after the first warm start."""
+    chosen = choose_preset(table, preset, model)
+    sampled = None
+    if pass_k:
+        lengths = ()
+        if pass_k_lengths:
+            known = [str(n) for n in chosen.lengths]
+            lengths = tuple(comma_list(pass_k_lengths, "--pass-k-lengths", kind=int, choices=known, what="length"))
+        sampled = SampledEval(pass_k, temperature, lengths)
+    built = Comparison(
+        table=table,
+        preset=chosen,
+        model=model or str(chosen.model),
+        baselines=tuple(
+            comma_list(baselines, "--baselines", choices=BASELINES.entries(), what="baseline")
+            if baselines
+            else TABLE_BASELINES
+        ),
+        tasks=tuple(
+            comma_list(tasks, "--tasks", choices=chosen.tasks, what="task") if tasks else chosen.default_tasks()
+        ),
+        seeds=_seeds(seeds, chosen.seeds),
+        runs_root=Path(runs),
+        results=Path(results),
+        leaderboard=Path(leaderboard),
+        limit=limit,
+        force=force,
+        check_model=check_model,
+        sampled=sampled,
+    )
+    built.evaluations()  # a sampled protocol that cannot be built (e.g. --pass-k 1) fails now
+    return built
+
+
+def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` (default: the preset's): every seed repeats the whole pipeline, warm start included."""
+    if not requested:
+        return default
+    seeds = tuple(comma_list(requested, "--seeds", kind=int, what="seed"))
+    if min(seeds) < 0 or max(seeds) >= INT64_LIMIT:
+        raise UserError(f"--seeds: expected integers from 0 to 2**63 - 1, got {requested!r}")
+    return seeds

@@ -1,0 +1,118 @@
+"""The measured rows of one comparison: every cell's samples pooled over the seeds into an estimate with its
+interval, each test item's mean value per cell (over the seeds, and for each seed alone), and the change of a row
+from its starting point, paired by test item. The leaderboard's tables and plots show these numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stabledrl_bench.reporting.frame import ROW_KEY, join_unique, row_order
+from stabledrl_bench.reporting.layout import CellKey, Column
+from stabledrl_bench.reporting.markdown import MISSING
+from stabledrl_bench.reporting.results import load_samples
+from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
+from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
+from stabledrl_bench.tasks import get_task
+
+
+@dataclass
+class MeasuredRow:
+    """One displayed row: its descriptive columns, the estimate of every numeric column (None = missing), and per
+    cell the mean headline value of every test item (over seeds and repeats), which the paired comparison needs."""
+
+    info: dict[str, str]
+    estimates: dict[CellKey, Interval | None]
+    per_item: dict[CellKey, dict[str, float]]
+    per_seed: dict[int, dict[CellKey, dict[str, float]]]  # the same, for each training seed on its own
+    protocols: str = ""  # the protocol (family) of the row: an RL row is compared with the start under the same
+
+
+def measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: list[Column]) -> list[MeasuredRow]:
+    """Pool the seeds of every cell and estimate each column.
+
+    An average column is filled only when all of its cells were measured: an average over fewer lengths or tasks
+    would look comparable with the published averages while it is not.
+    """
+    rows = []
+    for _, group in row_order(frame).groupby(ROW_KEY, sort=False):
+        cells: dict[CellKey, np.ndarray] = {}
+        per_item: dict[CellKey, dict[str, float]] = {}
+        per_seed: dict[int, dict[CellKey, dict[str, float]]] = {}
+        for (task, sub), runs in group.groupby(["task", "sub"], sort=False):
+            field = get_task(task).headline_field
+            loaded = {i: load_samples(records[i]) for i in runs["index"]}  # each samples file is read once
+            samples = [sample for record_samples in loaded.values() for sample in record_samples]
+            cells[(task, sub)] = np.asarray([float(sample[field]) for sample in samples], dtype=np.float64)
+            per_item[(task, sub)] = _item_means(samples, field)
+            for seed, seed_runs in runs.groupby("seed", sort=True):
+                seed_samples = [sample for i in seed_runs["index"] for sample in loaded[i]]
+                per_seed.setdefault(int(seed), {})[(task, sub)] = _item_means(seed_samples, field)
+        first = group.iloc[0]
+        budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
+        info = {
+            "Baseline": first["baseline"],
+            "Model": first["model"],
+            "Preset": first["preset"],
+            "Protocol": join_unique(group["protocol"].tolist()),
+            "Budget": ", ".join(f"`{digest}`" for digest in sorted(set(budgets))) or MISSING,
+            "Hardware": "; ".join(sorted(set(group["hardware"]))),
+            "Code": "; ".join(sorted(set(group["code"]))),
+            "Seeds": join_unique(group["seed"].tolist()),
+        }
+        estimates = {
+            column.key: bootstrap_mean_ci([cells[part] for part in column.parts])
+            if all(part in cells for part in column.parts)
+            else None
+            for column in columns
+        }
+        rows.append(MeasuredRow(info, estimates, per_item, per_seed, protocols=first["protocols"]))
+    return rows
+
+
+def _item_means(samples: Sequence[Mapping[str, Any]], field: str) -> dict[str, float]:
+    """Mean headline value of every test item (over repeats and pooled seeds)."""
+    by_item: dict[str, list[float]] = {}
+    for sample in samples:
+        by_item.setdefault(str(sample["doc_id"]), []).append(float(sample[field]))
+    return {doc: float(np.mean(values)) for doc, values in by_item.items()}
+
+
+def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> Interval | None:
+    """Change of ``row`` over ``reference`` in one column, paired by test item.
+
+    Why paired: both rows answered the same test items, so the per-item difference d_i = x_i - x_ref_i removes
+    the item difficulty that dominates the spread of either row alone; the interval is the bootstrap of
+    (1/K) Σ_c mean(d_c) over the column's cells c (:func:`bootstrap_mean_ci` on the differences). It measures the
+    test-set sampling noise only: one training seed says nothing about the spread over training seeds.
+    ``None`` when a cell is missing in either row or the two rows share no item.
+    """
+    differences = []
+    for part in column.parts:
+        if part not in row.per_item or part not in reference.per_item:
+            return None
+        ours, theirs = row.per_item[part], reference.per_item[part]
+        shared = sorted(ours.keys() & theirs.keys())
+        if not shared:
+            return None
+        differences.append(np.asarray([ours[doc] - theirs[doc] for doc in shared], dtype=np.float64))
+    return bootstrap_mean_ci(differences)
+
+
+def starting_points(rows: list[MeasuredRow]) -> dict[str, MeasuredRow]:
+    """The starting point of each protocol (family): ``sft`` if measured, else ``base``. An RL row is compared with
+    the start evaluated the same way (:attr:`MeasuredRow.protocols`)."""
+    starts: dict[str, MeasuredRow] = {}
+    for name in REFERENCE_BASELINES:  # base, then sft: a measured sft replaces base
+        starts |= {row.protocols: row for row in rows if row.info["Baseline"] == name}
+    return starts
+
+
+def compared_rows(rows: list[MeasuredRow], starts: Mapping[str, MeasuredRow]) -> list[MeasuredRow]:
+    """The RL rows that have a start to be compared with."""
+    return [row for row in rows if row.info["Baseline"] not in REFERENCE_BASELINES and row.protocols in starts]

@@ -1,0 +1,117 @@
+"""Provenance of a record: where and with what code it was produced (hardware, package versions, git commit and
+dirty flag, command line), stored in every record's ``environment``, and the short labels the tables show for it.
+
+Why it is captured at write time: a number is only as trustworthy as the code that made it, and the code that was
+checked out when a record was written cannot be recovered afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "math_verify", "stabledrl_bench")
+GENERATED_PATHS = ("results", "leaderboard.md")
+
+
+def _git_state(directory: Path) -> dict[str, Any]:
+    """Commit and dirty flag of the git work tree holding ``directory``; ``None`` values outside git."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    # What the commands themselves write (results/, the regenerated leaderboard.md) must not make every later run
+    # "dirty": a second `reproduce` on the same checkout would otherwise disown results of committed code.
+    excluded = (f":(top,exclude){path}" for path in GENERATED_PATHS)
+    status = git("status", "--porcelain", "--untracked-files=all", "--", ":(top)", *excluded)
+    if status is None:
+        return {"commit": commit.strip(), "dirty": None}
+    return {"commit": commit.strip(), "dirty": any(_changes_code(line) for line in status.splitlines())}
+
+
+# An untracked file makes the tree dirty only if it can change what runs: a second runs folder (`--runs runs2`),
+# a scratch log or a downloaded checkpoint does not.
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg")
+
+
+def _changes_code(status_line: str) -> bool:
+    """One ``git status --porcelain`` line: any change to a tracked file, or an untracked code or config file."""
+    if status_line.startswith("?? "):
+        return status_line[3:].strip().strip('"').endswith(CODE_SUFFIXES)
+    return bool(status_line.strip())
+
+
+def _gpu_names() -> list[str]:
+    try:
+        import torch  # here, not at the top: optional, and slow to import for a reader of records
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_info() -> dict[str, Any]:
+    """Where and with what a result was produced, so that a leaderboard row can say which hardware and code made it.
+
+    The git state is that of the repository containing this package (``dirty`` when ``git status --porcelain``
+    lists a change outside ``results/`` and ``leaderboard.md`` that can change what runs, see :func:`_changes_code`),
+    because results from uncommitted code cannot be reproduced from the commit alone.
+    """
+    return {
+        "python": platform.python_version(),
+        "hardware": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "gpus": _gpu_names(),
+        },
+        "packages": {name: _package_version(name) for name in ENV_PACKAGES},
+        "git": _git_state(Path(__file__).resolve().parent),
+        "argv": list(sys.argv),
+    }
+
+
+def hardware_label(environment: Mapping[str, Any]) -> str:
+    """Short hardware description for a table cell: ``"1× NVIDIA H200"`` or ``"CPU ×2"``."""
+    hardware = environment.get("hardware") or {}
+    gpus = hardware.get("gpus") or []
+    if gpus:
+        names = sorted(set(gpus))
+        return ", ".join(f"{gpus.count(name)}× {name}" for name in names)
+    return f"CPU ×{hardware.get('cpu_count', '?')}"
+
+
+def code_label(environment: Mapping[str, Any]) -> str:
+    """The code that produced a result, for a table cell: ``"00ef291"``, ``"00ef291 dirty"`` or ``"unknown"``.
+
+    ``dirty`` means uncommitted changes (outside ``results/``) to tracked files, or untracked code or config files
+    (:data:`CODE_SUFFIXES`), were present: that code cannot be checked out. Records written before untracked
+    files were sorted this way call a tree dirty for any untracked file, e.g. a second runs folder.
+    """
+    git = environment.get("git") or {}
+    commit = git.get("commit")
+    if not commit:
+        return "unknown"
+    state = {True: " dirty", False: "", None: " dirty?"}[git.get("dirty")]
+    return f"{str(commit)[:7]}{state}"
