@@ -37,10 +37,6 @@ from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.experiments.comparison import Comparison, Replicate
-
-# Still importable from here only because stabledrl_bench.experiments.stress imports it so, and stress/ is being
-# refactored separately: once it imports from presets, this line goes.
-from stabledrl_bench.experiments.presets import presets as presets
 from stabledrl_bench.experiments.presets import warm_start_spec
 from stabledrl_bench.experiments.runner import (
     CONTROL_BASELINE,

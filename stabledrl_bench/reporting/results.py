@@ -35,10 +35,6 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting.identity import identity_problems
 from stabledrl_bench.reporting.naming import result_path, samples_path
 from stabledrl_bench.reporting.provenance import environment_info
-
-# Still importable from here only because stabledrl_bench.experiments.stress.report imports it so, and stress/ is
-# being refactored separately: once it imports from provenance, this line goes.
-from stabledrl_bench.reporting.provenance import hardware_label as hardware_label
 from stabledrl_bench.reporting.schema import (
     SCHEMA,
     budget_hash,

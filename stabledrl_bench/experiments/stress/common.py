@@ -44,7 +44,7 @@ STRESS_CANVAS = 48  # the tiny Table 1's RL canvas, where the start closes the a
 
 def stress_warm_start(sft_steps: int | None = None) -> WarmStart:
     """The shared starting point (module docstring); ``sft_steps`` overrides the preset's SFT length."""
-    from stabledrl_bench.experiments.reproduce import presets, warm_start_spec  # the training stack
+    from stabledrl_bench.experiments.presets import presets, warm_start_spec  # the training stack
 
     spec = warm_start_spec(presets("table1")["tiny"], STRESS_TASK, "tiny", seed=0)
     if sft_steps is None:

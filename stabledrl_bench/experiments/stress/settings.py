@@ -51,7 +51,7 @@ def stress_budget(model: ModelOptions, steps: int, num_iterations: int = 2) -> B
 
 def preset(name: str, task: str | None) -> Any:
     """The Table 1 preset ``name``, checked to have ``task`` (one error line otherwise)."""
-    from stabledrl_bench.experiments.reproduce import presets
+    from stabledrl_bench.experiments.presets import presets
 
     known = presets("table1")
     if name not in known:
@@ -84,7 +84,7 @@ def warm_start(model: ModelOptions, runs: str) -> tuple[Path, dict[str, Any], di
     if chosen is None:
         spec, folder = stress_warm_start(model.sft_steps), Path(runs) / "sft"
     else:
-        from stabledrl_bench.experiments.reproduce import warm_start_spec
+        from stabledrl_bench.experiments.presets import warm_start_spec
 
         spec = None if model.warm_start else warm_start_spec(chosen, model.task, chosen.model, seed=0)
         folder = Path(runs) / f"sft-{model.preset}-{model.task}"

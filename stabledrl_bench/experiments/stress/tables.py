@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stabledrl_bench.reporting.markdown import MISSING, markdown_rows
-from stabledrl_bench.reporting.results import hardware_label
+from stabledrl_bench.reporting.provenance import hardware_label
 
 
 # ------------------------------------------------------------------------------------------------ formatting
