@@ -31,6 +31,7 @@ from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diff
 from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, SDARNativeBackend, TinyBackend
 from stabledrl_bench.core.models.convert import save_tiny_as
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
+from stabledrl_bench.core.models.qwen import DreamNativeConfig, DreamNativeModel, SDARNativeConfig, SDARNativeModel
 from stabledrl_bench.errors import UserError
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -137,6 +138,66 @@ def test_the_8b_configuration_builds_on_the_meta_device() -> None:
     assert shapes["model.transformer.blocks.31.ff_proj.weight"] == (12288, 4096)
     assert shapes["model.transformer.ff_out.weight"] == (126464, 4096) and len(shapes) == 3 + 32 * 9
     assert 8.0e9 < sum(p.numel() for p in model.parameters()) < 8.05e9
+
+
+# The structural fields of the published config.json files (Dream-v0-Instruct-7B: Qwen2.5-7B's shape; SDAR-8B-Chat:
+# Qwen3-8B's), with parameter names and shapes as in their safetensors and the totals the Hub pages give.
+BIG = {
+    "dream": (
+        DreamNativeConfig,
+        DreamNativeModel,
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            tie_word_embeddings=False,
+        ),
+        {
+            "model.layers.27.self_attn.q_proj.bias": (3584,),
+            "model.layers.0.self_attn.k_proj.weight": (512, 3584),
+            "model.layers.0.mlp.gate_proj.weight": (18944, 3584),
+            "lm_head.weight": (152064, 3584),
+        },
+        (7.61e9, 7.62e9),  # "7.62B params"
+    ),
+    "sdar": (
+        SDARNativeConfig,
+        SDARNativeModel,
+        dict(
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            tie_word_embeddings=False,
+            block_size=4,
+        ),
+        {
+            "model.layers.35.self_attn.q_norm.weight": (128,),
+            "model.layers.0.self_attn.k_proj.weight": (1024, 4096),
+            "model.layers.0.mlp.down_proj.weight": (4096, 12288),
+            "model.embed_tokens.weight": (151936, 4096),
+        },
+        (8.19e9, 8.20e9),  # "8.19B params"
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(BIG))
+def test_the_published_dream_and_sdar_shapes_build_on_the_meta_device(family: str) -> None:
+    config_class, model_class, fields, expected, (low, high) = BIG[family]
+    with torch.device("meta"):
+        model = model_class(config_class(**fields))
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert {name: shapes.get(name) for name in expected} == expected
+    per_layer = 12 if family == "dream" else 11  # q/k/v weights (+ biases: Dream; + q/k norms: SDAR), o, mlp, norms
+    assert len(shapes) == 3 + fields["num_hidden_layers"] * per_layer
+    assert low < sum(p.numel() for p in model.parameters()) < high
 
 
 # ---------------------------------------------------------------------------------------------------- Dream

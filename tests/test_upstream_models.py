@@ -13,6 +13,9 @@ file calls SDPA with ``attn_mask=None``. Each variant becomes a tiny random-weig
 are, and goes through ``load_diffusion_lm`` and every check of ``backend_checks``. Run with::
 
     STABLEDRL_UPSTREAM_DIR=/path/to/upstream python -m pytest tests/test_upstream_models.py -v
+
+The published files run on transformers 4.52-4.53 only, which the ``remote-code`` extra installs
+(``pip install -e ".[dev,remote-code]"``); under any other release the module is skipped and says so.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from backend_checks import (
     PROMPTS,
     assert_batch_size_invariant,
@@ -33,15 +37,22 @@ from backend_checks import (
     lmeval_outputs,
     rl_step,
 )
+from packaging.specifiers import SpecifierSet
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.masks import block_causal_mask, real_positions
 from stabledrl_bench.core.models import build_char_tokenizer, load_diffusion_lm
-from stabledrl_bench.core.models.backends import DreamBackend, LLaDABackend, SDARBackend
+from stabledrl_bench.core.models.backends import REMOTE_CODE_TRANSFORMERS, DreamBackend, LLaDABackend, SDARBackend
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 
 ROOT = os.environ.get("STABLEDRL_UPSTREAM_DIR")
-pytestmark = pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files")
+pytestmark = [
+    pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files"),
+    pytest.mark.skipif(
+        transformers.__version__ not in SpecifierSet(REMOTE_CODE_TRANSFORMERS),
+        reason=f"the published modeling files run on transformers{REMOTE_CODE_TRANSFORMERS} (the remote-code extra)",
+    ),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
