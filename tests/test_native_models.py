@@ -24,6 +24,7 @@ from backend_checks import (
     lmeval_outputs,
     rl_step,
     sequence_batch,
+    write_dream_tokenizer,
 )
 from safetensors.torch import load_file, save_file
 
@@ -229,6 +230,21 @@ def test_a_dream_folder_loads_natively_and_its_network_equals_the_tiny_one(model
         torch.testing.assert_close(rest, full[:, half:], rtol=0, atol=1e-5)
     with pytest.raises(UserError, match="ships its own Python code"):
         load_diffusion_lm(dream_folder, implementation="remote", trust_remote_code=False)
+
+
+def test_dreams_tokenizer_file_never_runs_transformers_own_class_reads_its_vocabulary(dream_folder, tmp_path) -> None:
+    """Dream's tokenization_dream.py is transformers' Qwen2Tokenizer renamed: the native load uses that class (no
+    --trust-remote-code), and the ids are the byte-level BPE's, worked out by hand below."""
+    import shutil
+
+    folder = write_dream_tokenizer(Path(shutil.copytree(dream_folder, tmp_path / "dream")))
+    dream = load_diffusion_lm(folder, trust_remote_code=False)
+    assert isinstance(dream, DreamNativeBackend) and type(dream.tokenizer).__name__.startswith("Qwen2Tokenizer")
+    assert not (folder / "RAN").exists()
+    ids = dream.tokenizer("Hi world 12<|mask|>")["input_ids"]
+    # pieces: "Hi", " world" (Ġw merged), " ", "1", "2", then the special token whole
+    assert ids == [ord("H") - 33, ord("i") - 33, 95, *(ord(c) - 33 for c in "orld"), 94, 16, 17, 97]
+    assert dream.tokenizer.decode(ids) == "Hi world 12<|mask|>" and dream.eos_id == 96
 
 
 def test_the_native_dream_decodes_trains_and_is_batch_invariant(dream_folder, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from backend_checks import (
     evaluation_rows,
     lmeval_outputs,
     rl_step,
+    write_dream_tokenizer,
 )
 from packaging.specifiers import SpecifierSet
 
@@ -296,6 +297,28 @@ def test_the_native_implementation_equals_the_published_file(checkpoints, varian
     theirs = rl_step(checkpoints[variant], "stabledrl", tmp_path / "remote")
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)
     assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+
+
+def test_dreams_published_tokenizer_equals_the_class_the_native_load_uses(tmp_path) -> None:
+    """dLLM-RL's tokenization_dream.py (the Hub's Dream tokenizer) and transformers' Qwen2Tokenizer, which the
+    native load uses instead of running that file, give the same ids and text on the same vocabulary files."""
+    import importlib.util
+
+    from stabledrl_bench.core.models.backends import NATIVE_TOKENIZERS
+
+    folder = write_dream_tokenizer(tmp_path)
+    path = Path(ROOT) / "dLLM-RL/models/dream/tokenization_dream.py"
+    spec = importlib.util.spec_from_file_location("tokenization_dream", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    theirs = module.DreamTokenizer.from_pretrained(folder)
+    ours = getattr(transformers, NATIVE_TOKENIZERS["DreamTokenizer"]).from_pretrained(folder)
+    # the small vocabulary has printable ASCII and the space only
+    texts = [*PROMPTS, "Hi world<|mask|><|mask|>", "<|im_start|>user 12+3=?<|im_end|>", "  two  spaces  end", "we'll"]
+    for text in texts:
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"], text
+        assert ours.decode(ours(text)["input_ids"]) == theirs.decode(theirs(text)["input_ids"]), text
+    assert (ours.eos_token_id, ours.pad_token_id) == (theirs.eos_token_id, theirs.pad_token_id)
 
 
 # ------------------------------------------------------------------------------ the shipped launch configs

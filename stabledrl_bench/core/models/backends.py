@@ -203,6 +203,10 @@ NATIVE = {
     "sdar": NativeFamily(SDARNativeConfig, SDARNativeModel, "sdar-native"),
 }
 
+# Tokenizers published as Python files that are transformers classes under another name: they load with
+# transformers' class, so the folder's file never runs (Dream's tokenization_dream.py is Qwen2Tokenizer renamed).
+NATIVE_TOKENIZERS = {"DreamTokenizer": "Qwen2Tokenizer"}
+
 
 @MODEL_FAMILIES.register("dream")
 class DreamBackend(Backend):
@@ -492,6 +496,16 @@ def _native_config(source: str, family: str | None, implementation: str) -> tupl
         return None  # a variant the native code does not build: its own code (with --trust-remote-code)
 
 
+def _native_tokenizer(source: str) -> Any:
+    """transformers' class for a folder whose tokenizer config names a copy of it (:data:`NATIVE_TOKENIZERS`)."""
+    path = Path(source) / "tokenizer_config.json"
+    try:
+        name = json.loads(path.read_text()).get("tokenizer_class") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: the load itself reports it
+    return getattr(transformers, NATIVE_TOKENIZERS[name]) if name in NATIVE_TOKENIZERS else None
+
+
 def _load_native(
     source: str, native: NativeFamily, config, *, strict: bool, dtype: torch.dtype | None, device, rank0_weights: bool
 ) -> DiffusionLM | None:
@@ -500,14 +514,17 @@ def _load_native(
     The weights must fit the implementation exactly (every parameter present, none left over, same shapes): a
     folder that only claims the family's model_type is a variant, run by its own code (None; ``strict``: refused).
     """
-    files = remote_code_files(source, configs=("tokenizer_config.json",))
+    own = _native_tokenizer(source)
+    files = [] if own else remote_code_files(source, configs=("tokenizer_config.json",))
     if files and not remote_code_trusted():
         raise UserError(
             f"model {source!r}: its tokenizer ships its own Python code ({', '.join(files)}); pass "
             "--trust-remote-code if you trust that folder"
         )
-    with _loading(source, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
+    with _loading(source, "tokenizer", remote_code=bool(files)):
+        tokenizer = (
+            own.from_pretrained(source) if own else AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
+        )
     with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
         model, info = native.model.from_pretrained(
             source, config=config, output_loading_info=True, **_dtype_kwargs(dtype)
