@@ -9,6 +9,7 @@ batch composition change nothing, cached decoding equals recomputation, train mo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from unittest import mock
 
@@ -224,3 +225,40 @@ def lmeval_outputs(dlm: DiffusionLM) -> tuple[list[str], list[tuple[float, bool]
     texts = lm.generate_until([Request("3+4=", {"until": ["\n"]}), Request("12 + 30 =", {})], disable_tqdm=True)
     scores = lm.loglikelihood([Request("3+4=", "7"), Request("12 + 30 =", " 42")], disable_tqdm=True)
     return texts, scores
+
+
+def write_dream_tokenizer(folder: Path) -> Path:
+    """Dream's published tokenizer files in small: a byte-level BPE vocabulary of printable ASCII (space is "Ġ"),
+    one merge, Dream's special tokens, and ``tokenizer_config.json`` naming ``tokenization_dream.DreamTokenizer``,
+    here a canary that records it was imported."""
+    for stale in ("tokenizer.json", "special_tokens_map.json"):
+        (folder / stale).unlink(missing_ok=True)
+    vocab = {chr(code): code - 33 for code in range(33, 127)} | {"Ġ": 94, "Ġw": 95}
+    special = {"<|endoftext|>": 96, "<|mask|>": 97, "<|im_start|>": 98, "<|im_end|>": 99}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\nĠ w\n")
+    (folder / "tokenization_dream.py").write_text(f"open({str(folder / 'RAN')!r}, 'w').write('ran')\n")
+    added = {
+        str(i): {
+            "content": t,
+            "special": True,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
+        for t, i in special.items()
+    }
+    config = {
+        "tokenizer_class": "DreamTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "errors": "replace",
+        "split_special_tokens": False,
+        "model_max_length": 131072,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

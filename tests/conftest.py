@@ -10,6 +10,8 @@ for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ[_var] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# transformers 5 draws progress bars when it loads and saves weights; the CLI tests read stderr line by line
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 import pytest  # noqa: E402  (the environment above must be set before anything imports transformers)

@@ -24,6 +24,7 @@ from backend_checks import (
     lmeval_outputs,
     rl_step,
     sequence_batch,
+    write_dream_tokenizer,
 )
 from safetensors.torch import load_file, save_file
 
@@ -31,6 +32,7 @@ from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diff
 from stabledrl_bench.core.models.backends import DreamNativeBackend, LLaDANativeBackend, SDARNativeBackend, TinyBackend
 from stabledrl_bench.core.models.convert import save_tiny_as
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
+from stabledrl_bench.core.models.qwen import DreamNativeConfig, DreamNativeModel, SDARNativeConfig, SDARNativeModel
 from stabledrl_bench.errors import UserError
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -139,6 +141,66 @@ def test_the_8b_configuration_builds_on_the_meta_device() -> None:
     assert 8.0e9 < sum(p.numel() for p in model.parameters()) < 8.05e9
 
 
+# The structural fields of the published config.json files (Dream-v0-Instruct-7B: Qwen2.5-7B's shape; SDAR-8B-Chat:
+# Qwen3-8B's), with parameter names and shapes as in their safetensors and the totals the Hub pages give.
+BIG = {
+    "dream": (
+        DreamNativeConfig,
+        DreamNativeModel,
+        dict(
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            vocab_size=152064,
+            tie_word_embeddings=False,
+        ),
+        {
+            "model.layers.27.self_attn.q_proj.bias": (3584,),
+            "model.layers.0.self_attn.k_proj.weight": (512, 3584),
+            "model.layers.0.mlp.gate_proj.weight": (18944, 3584),
+            "lm_head.weight": (152064, 3584),
+        },
+        (7.61e9, 7.62e9),  # "7.62B params"
+    ),
+    "sdar": (
+        SDARNativeConfig,
+        SDARNativeModel,
+        dict(
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            tie_word_embeddings=False,
+            block_size=4,
+        ),
+        {
+            "model.layers.35.self_attn.q_norm.weight": (128,),
+            "model.layers.0.self_attn.k_proj.weight": (1024, 4096),
+            "model.layers.0.mlp.down_proj.weight": (4096, 12288),
+            "model.embed_tokens.weight": (151936, 4096),
+        },
+        (8.19e9, 8.20e9),  # "8.19B params"
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(BIG))
+def test_the_published_dream_and_sdar_shapes_build_on_the_meta_device(family: str) -> None:
+    config_class, model_class, fields, expected, (low, high) = BIG[family]
+    with torch.device("meta"):
+        model = model_class(config_class(**fields))
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert {name: shapes.get(name) for name in expected} == expected
+    per_layer = 12 if family == "dream" else 11  # q/k/v weights (+ biases: Dream; + q/k norms: SDAR), o, mlp, norms
+    assert len(shapes) == 3 + fields["num_hidden_layers"] * per_layer
+    assert low < sum(p.numel() for p in model.parameters()) < high
+
+
 # ---------------------------------------------------------------------------------------------------- Dream
 @pytest.fixture(scope="module")
 def dream_folder(folders, tmp_path_factory) -> Path:
@@ -168,6 +230,21 @@ def test_a_dream_folder_loads_natively_and_its_network_equals_the_tiny_one(model
         torch.testing.assert_close(rest, full[:, half:], rtol=0, atol=1e-5)
     with pytest.raises(UserError, match="ships its own Python code"):
         load_diffusion_lm(dream_folder, implementation="remote", trust_remote_code=False)
+
+
+def test_dreams_tokenizer_file_never_runs_transformers_own_class_reads_its_vocabulary(dream_folder, tmp_path) -> None:
+    """Dream's tokenization_dream.py is transformers' Qwen2Tokenizer renamed: the native load uses that class (no
+    --trust-remote-code), and the ids are the byte-level BPE's, worked out by hand below."""
+    import shutil
+
+    folder = write_dream_tokenizer(Path(shutil.copytree(dream_folder, tmp_path / "dream")))
+    dream = load_diffusion_lm(folder, trust_remote_code=False)
+    assert isinstance(dream, DreamNativeBackend) and type(dream.tokenizer).__name__.startswith("Qwen2Tokenizer")
+    assert not (folder / "RAN").exists()
+    ids = dream.tokenizer("Hi world 12<|mask|>")["input_ids"]
+    # pieces: "Hi", " world" (Ġw merged), " ", "1", "2", then the special token whole
+    assert ids == [ord("H") - 33, ord("i") - 33, 95, *(ord(c) - 33 for c in "orld"), 94, 16, 17, 97]
+    assert dream.tokenizer.decode(ids) == "Hi world 12<|mask|>" and dream.eos_id == 96
 
 
 def test_the_native_dream_decodes_trains_and_is_batch_invariant(dream_folder, tmp_path: Path) -> None:

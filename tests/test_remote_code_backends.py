@@ -186,6 +186,19 @@ def test_a_checkpoint_that_fails_to_load_is_one_clear_error(tmp_path: Path) -> N
         load_diffusion_lm(folder)
 
 
+def test_a_failing_remote_file_names_the_transformers_releases_it_runs_on(tmp_path: Path, monkeypatch) -> None:
+    from stabledrl_bench.core.models import backends
+
+    folder = _checkpoint(tmp_path / "old", block_size=4)
+    (folder / "modeling_kernels.py").write_text(MODELING + "\nraise ImportError('cannot import LossKwargs')\n")
+    monkeypatch.setattr(backends, "REMOTE_CODE_TRANSFORMERS", "<1")  # the installed one is outside
+    with pytest.raises(UserError, match=r"LossKwargs \(transformers .* installed; .* on transformers<1: .*remote-code"):
+        load_diffusion_lm(folder)
+    monkeypatch.setattr(backends, "REMOTE_CODE_TRANSFORMERS", ">=1")  # inside: the cause alone
+    with pytest.raises(UserError, match=r"LossKwargs'?$"):
+        load_diffusion_lm(folder)
+
+
 def test_a_checkpoint_with_its_own_code_runs_none_of_it_unless_the_user_opts_in(tmp_path, monkeypatch, capsys):
     from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM
 

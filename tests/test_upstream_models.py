@@ -13,6 +13,9 @@ file calls SDPA with ``attn_mask=None``. Each variant becomes a tiny random-weig
 are, and goes through ``load_diffusion_lm`` and every check of ``backend_checks``. Run with::
 
     STABLEDRL_UPSTREAM_DIR=/path/to/upstream python -m pytest tests/test_upstream_models.py -v
+
+The published files run on transformers 4.52-4.53 only, which the ``remote-code`` extra installs
+(``pip install -e ".[dev,remote-code]"``); under any other release the module is skipped and says so.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from backend_checks import (
     PROMPTS,
     assert_batch_size_invariant,
@@ -32,16 +36,24 @@ from backend_checks import (
     evaluation_rows,
     lmeval_outputs,
     rl_step,
+    write_dream_tokenizer,
 )
+from packaging.specifiers import SpecifierSet
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.masks import block_causal_mask, real_positions
 from stabledrl_bench.core.models import build_char_tokenizer, load_diffusion_lm
-from stabledrl_bench.core.models.backends import DreamBackend, LLaDABackend, SDARBackend
+from stabledrl_bench.core.models.backends import REMOTE_CODE_TRANSFORMERS, DreamBackend, LLaDABackend, SDARBackend
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 
 ROOT = os.environ.get("STABLEDRL_UPSTREAM_DIR")
-pytestmark = pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files")
+pytestmark = [
+    pytest.mark.skipif(not ROOT, reason="set STABLEDRL_UPSTREAM_DIR to run on the published modeling files"),
+    pytest.mark.skipif(
+        transformers.__version__ not in SpecifierSet(REMOTE_CODE_TRANSFORMERS),
+        reason=f"the published modeling files run on transformers{REMOTE_CODE_TRANSFORMERS} (the remote-code extra)",
+    ),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -285,6 +297,28 @@ def test_the_native_implementation_equals_the_published_file(checkpoints, varian
     theirs = rl_step(checkpoints[variant], "stabledrl", tmp_path / "remote")
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-6)
     assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+
+
+def test_dreams_published_tokenizer_equals_the_class_the_native_load_uses(tmp_path) -> None:
+    """dLLM-RL's tokenization_dream.py (the Hub's Dream tokenizer) and transformers' Qwen2Tokenizer, which the
+    native load uses instead of running that file, give the same ids and text on the same vocabulary files."""
+    import importlib.util
+
+    from stabledrl_bench.core.models.backends import NATIVE_TOKENIZERS
+
+    folder = write_dream_tokenizer(tmp_path)
+    path = Path(ROOT) / "dLLM-RL/models/dream/tokenization_dream.py"
+    spec = importlib.util.spec_from_file_location("tokenization_dream", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    theirs = module.DreamTokenizer.from_pretrained(folder)
+    ours = getattr(transformers, NATIVE_TOKENIZERS["DreamTokenizer"]).from_pretrained(folder)
+    # the small vocabulary has printable ASCII and the space only
+    texts = [*PROMPTS, "Hi world<|mask|><|mask|>", "<|im_start|>user 12+3=?<|im_end|>", "  two  spaces  end", "we'll"]
+    for text in texts:
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"], text
+        assert ours.decode(ours(text)["input_ids"]) == theirs.decode(theirs(text)["input_ids"]), text
+    assert (ours.eos_token_id, ours.pad_token_id) == (theirs.eos_token_id, theirs.pad_token_id)
 
 
 # ------------------------------------------------------------------------------ the shipped launch configs

@@ -43,10 +43,12 @@ from typing import Any, ClassVar
 
 import torch
 import transformers
+from packaging.specifiers import SpecifierSet
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
+from stabledrl_bench.core.models.hf_cache import cache_layers, dynamic_cache
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
@@ -60,8 +62,9 @@ LLADA_MASK_ID = 126336
 DREAM_MASK_ID = 151666
 SDAR_MASK_ID = 151669
 # The published LLaDA/Dream/SDAR files run unmodified on these releases (both upstreams pin 4.52.4; SDAR's
-# imports of ``LossKwargs`` and ``modeling_attn_mask_utils`` are gone from 4.54 on).
-TESTED_TRANSFORMERS = ("4.52.4", "4.53.3")
+# imports of ``LossKwargs`` and ``modeling_attn_mask_utils`` are gone from 4.54 on; transformers 5 breaks all
+# three). The `remote-code` extra of pyproject.toml installs them.
+REMOTE_CODE_TRANSFORMERS = ">=4.52,<4.54"
 REMOTE_CODE_ENV = "STABLEDRL_TRUST_REMOTE_CODE"  # "1": the user opted in to running a checkpoint's own code
 
 
@@ -200,6 +203,10 @@ NATIVE = {
     "sdar": NativeFamily(SDARNativeConfig, SDARNativeModel, "sdar-native"),
 }
 
+# Tokenizers published as Python files that are transformers classes under another name: they load with
+# transformers' class, so the folder's file never runs (Dream's tokenization_dream.py is Qwen2Tokenizer renamed).
+NATIVE_TOKENIZERS = {"DreamTokenizer": "Qwen2Tokenizer"}
+
 
 @MODEL_FAMILIES.register("dream")
 class DreamBackend(Backend):
@@ -218,14 +225,11 @@ class DreamBackend(Backend):
             bias = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), self.dtype)
         kwargs: dict[str, Any] = {}
         if cache is not None or store:
-            from transformers import DynamicCache
-
             # Dream appends every call's keys/values to the cache it is given: give it a throwaway one, kept as
             # plain (key, value) tuples only when asked to store
-            past = DynamicCache.from_legacy_cache(None if cache is None else tuple(cache))
-            kwargs.update(past_key_values=past, use_cache=True)
+            kwargs.update(past_key_values=dynamic_cache(cache), use_cache=True)
         out = self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids, **kwargs)
-        return out.logits, (list(kwargs["past_key_values"].to_legacy_cache()) if store else None)
+        return out.logits, (cache_layers(kwargs["past_key_values"]) if store else None)
 
 
 @MODEL_FAMILIES.register("sdar")
@@ -253,9 +257,7 @@ class SDARBackend(Backend):
             module.training = False
         kwargs: dict[str, Any] = {"attention_mask": attention_mask.bool(), "position_ids": position_ids}
         if cache is not None or store:
-            from transformers import DynamicCache
-
-            cache = DynamicCache() if cache is None else cache
+            cache = dynamic_cache() if cache is None else cache
             kwargs.update(past_key_values=cache, use_cache=True, store_kv=store)
         out = self.model(input_ids=input_ids, **kwargs)
         if out.logits is None:
@@ -423,7 +425,7 @@ def load_diffusion_lm(
             f"model {source!r} ships its own Python code ({', '.join(files)}), which loading it would run; pass "
             "--trust-remote-code (lm-eval: trust_remote_code=True) if you trust that folder"
         )
-    with _loading(source, "config"):
+    with _loading(source, "config", remote_code=trust):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust)
     model_type = str(getattr(config, "model_type", "")).lower()
     tiny = model_type == TinyDLMConfig.model_type
@@ -433,9 +435,9 @@ def load_diffusion_lm(
         raise UserError(f"unknown model family for {source!r} (model_type={config.model_type!r}); use one of {known}")
     backend = MODEL_FAMILIES.get(family)
     auto = AutoModel if tiny else getattr(transformers, backend.auto_class)
-    with _loading(source, "tokenizer"):
+    with _loading(source, "tokenizer", remote_code=trust):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
-    with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
+    with _loading(source, "model", remote_code=trust), _ram_efficient_loading(rank0_weights):
         model = auto.from_pretrained(source, trust_remote_code=trust, **_dtype_kwargs(dtype))
     if device is not None:
         model = model.to(device)
@@ -453,7 +455,7 @@ def _wrap(
 ) -> DiffusionLM:
     """``model`` as a ``backend``: special token ids from the tokenizer (else the config), the family's attention
     (``block``: the block size of a block-diffusion family), padding probed unless the caller does it later."""
-    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else getattr(config, "eos_token_id", None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     stop_ids = [i for i in _special_ids(tokenizer, ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", EOT)) if i is not None]
     dlm = backend(
@@ -494,6 +496,16 @@ def _native_config(source: str, family: str | None, implementation: str) -> tupl
         return None  # a variant the native code does not build: its own code (with --trust-remote-code)
 
 
+def _native_tokenizer(source: str) -> Any:
+    """transformers' class for a folder whose tokenizer config names a copy of it (:data:`NATIVE_TOKENIZERS`)."""
+    path = Path(source) / "tokenizer_config.json"
+    try:
+        name = json.loads(path.read_text()).get("tokenizer_class") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: the load itself reports it
+    return getattr(transformers, NATIVE_TOKENIZERS[name]) if name in NATIVE_TOKENIZERS else None
+
+
 def _load_native(
     source: str, native: NativeFamily, config, *, strict: bool, dtype: torch.dtype | None, device, rank0_weights: bool
 ) -> DiffusionLM | None:
@@ -502,14 +514,17 @@ def _load_native(
     The weights must fit the implementation exactly (every parameter present, none left over, same shapes): a
     folder that only claims the family's model_type is a variant, run by its own code (None; ``strict``: refused).
     """
-    files = remote_code_files(source, configs=("tokenizer_config.json",))
+    own = _native_tokenizer(source)
+    files = [] if own else remote_code_files(source, configs=("tokenizer_config.json",))
     if files and not remote_code_trusted():
         raise UserError(
             f"model {source!r}: its tokenizer ships its own Python code ({', '.join(files)}); pass "
             "--trust-remote-code if you trust that folder"
         )
-    with _loading(source, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
+    with _loading(source, "tokenizer", remote_code=bool(files)):
+        tokenizer = (
+            own.from_pretrained(source) if own else AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
+        )
     with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
         model, info = native.model.from_pretrained(
             source, config=config, output_loading_info=True, **_dtype_kwargs(dtype)
@@ -615,8 +630,9 @@ def _dtype_kwargs(dtype: torch.dtype | None) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _loading(source: str, what: str):
-    """Remote code imports with kernel stubs; any failure becomes one line naming the checkpoint and the cause."""
+def _loading(source: str, what: str, remote_code: bool = False):
+    """Imports with kernel stubs; any failure becomes one line naming the checkpoint and the cause, and for a
+    checkpoint's own code (``remote_code``) the transformers releases that code runs on."""
     try:
         with kernel_stubs():
             yield
@@ -625,10 +641,10 @@ def _loading(source: str, what: str):
     except Exception as exc:  # a damaged folder or incompatible remote code fails in many ways
         first_line = (str(exc).strip().splitlines() or [""])[0]
         hint = ""
-        if transformers.__version__ not in TESTED_TRANSFORMERS:
+        if remote_code and transformers.__version__ not in SpecifierSet(REMOTE_CODE_TRANSFORMERS):
             hint = (
                 f" (transformers {transformers.__version__} is installed; the published LLaDA/Dream/SDAR modeling "
-                f"files are tested with {' and '.join(TESTED_TRANSFORMERS)}: pip install -e .)"
+                f'files run on transformers{REMOTE_CODE_TRANSFORMERS}: pip install -e ".[remote-code]")'
             )
         raise UserError(f"cannot load the {what} of {source!r}: {type(exc).__name__}: {first_line}{hint}") from exc
 

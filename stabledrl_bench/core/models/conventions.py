@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers.utils import ModelOutput
+
+from stabledrl_bench.core.models.hf_cache import cache_layers
 
 if TYPE_CHECKING:
     from stabledrl_bench.core.models.tiny import TinyDLM
@@ -51,8 +52,11 @@ CONVENTION_FAMILY = {
 
 
 @dataclass
-class EmulatedOutput(ModelOutput):
-    """What the emulated families return: logits (None where the family returns none) and their cache."""
+class EmulatedOutput:
+    """What the emulated families return: logits (None where the family returns none) and their cache.
+
+    A plain dataclass: transformers 5's ``ModelOutput`` renames ``past_key_values`` to ``cache``, while the
+    published files (run on 4.52-4.53) return it under the old name, which is what is emulated here."""
 
     logits: torch.Tensor | None = None
     past_key_values: Any = None
@@ -162,9 +166,7 @@ def _sdar(
         mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask > 0
         if mask.dim() == 2:
             mask = mask[:, None, None, :]
-    past = None
-    if past_key_values is not None and len(past_key_values) > 0:
-        past = [past_key_values[i] for i in range(len(past_key_values))]
+    past = (cache_layers(past_key_values) or None) if past_key_values is not None else None
     logits, kv = model.run(input_ids, mask, position_ids, past)
     if past_key_values is not None and store_kv:
         past_len = past[0][0].shape[2] if past else 0

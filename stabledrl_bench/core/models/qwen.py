@@ -73,8 +73,10 @@ class QwenDiffusionConfig(PretrainedConfig):
         rope_theta: float = 1000000.0,
         tie_word_embeddings: bool = False,
         mask_token_id: int = 151666,
+        pad_token_id: int | None = None,
         **kwargs: Any,
     ) -> None:
+        self.pad_token_id = pad_token_id  # a field of its own: transformers 5's base config no longer has one
         self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
@@ -93,6 +95,11 @@ class DreamNativeConfig(QwenDiffusionConfig):
     model_type = "Dream"  # the published name (see LLaDANativeConfig.model_type)
     family = "Dream"
     qkv_bias = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        # its own __init__, though it only delegates: transformers 5 turns a config class without one into a
+        # dataclass whose generated __init__ skips the parent's, so head_size and the checks would be lost
+        super().__init__(**kwargs)
 
 
 class SDARNativeConfig(QwenDiffusionConfig):
@@ -175,7 +182,8 @@ class QwenDiffusionModel(NativeDiffusionModel):
     config_class = QwenDiffusionConfig
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["QwenDecoderLayer"]
-    _tied_weights_keys: ClassVar[list[str]] = ["lm_head.weight"]
+    # target -> source, the form transformers 5 requires (4.5x iterates the keys)
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: QwenDiffusionConfig) -> None:
         super().__init__(config)
