@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from multiprocess_scenarios import (
     CONFIGS,
     EVALUATIONS,
@@ -92,8 +93,10 @@ def test_every_process_rolls_out_with_the_same_weights_and_padding(launched):
 
 def test_ram_efficient_loading_is_exercised_only_under_fsdp(launched):
     config, report, _ = launched
-    # transformers leaves the weights of every process but rank 0 uninitialised; the run above synced them
-    assert report["rank0_weights"] == ([True, False] if config == "fsdp" else [True, True])
+    # transformers 4.5x leaves the weights of every process but rank 0 uninitialised (the run above synced them);
+    # transformers 5 reads them on every process
+    skipped = config == "fsdp" and int(transformers.__version__.split(".")[0]) < 5
+    assert report["rank0_weights"] == [True, not skipped]
 
 
 def test_a_resumed_run_ends_with_the_uninterrupted_weights(launched):

@@ -127,7 +127,7 @@ def _dream(
         mask = attention_mask.to(model.dtype)  # added to the scores, whatever it was
     past = None
     if past_key_values is not None and past_key_values.get_seq_length() > 0:
-        past = [past_key_values[i] for i in range(len(past_key_values))]
+        past = cache_layers(past_key_values)
     logits, kv = model.run(input_ids, mask, position_ids, past)
     if past_key_values is not None:  # Qwen2 attention: ``past_key_value.update`` appends every call's keys
         past_len = past[0][0].shape[2] if past else 0
