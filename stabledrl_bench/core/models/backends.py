@@ -138,7 +138,7 @@ class LLaDABackend(Backend):
 
 
 class NativeBackend(Backend):
-    """A published family run by this package's own implementation (:mod:`.llada`, :mod:`.dream`): the published
+    """A published family run by this package's own implementation (:mod:`.llada`, :mod:`.qwen`): the published
     weights, no code from the folder. A boolean [B, 1, Q, K] pattern and explicit position ids go straight in, and
     keys are cached after RoPE, so any key set can be cached (prefix and dual cache). The loader picks it for every
     checkpoint of the family whose structure it builds (:func:`load_diffusion_lm`, ``implementation``)."""
