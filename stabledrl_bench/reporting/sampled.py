@@ -137,7 +137,9 @@ def _text(row: SampledRow, cell: Cell, metric: str) -> str:
 def _plot(path: Path, title: str, rows: Sequence[SampledRow]) -> None:
     """One panel per cell: pass@k (solid) and maj@k (dashed) against k on a log2 axis, one color per row."""
     cells = sorted({cell for row in rows for cell in row.cells}, key=str)
+    # the start (first row) gray, then ten distinct colors: the default comparison has nine rows
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+    palette += ("tab:olive", "tab:cyan", "black")
     figure = new_figure(4.2 * len(cells) + 3.0, 4.0)
     axes = figure.subplots(1, len(cells), squeeze=False)[0]
     for ax, cell in zip(axes, cells, strict=True):
@@ -148,8 +150,8 @@ def _plot(path: Path, title: str, rows: Sequence[SampledRow]) -> None:
             color = palette[i % len(palette)]
             for kind, style in (("pass", "-"), ("maj", "--")):
                 means = [100 * row.cells[cell].interval(f"{kind}@{k}").mean for k in ks]
-                label = f"{row.info['Baseline']} {kind}@k"
-                ax.plot(ks, means, style, marker="o", markersize=3, color=color, label=label)
+                label = row.info["Baseline"] if kind == "pass" else "_nolegend_"  # one entry per row: the title
+                ax.plot(ks, means, style, marker="o", markersize=3, color=color, label=label)  # names the styles
         ax.set_xscale("log", base=2)
         every_k = sorted({k for row in rows if cell in row.cells for k in k_values(row.cells[cell].samples)})
         ax.set_xticks(every_k, [str(k) for k in every_k])
