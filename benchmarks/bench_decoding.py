@@ -30,7 +30,7 @@ from timing import timed
 
 from stabledrl_bench.core.models import DiffusionLM, build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.core.models.convert import save_tiny_as
-from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings, GenerationOutput, generate
+from stabledrl_bench.core.sampling import DECODE_MODES, FullDecode, GenerationOutput, generate
 
 CONFIGS = {
     "default": {},  # the tiny preset's size
@@ -91,7 +91,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
     model = _model(args)
     model.model.to(args.device).eval()
     ids, mask = _prompts(model, args)
-    base = DecodeSettings(
+    base = FullDecode(
         max_completion_length=args.max_completion_length,
         block_length=args.block_length,
         steps=args.max_completion_length // 2,

@@ -16,7 +16,7 @@ from timing import best_time
 
 from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
 from stabledrl_bench.core.models import build_tiny
-from stabledrl_bench.core.sampling import DecodeSettings, generate
+from stabledrl_bench.core.sampling import FullDecode, generate
 
 ESTIMATORS = {
     "d1_one_step": {},
@@ -38,7 +38,7 @@ def main() -> None:
     dlm.model.to(args.device).eval()
     prompts = [f"{i} {i + 3} {2 * i + 1} -> {i + 7}" for i in range(args.batch)]
     prompt_ids, prompt_mask = dlm.encode_prompts(prompts)
-    settings = DecodeSettings(
+    settings = FullDecode(
         max_completion_length=args.max_completion_length, block_length=8, steps=args.max_completion_length // 2
     )
     out = generate(dlm, prompt_ids, prompt_mask, settings)

@@ -30,7 +30,7 @@ from timing import timed
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
-from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings, generate
+from stabledrl_bench.core.sampling import DECODE_MODES, FullDecode, generate
 from stabledrl_bench.experiments.comparison import TABLE_BASELINES
 from stabledrl_bench.processes import is_main_process
 from stabledrl_bench.training.budget import Budget
@@ -120,7 +120,7 @@ def decoding(size: str, *, canvas: int, batch: int, device: str) -> dict:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(10, dlm.vocab_size - 10, (batch, 64), generator=gen).to(device)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    base = DecodeSettings(max_completion_length=canvas, block_length=32, steps=canvas // 2)
+    base = FullDecode(max_completion_length=canvas, block_length=32, steps=canvas // 2)
     rows = {}
     for name, fields in (("exact", {}), ("fast", DECODE_MODES["fast"])):
         settings = dataclasses.replace(base, **fields)

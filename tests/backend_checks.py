@@ -211,7 +211,9 @@ def protocol_for(dlm: DiffusionLM) -> str:
 
 def evaluation_rows(dlm: DiffusionLM) -> list[dict]:
     """Native evaluation of three Sudoku puzzles at 8 tokens, two per batch."""
-    return evaluate(dlm, "sudoku", protocol=protocol_for(dlm), length=8, limit=3, batch_size=2, progress=False).samples
+    return evaluate(
+        dlm, "sudoku", protocol=protocol_for(dlm), max_completion_length=8, limit=3, batch_size=2, progress=False
+    ).samples
 
 
 def lmeval_outputs(dlm: DiffusionLM) -> tuple[list[str], list[tuple[float, bool]]]:

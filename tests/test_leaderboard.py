@@ -315,7 +315,7 @@ def test_tiny_caption_states_scaled_lengths(tmp_path: Path) -> None:
     markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
     assert "actual generated tokens: 128 → 32, 256 → 64." in markdown
     store_cells(tmp_path, {("math500", 128): [1]}, max_completion_length=40)  # same nominal length, other actual
-    with pytest.raises(UserError, match="different actual lengths"):
+    with pytest.raises(UserError, match="different canvases"):
         build_leaderboard(tmp_path, NO_PUBLISHED)
 
 
@@ -507,9 +507,16 @@ def test_bad_training_file_is_one_clear_error(tmp_path: Path, text: str) -> None
         build_leaderboard(tmp_path, NO_PUBLISHED)
 
 
+def test_invalid_recorded_decode_settings_name_the_record(tmp_path: Path) -> None:
+    path = store(tmp_path, [True], settings={"max_completion_length": 32, "block_length": 8, "steps": 3})
+    with pytest.raises(UserError, match=rf"{path.name}: its recorded decode settings are invalid: steps \(3\)"):
+        build_leaderboard(tmp_path, NO_PUBLISHED)
+
+
 def test_approximate_decoding_gets_its_own_block(tmp_path: Path) -> None:
     """A fast-protocol cell never sits in an exact-decoding block: same comparison, two titled blocks."""
-    exact = {"steps": 16, "block_length": 8, "protocol": {"attention": "full"}}  # recorded before `cache` existed
+    # recorded before `cache` existed
+    exact = {"max_completion_length": 32, "steps": 16, "block_length": 8, "protocol": {"attention": "full"}}
     fast = {**exact, "cache": "dual", "strategy": "dynamic", "stop_at_eos": True}
     store(tmp_path, [True, False], settings=exact)
     store(tmp_path, [True, True], settings=fast, protocol="tiny-fast")

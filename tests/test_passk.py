@@ -235,6 +235,7 @@ def test_reproduce_pass_k_adds_one_sampled_protocol_per_preset_protocol() -> Non
 # -------------------------------------------------------------------------------------------- leaderboard
 def test_sampled_records_get_their_own_block_change_table_and_plot(tmp_path: Path) -> None:
     sampled = {
+        "max_completion_length": 32,
         "steps": 16,
         "block_length": 8,
         "temperature": 1.0,

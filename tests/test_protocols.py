@@ -8,7 +8,7 @@ import pytest
 
 from stabledrl_bench.cli import build_parser
 from stabledrl_bench.core.models import build_tiny
-from stabledrl_bench.core.sampling import DecodeSettings
+from stabledrl_bench.core.sampling import FullDecode
 from stabledrl_bench.evaluation.protocols import PROTOCOLS, get_protocol
 
 FAST = ("d1-fast", "d1-fast-prefix", "d1-parallel", "tiny-fast", "tiny-parallel")
@@ -47,7 +47,7 @@ def test_fast_protocols_keep_their_base_prompt_and_lengths(name: str, base: str,
 
 def test_approximate_decoding_is_never_the_default() -> None:
     assert build_parser().parse_args(["eval", "--model", "tiny", "--task", "gsm8k"]).protocol == "d1"
-    assert not DecodeSettings().approximate
+    assert not FullDecode().approximate
 
 
 def test_eval_command_records_table2_columns_from_the_protocol(tmp_path) -> None:

@@ -67,7 +67,7 @@ def make_record(**overrides: Any) -> dict[str, Any]:
         "seed": 0,
         "model": TINY,
         "budget": BUDGET,
-        "settings": {"steps": 16, "block_length": 8},
+        "settings": {"max_completion_length": 32, "steps": 16, "block_length": 8},
         "environment": ENV,
     }
     record.update(overrides)

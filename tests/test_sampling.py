@@ -7,15 +7,19 @@ peaked enough that confidence thresholds (dynamic decoding) actually matter.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.core.sampling import (
-    DecodeSettings,
+    RECORD_FIELDS,
+    BlockDecode,
     DecodeSettingsError,
+    FullDecode,
     _FullContext,
     _select_by_factor,
     _with_completion,
@@ -23,6 +27,7 @@ from stabledrl_bench.core.sampling import (
     filter_logits,
     generate,
     llada_generate,
+    recorded_decode,
     transfer_schedule,
 )
 from stabledrl_bench.errors import UserError
@@ -30,6 +35,8 @@ from stabledrl_bench.errors import UserError
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 PROMPTS = ["What is 2+3?", "hi", "Count: 1 2 3"]
 NEG_INF = float("-inf")
+SETTINGS = {"full": FullDecode, "block": BlockDecode}
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _tiny(attention: str, seed: int = 0):
@@ -487,7 +494,7 @@ def test_mask_token_is_never_committed(monkeypatch, attention):
         return logits.index_add(-1, torch.tensor([model.mask_id]), torch.full_like(logits[..., :1], 100.0)), cache
 
     monkeypatch.setattr(model, "_forward", mask_loving)
-    out = generate(model, ids, mask, DecodeSettings(max_completion_length=8, block_length=4, steps=4))
+    out = generate(model, ids, mask, SETTINGS[attention](max_completion_length=8, block_length=4, steps=4))
     assert not bool((out.completion_ids == model.mask_id).any()) and bool((out.unmask_step >= 0).all())
 
 
@@ -496,25 +503,27 @@ def test_mask_token_is_never_committed(monkeypatch, attention):
 def test_sampling_is_deterministic_given_the_generator(full_model, block_model, attention):
     model = full_model if attention == "full" else block_model
     ids, mask = _prompts(model)
-    settings = DecodeSettings(max_completion_length=16, block_length=4, steps=8, temperature=1.0)
+    settings = SETTINGS[attention](max_completion_length=16, block_length=4, steps=8, temperature=1.0)
     first = generate(model, ids, mask, settings, _gen(1)).sequences
     assert torch.equal(first, generate(model, ids, mask, settings, _gen(1)).sequences)
     assert not torch.equal(first, generate(model, ids, mask, settings, _gen(2)).sequences)
-    greedy = generate(model, ids, mask, DecodeSettings(max_completion_length=16, block_length=4, steps=8)).sequences
+    greedy = generate(
+        model, ids, mask, SETTINGS[attention](max_completion_length=16, block_length=4, steps=8)
+    ).sequences
     assert not torch.equal(first, greedy)
 
 
 # ---------------------------------------------------------------------------------------------- dispatch, errors
 def test_generate_dispatches_on_attention(full_model, block_model):
     ids, mask = _prompts(full_model)
-    settings = DecodeSettings(max_completion_length=8, block_length=4, steps=4, strategy="static")
-    assert settings.to_dict()["steps"] == 4 and DecodeSettings(**settings.to_dict()) == settings
+    settings = FullDecode(max_completion_length=8, block_length=4, steps=4, strategy="static")
+    assert settings.to_dict()["steps"] == 4 and recorded_decode(settings.to_dict(), "full") == settings
     full = generate(full_model, ids, mask, settings)
     direct = llada_generate(full_model, ids, mask, max_completion_length=8, block_length=4, steps=4)
     assert torch.equal(full.sequences, direct.sequences) and full.nfe == 4
-    block = generate(
-        block_model, ids, mask, DecodeSettings(max_completion_length=8, steps=6, strategy="dynamic", threshold=0.6)
-    )
+    block_settings = BlockDecode(max_completion_length=8, steps=6, strategy="dynamic", threshold=0.6)
+    assert block_settings.steps_per_block == 3 and recorded_decode(block_settings.to_dict(), "block") == block_settings
+    block = generate(block_model, ids, mask, block_settings)
     direct = block_diffusion_generate(
         block_model, ids, mask, max_completion_length=8, steps_per_block=3, strategy="dynamic", threshold=0.6
     )
@@ -549,6 +558,46 @@ def test_bad_settings_raise(full_model, block_model, attention, kwargs, message)
     assert isinstance(info.value, UserError)
 
 
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "message"),
+    [
+        (FullDecode, {"max_completion_length": 10, "block_length": 4}, "divide"),
+        (FullDecode, {"max_completion_length": 8, "block_length": 4, "steps": 3}, "multiple of the number of blocks"),
+        (FullDecode, {"strategy": "dynamic", "remasking": "random"}, "remasking='low_confidence'"),
+        (FullDecode, {"cache": "dual", "cfg_scale": 1.0}, "classifier-free guidance"),
+        (FullDecode, {"cache": "full"}, "cache must be one of"),
+        (FullDecode, {"strategy": "factor", "factor": 0.0}, "factor must be > 0"),
+        (BlockDecode, {"max_completion_length": 10}, "multiple of the block size"),
+        (BlockDecode, {"strategy": "factor"}, "strategy must be one of"),
+        (BlockDecode, {"top_p": 0.0}, "top_p"),
+        (BlockDecode, {"block_length": 0}, "block_length must be positive"),
+        (BlockDecode, {"steps": 0}, "positive"),
+    ],
+)
+def test_settings_are_checked_when_built(kind, kwargs, message):
+    """A bad setting fails where it is written (a config, a protocol), not deep inside a decode."""
+    with pytest.raises(DecodeSettingsError, match=message) as info:
+        kind(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_every_committed_record_reads_back_as_its_settings_type():
+    """The two types write the one flat form results always had: every committed record's settings read back as
+    its model's type and write the same fields, values and order again (so records stay byte-identical)."""
+    seen = set()
+    for path in sorted((REPO / "results").rglob("*.json")):
+        record = json.loads(path.read_text())
+        settings = record.get("settings") if isinstance(record, dict) else None
+        if not isinstance(settings, dict) or "protocol" not in settings:
+            continue
+        attention = settings["protocol"]["attention"]
+        decode = recorded_decode(settings, attention)
+        assert isinstance(decode, SETTINGS[attention]), path
+        assert list(decode.to_dict().items()) == [(name, settings[name]) for name in RECORD_FIELDS], path
+        seen.add(attention)
+    assert seen == {"full", "block"}  # the committed results hold both kinds
+
+
 def test_wrong_model_kind_and_bad_prompts_raise(full_model, block_model):
     ids, mask = _prompts(full_model)
     with pytest.raises(ValueError, match="full-attention"):
@@ -557,10 +606,16 @@ def test_wrong_model_kind_and_bad_prompts_raise(full_model, block_model):
         block_diffusion_generate(full_model, ids, mask, max_completion_length=8, steps_per_block=2)
     with pytest.raises(ValueError, match="left-padded"):
         llada_generate(full_model, ids, mask.flip(1), max_completion_length=8, block_length=4, steps=4)
-    with pytest.raises(ValueError, match="block-diffusion models only"):
-        generate(full_model, ids, mask, DecodeSettings(max_completion_length=8, block_length=4, steps=4, top_k=5))
-    with pytest.raises(ValueError, match="full-attention models only"):
-        generate(block_model, ids, mask, DecodeSettings(max_completion_length=8, steps=4, cfg_scale=1.0))
+    with pytest.raises(
+        DecodeSettingsError, match=r"BlockDecode settings cannot decode .* full-attention model: give FullDecode"
+    ):
+        generate(full_model, ids, mask, BlockDecode(max_completion_length=8, steps=4, top_k=5))
+    with pytest.raises(
+        DecodeSettingsError, match=r"FullDecode settings cannot decode .* block-attention model: give BlockDecode"
+    ):
+        generate(block_model, ids, mask, FullDecode(max_completion_length=8, block_length=4, steps=4, cfg_scale=1.0))
+    with pytest.raises(DecodeSettingsError, match=r"block_length 8 is not the block size of .* \(4\)"):
+        generate(block_model, ids, mask, BlockDecode(max_completion_length=8, block_length=8, steps=4))
 
 
 # ---------------------------------------------------------------------------------------------- fast full attention
@@ -653,7 +708,7 @@ def test_cache_dual_is_refused_for_llada_and_cfg(conventions):
             conventions["llada"],
             ids,
             mask,
-            DecodeSettings(max_completion_length=8, block_length=4, steps=4, cache="dual"),
+            FullDecode(max_completion_length=8, block_length=4, steps=4, cache="dual"),
         )
     assert "\n" not in str(info.value)
     with pytest.raises(DecodeSettingsError, match="classifier-free guidance"):
@@ -758,7 +813,7 @@ def test_fast_modes_left_padded_batch_equals_single_rows(conventions, convention
         mode = {**mode, "cache": "prefix"}
     ids, mask = _prompts(model)
     assert not bool(mask.all()), "the batch must actually be padded"
-    settings = DecodeSettings(max_completion_length=12, block_length=4, steps=6, **mode)
+    settings = FullDecode(max_completion_length=12, block_length=4, steps=6, **mode)
     out = generate(model, ids, mask, settings)
     for r in range(ids.shape[0]):
         single = generate(model, ids[r][mask[r]][None], None, settings)
@@ -767,12 +822,12 @@ def test_fast_modes_left_padded_batch_equals_single_rows(conventions, convention
 
 
 def test_exact_decoding_is_the_default():
-    settings = DecodeSettings()
+    settings = FullDecode()
     assert (settings.cache, settings.strategy, settings.stop_at_eos) == ("none", "static", False)
     assert not settings.approximate
-    assert all(DecodeSettings(**mode).approximate for mode in FAST_MODES)
+    assert all(FullDecode(**mode).approximate for mode in FAST_MODES)
     old = {k: v for k, v in settings.to_dict().items() if k not in ("cache", "factor")}  # written before them
-    assert DecodeSettings(**old) == settings
+    assert recorded_decode(old, "full") == settings
 
 
 def test_factor_rule_hand_values():
@@ -794,7 +849,7 @@ def test_factor_decoding_is_valid_and_faster(full_model):
     assert torch.equal(
         llada_generate(full_model, ids, mask, strategy="factor", factor=1e-9, **kwargs).sequences, static.sequences
     )
-    out = generate(full_model, ids, mask, DecodeSettings(strategy="factor", factor=2.0, **kwargs))
+    out = generate(full_model, ids, mask, FullDecode(strategy="factor", factor=2.0, **kwargs))
     assert out.nfe < static.nfe and not bool((out.completion_ids == full_model.mask_id).any())
     _replay(full_model, out, mask, ids.shape[1], block_causal=False)
     with pytest.raises(DecodeSettingsError, match="factor must be > 0"):

@@ -19,7 +19,7 @@ from stabledrl_bench.config import from_dict
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
-from stabledrl_bench.core.sampling import DecodeSettings, generate
+from stabledrl_bench.core.sampling import BlockDecode, FullDecode, generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.training import sft as sft_module
 from stabledrl_bench.training import trainer as trainer_module
@@ -441,12 +441,22 @@ def test_rollout_decode_is_opt_in_and_keeps_every_existing_budget_hash():
     fast = dataclasses.replace(paper, rollout_decode="fast")
     assert fast.hash() != paper.hash() and fast.to_dict()["rollout_decode"] == "fast"
     assert from_dict(Budget, fast.to_dict()) == fast
-    assert paper.decode_settings(use_cache=True) == DecodeSettings(
+    full, block = build_tiny(), build_tiny(attention="block", block_size=4)
+    assert paper.decode_settings(full) == FullDecode(
         max_completion_length=paper.max_completion_length,
         block_length=paper.block_length,
         steps=paper.diffusion_steps,
         temperature=paper.temperature,
     )
+    assert paper.decode_settings(block) == BlockDecode(
+        max_completion_length=paper.max_completion_length,
+        block_length=4,
+        steps=paper.diffusion_steps,
+        temperature=paper.temperature,
+        use_cache=block.supports_kv_cache,
+    )
+    with pytest.raises(UserError, match="rollout_decode='fast' is a full-attention mode"):
+        fast.decode_settings(block)
     with pytest.raises(UserError, match="rollout_decode must be one of"):
         dataclasses.replace(paper, rollout_decode="turbo")
 

@@ -15,6 +15,10 @@ step that committed it (``unmask_step``): the trajectory TraceRL trains on (docs
   exact KV cache of the prompt and the finished blocks (or, without cache, by recomputing them under
   :func:`~stabledrl_bench.core.masks.block_causal_mask`).
 
+Each sampler has its settings type, checked when built: :class:`FullDecode` and :class:`BlockDecode`;
+:func:`generate` decodes a model with the one of its attention, and results record either in one flat form
+(:data:`RECORD_FIELDS`, read back by :func:`recorded_decode`).
+
 Step indices are global and per row: step ``i`` (0-based) of block ``j`` is ``j * steps_per_block + i``. They
 are monotone over blocks, every block owns the range ``[j*n, (j+1)*n)``, and a row's trajectory does not depend
 on the other rows of the batch.
@@ -38,7 +42,8 @@ Deliberate differences from the reference code (each one keeps the result well d
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -68,39 +73,149 @@ class GenerationOutput:
 
 
 @dataclass(frozen=True)
-class DecodeSettings:
-    """Everything that defines a decode; recorded in results files.
+class FullDecode:
+    """How a full-attention (LLaDA-style) model decodes: the settings of :func:`llada_generate`, checked here.
 
-    ``block_length``, ``remasking``, ``cfg_scale`` and ``cache`` are used by full-attention models only;
-    ``top_k``, ``top_p`` and ``use_cache`` (an exact cache) by block-attention models only (whose block size is
-    the model's own); ``strategy``/``threshold`` and ``stop_at_eos`` by both. The defaults are exact decoding:
-    for full attention, ``cache != "none"``, ``strategy="dynamic"`` and ``stop_at_eos`` are Fast-dLLM's
-    approximations (see :func:`llada_generate`), as is ``strategy="factor"`` (with ``factor``). ``cache`` and
-    ``factor`` are the last fields so that settings written before them read back as what they were.
+    The defaults are exact decoding. ``cache != "none"``, ``strategy="dynamic"`` and ``stop_at_eos`` are
+    Fast-dLLM's approximations (see :func:`llada_generate`), as is ``strategy="factor"`` (with ``factor``).
     """
 
-    max_completion_length: int = 256
-    block_length: int = 32
-    steps: int = 128
+    max_completion_length: int = 256  # the canvas: completion tokens decoded
+    block_length: int = 32  # semi-autoregressive block
+    steps: int = 128  # forward passes in total, spread evenly over the blocks
     temperature: float = 0.0
     remasking: str = "low_confidence"
     cfg_scale: float = 0.0
+    strategy: str = "static"
+    threshold: float = 0.9
+    stop_at_eos: bool = False
+    cache: str = "none"
+    factor: float = 1.0  # strategy="factor"
+
+    def __post_init__(self) -> None:
+        _check_common(self.max_completion_length, self.steps, self.temperature)
+        _require(
+            self.block_length > 0 and self.max_completion_length % self.block_length == 0,
+            "block_length must divide max_completion_length",
+        )
+        _require(
+            self.steps % self.num_blocks == 0,
+            f"steps ({self.steps}) must be a multiple of the number of blocks "
+            f"max_completion_length/block_length = {self.num_blocks}",
+        )
+        _require(self.remasking in REMASKING, f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+        _require(self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        _require(self.strategy in FULL_STRATEGIES, f"strategy must be one of {FULL_STRATEGIES}, got {self.strategy!r}")
+        _require(0.0 <= self.threshold <= 1.0, f"threshold must be in [0, 1], got {self.threshold}")
+        _require(self.factor > 0, f"factor must be > 0, got {self.factor}")
+        _require(
+            self.strategy == "static" or self.remasking == "low_confidence",
+            f"strategy={self.strategy!r} uses the model's confidence; it needs remasking='low_confidence'",
+        )
+        _require(self.cache in CACHE_MODES, f"cache must be one of {CACHE_MODES}, got {self.cache!r}")
+        _require(
+            self.cache == "none" or self.cfg_scale == 0,
+            f"cache={self.cache!r} does not support classifier-free guidance (cfg_scale > 0)",
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.max_completion_length // self.block_length
+
+    @property
+    def draws_noise(self) -> bool:
+        """Whether a decode draws random numbers (then it needs a generator, and repeats only with its stream)."""
+        return self.temperature > 0 or self.remasking == "random"
+
+    @property
+    def approximate(self) -> bool:
+        """Whether these settings decode differently from the LLaDA reference sampler."""
+        return self.cache != "none" or self.strategy != "static" or self.stop_at_eos
+
+    def to_dict(self) -> dict[str, Any]:
+        return _record_form(self)
+
+
+@dataclass(frozen=True)
+class BlockDecode:
+    """How a block-attention (SDAR-style) model decodes: the settings of :func:`block_diffusion_generate`.
+
+    ``block_length`` is the model's own block size (recorded, and checked against the model by :func:`generate`);
+    ``steps`` is the total budget, ``steps_per_block`` of it per block. ``use_cache`` is the exact KV cache.
+    """
+
+    max_completion_length: int = 256  # the canvas: completion tokens decoded
+    block_length: int = 4  # the model's block size (SDAR's and TraDo's is 4)
+    steps: int = 128
+    temperature: float = 0.0
     strategy: str = "static"
     threshold: float = 0.9
     top_k: int = 0
     top_p: float = 1.0
     use_cache: bool = True
     stop_at_eos: bool = False
-    cache: str = "none"
-    factor: float = 1.0  # strategy="factor" (full attention)
+
+    def __post_init__(self) -> None:
+        _check_common(self.max_completion_length, self.steps, self.temperature)
+        _require(self.block_length > 0, f"block_length must be positive, got {self.block_length}")
+        _require(
+            self.max_completion_length % self.block_length == 0,
+            f"max_completion_length ({self.max_completion_length}) must be a multiple of the block size "
+            f"({self.block_length})",
+        )
+        _require(self.strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        _require(0.0 <= self.threshold <= 1.0, f"threshold must be in [0, 1], got {self.threshold}")
+        _require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
 
     @property
-    def approximate(self) -> bool:
-        """Whether a full-attention model decodes these settings differently from the LLaDA reference sampler."""
-        return self.cache != "none" or self.strategy != "static" or self.stop_at_eos
+    def draws_noise(self) -> bool:
+        """Whether a decode draws random numbers (then it needs a generator, and repeats only with its stream)."""
+        return self.temperature > 0
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def steps_per_block(self) -> int:
+        """The total step budget spread over the blocks (at least one step each)."""
+        return max(1, self.steps // (self.max_completion_length // self.block_length))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _record_form(self)
+
+
+DecodeSettings = FullDecode | BlockDecode
+
+# Results record either sampler's settings as one flat dict in this order (fixed by records written before the
+# two types were split), with the other sampler's fields at their neutral values; a field added later (cache,
+# factor) is last, so settings recorded before it read back as what they were.
+RECORD_FIELDS = (
+    "max_completion_length",
+    "block_length",
+    "steps",
+    "temperature",
+    "remasking",
+    "cfg_scale",
+    "strategy",
+    "threshold",
+    "top_k",
+    "top_p",
+    "use_cache",
+    "stop_at_eos",
+    "cache",
+    "factor",
+)
+_NEUTRAL = {"remasking": "low_confidence", "cfg_scale": 0.0, "top_k": 0, "top_p": 1.0, "use_cache": True}
+_NEUTRAL |= {"cache": "none", "factor": 1.0}
+
+
+def _record_form(settings: DecodeSettings) -> dict[str, Any]:
+    values = {**_NEUTRAL, **asdict(settings)}
+    return {name: values[name] for name in RECORD_FIELDS}
+
+
+def recorded_decode(settings: Mapping[str, Any], attention: str) -> DecodeSettings:
+    """The settings a result recorded (:data:`RECORD_FIELDS`), as the type of its model's ``attention``."""
+    kind = FullDecode if attention == "full" else BlockDecode
+    return kind(**{f.name: settings[f.name] for f in fields(kind) if f.name in settings})
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -316,7 +431,7 @@ class _FullContext(_WorkingBatch):
         return self.key_valid[self.rows][:, keys][:, None, None, :].expand(-1, 1, queries, -1)
 
 
-# Named decoding modes for full-attention models: fields of DecodeSettings that differ from exact decoding.
+# Named decoding modes for full-attention models: fields of FullDecode that differ from exact decoding.
 # The fast protocols (d1-fast, ...) and the budget's ``rollout_decode`` are built from them. "fast" is
 # Fast-dLLM's best LLaDA setting (dual cache + parallel decoding, threshold 0.9), plus the EOS stop.
 DECODE_MODES: dict[str, dict[str, Any]] = {
@@ -353,26 +468,6 @@ def _select_by_factor(confidence: torch.Tensor, masked: torch.Tensor, quota: int
     run = (ranked >= 1 - factor / (ranks + 1)).long().cumprod(dim=1).sum(dim=1)
     count = torch.maximum(run, masked.sum(dim=1).clamp(max=quota))
     return _top_by_confidence(confidence, count)
-
-
-def _check_full_modes(
-    model: DiffusionLM, cache: str, strategy: str, threshold: float, factor: float, remasking: str, cfg_scale: float
-) -> None:
-    _require(strategy in FULL_STRATEGIES, f"strategy must be one of {FULL_STRATEGIES}, got {strategy!r}")
-    _require(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold}")
-    _require(factor > 0, f"factor must be > 0, got {factor}")
-    _require(
-        strategy == "static" or remasking == "low_confidence",
-        f"strategy={strategy!r} uses the model's confidence; it needs remasking='low_confidence'",
-    )
-    _require(cache in CACHE_MODES, f"cache must be one of {CACHE_MODES}, got {cache!r}")
-    if cache != "none":
-        _require(cfg_scale == 0, f"cache={cache!r} does not support classifier-free guidance (cfg_scale > 0)")
-        supported = ", ".join(model.full_cache_modes) or "none"
-        _require(
-            cache in model.full_cache_modes,
-            f"the {model.family} backend cannot decode with cache={cache!r} (its cache modes: {supported})",
-        )
 
 
 @torch.no_grad()
@@ -418,19 +513,25 @@ def llada_generate(
     """
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "full", "llada_generate needs a full-attention model; use block_diffusion_generate")
-    _check_common(max_completion_length, steps, temperature)
-    _require(
-        block_length > 0 and max_completion_length % block_length == 0, "block_length must divide max_completion_length"
+    settings = FullDecode(  # checks them
+        max_completion_length=max_completion_length,
+        block_length=block_length,
+        steps=steps,
+        temperature=temperature,
+        remasking=remasking,
+        cfg_scale=cfg_scale,
+        strategy=strategy,
+        threshold=threshold,
+        stop_at_eos=stop_at_eos,
+        cache=cache,
+        factor=factor,
     )
-    num_blocks = max_completion_length // block_length
+    supported = ", ".join(model.full_cache_modes) or "none"
     _require(
-        steps % num_blocks == 0,
-        f"steps ({steps}) must be a multiple of the number of blocks max_completion_length/block_length = {num_blocks}",
+        cache == "none" or cache in model.full_cache_modes,
+        f"the {model.family} backend cannot decode with cache={cache!r} (its cache modes: {supported})",
     )
-    _require(remasking in REMASKING, f"remasking must be one of {REMASKING}, got {remasking!r}")
-    _require(cfg_scale >= 0, f"cfg_scale must be >= 0, got {cfg_scale}")
-    _check_full_modes(model, cache, strategy, threshold, factor, remasking, cfg_scale)
-    _check_generator(generator, temperature > 0 or remasking == "random", prompt_ids.device)
+    _check_generator(generator, settings.draws_noise, prompt_ids.device)
     if cache != "none" and model.pad_free and not bool(mask.all()):
         return _by_padding(
             model,
@@ -449,6 +550,7 @@ def llada_generate(
             stop_at_eos=stop_at_eos,
         )
 
+    num_blocks = settings.num_blocks
     steps_per_block = steps // num_blocks
     prompt_len = prompt_ids.shape[1]
     x, key_valid = _with_completion(prompt_ids, mask, max_completion_length, model.mask_id)
@@ -659,23 +761,26 @@ def block_diffusion_generate(
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "block", "block_diffusion_generate needs a block-attention model; use llada_generate")
     block = int(model.block_size)
-    _check_common(max_completion_length, steps_per_block, temperature)
-    _require(
-        max_completion_length % block == 0,
-        f"max_completion_length ({max_completion_length}) must be a multiple of the block size ({block})",
+    num_blocks = max_completion_length // block if block > 0 else 0
+    settings = BlockDecode(  # checks them
+        max_completion_length=max_completion_length,
+        block_length=block,
+        steps=steps_per_block * max(1, num_blocks),
+        temperature=temperature,
+        strategy=strategy,
+        threshold=threshold,
+        top_k=top_k,
+        top_p=top_p,
+        use_cache=use_cache,
+        stop_at_eos=stop_at_eos,
     )
-    _require(strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    _require(0.0 <= threshold <= 1.0, f"threshold must be in [0, 1], got {threshold}")
-    _require(top_k >= 0, f"top_k must be >= 0, got {top_k}")
-    _require(0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p}")
     _require(
         not use_cache or model.supports_kv_cache,
         f"the {model.family} backend has no KV cache; decode with use_cache=False",
     )
-    _check_generator(generator, temperature > 0, prompt_ids.device)
+    _check_generator(generator, settings.draws_noise, prompt_ids.device)
 
     prompt_len = prompt_ids.shape[1]
-    num_blocks = max_completion_length // block
     x, key_valid = _with_completion(prompt_ids, mask, max_completion_length, model.mask_id)
     unmask_step = torch.full((x.shape[0], max_completion_length), -1, dtype=torch.long, device=x.device)
     quota = transfer_schedule(torch.tensor([block]), steps_per_block)[0].tolist()
@@ -716,44 +821,27 @@ def generate(
     settings: DecodeSettings,
     generator: torch.Generator | None = None,
 ) -> GenerationOutput:
-    """Decode with the sampler that matches the model's attention pattern.
-
-    Full attention: :func:`llada_generate` with ``settings.steps`` in total (``use_cache`` is ignored there:
-    the block models' exact cache does not exist for full attention; ``cache`` selects the approximate one).
-    Block attention:
-    :func:`block_diffusion_generate` with ``steps_per_block = max(1, steps // (max_completion_length // block_size))``,
-    the same total step budget. Settings the chosen sampler cannot honour raise instead of being ignored.
-    """
-    if model.attention == "full":
-        _require(settings.top_k == 0 and settings.top_p == 1.0, "top_k/top_p apply to block-diffusion models only")
-        return llada_generate(
-            model,
-            prompt_ids,
-            prompt_mask,
-            max_completion_length=settings.max_completion_length,
-            block_length=settings.block_length,
-            steps=settings.steps,
-            temperature=settings.temperature,
-            remasking=settings.remasking,
-            cfg_scale=settings.cfg_scale,
-            generator=generator,
-            cache=settings.cache,
-            strategy=settings.strategy,
-            threshold=settings.threshold,
-            factor=settings.factor,
-            stop_at_eos=settings.stop_at_eos,
-        )
+    """Decode with the sampler that ``settings`` belong to, which must be the one of the model's attention:
+    :func:`llada_generate` for :class:`FullDecode`, :func:`block_diffusion_generate` for :class:`BlockDecode`
+    (whose ``block_length`` must be the model's block size)."""
+    kind = {"full": FullDecode, "block": BlockDecode}[model.attention]
     _require(
-        settings.remasking == "low_confidence" and settings.cfg_scale == 0 and settings.cache == "none",
-        "remasking='random', cfg_scale and cache apply to full-attention models only (block models: use_cache)",
+        isinstance(settings, kind),
+        f"{type(settings).__name__} settings cannot decode {model.name}, a {model.attention}-attention model: "
+        f"give {kind.__name__}",
     )
-    num_blocks = max(1, settings.max_completion_length // int(model.block_size))
+    if isinstance(settings, FullDecode):
+        return llada_generate(model, prompt_ids, prompt_mask, generator=generator, **asdict(settings))
+    _require(
+        settings.block_length == model.block_size,
+        f"block_length {settings.block_length} is not the block size of {model.name} ({model.block_size})",
+    )
     return block_diffusion_generate(
         model,
         prompt_ids,
         prompt_mask,
         max_completion_length=settings.max_completion_length,
-        steps_per_block=max(1, settings.steps // num_blocks),
+        steps_per_block=settings.steps_per_block,
         strategy=settings.strategy,
         threshold=settings.threshold,
         temperature=settings.temperature,
@@ -768,12 +856,16 @@ def generate(
 __all__ = [
     "CACHE_MODES",
     "DECODE_MODES",
+    "RECORD_FIELDS",
+    "BlockDecode",
     "DecodeSettings",
     "DecodeSettingsError",
+    "FullDecode",
     "GenerationOutput",
     "block_diffusion_generate",
     "filter_logits",
     "generate",
     "llada_generate",
+    "recorded_decode",
     "transfer_schedule",
 ]

@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.core.sampling import DecodeSettings, generate
+from stabledrl_bench.core.sampling import DecodeSettings, FullDecode, generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import sampled_metrics, votes_by_problem
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
@@ -41,13 +41,14 @@ def evaluate(
     task_name: str,
     *,
     protocol: str | EvalProtocol = "d1",
-    length: int = 256,
+    max_completion_length: int = 256,
     limit: int | None = None,
     batch_size: int = 16,
     seed: int = 0,
     progress: bool = True,
 ) -> EvalOutcome:
-    """Decode every evaluation doc of ``task_name`` (the protocol's subset) at canvas ``length`` and grade it.
+    """Decode every evaluation doc of ``task_name`` (the protocol's subset) on a ``max_completion_length``
+    canvas and grade it.
 
     Accuracy is the mean of the task grader's ``correct`` verdicts; for Sudoku the d1 cell accuracy goes into
     ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side). A
@@ -61,7 +62,7 @@ def evaluate(
     proto = get_protocol(protocol) if isinstance(protocol, str) else protocol
     task = get_task(task_name)
     docs = task.eval_docs(limit=limit)
-    settings = proto.settings(length, dlm)
+    settings = proto.settings(max_completion_length, dlm)
     dlm.model.eval()
     specs = [task.prompt(doc, proto.prompt_protocol) for doc in docs]
     chat = proto.chat_template
@@ -77,7 +78,9 @@ def evaluate(
     start = time.perf_counter()
     mine = my_share(len(batches))
     share = sum(len(batches[b]) for b in mine) * proto.repeats
-    bar = tqdm(total=share, desc=f"eval {task_name}@{length}", disable=not (progress and is_main_process()))
+    bar = tqdm(
+        total=share, desc=f"eval {task_name}@{max_completion_length}", disable=not (progress and is_main_process())
+    )
     with torch.no_grad():
         for b in mine:
             idx = batches[b]
@@ -135,7 +138,7 @@ def evaluate(
 def recorded_settings(proto: EvalProtocol, settings: DecodeSettings) -> dict[str, Any]:
     """What a result records of how it was decoded (and what a stored result must match to be reused)."""
     recorded = {**settings.to_dict(), "protocol": proto.to_dict()}
-    if settings.temperature > 0 or settings.remasking == "random":
+    if settings.draws_noise:
         recorded["seeding"] = "per-batch"  # a record of the single stream this replaced is decoded again
     return recorded
 
@@ -193,7 +196,7 @@ def stored_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """
     protocol = {f.name: f.default for f in fields(EvalProtocol) if f.default is not MISSING}
     renamed = upgraded_settings(settings)  # e.g. gen_length
-    return {**DecodeSettings().to_dict(), **renamed, "protocol": {**protocol, **settings.get("protocol", {})}}
+    return {**FullDecode().to_dict(), **renamed, "protocol": {**protocol, **settings.get("protocol", {})}}
 
 
 def _why_not_reusable(
@@ -243,7 +246,7 @@ def evaluate_and_record(
         dlm,
         key["task"],
         protocol=proto,
-        length=max_completion_length,
+        max_completion_length=max_completion_length,
         limit=limit,
         batch_size=batch_size,
         seed=key["seed"],

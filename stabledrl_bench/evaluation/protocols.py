@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.registry import Registry
-from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings
+from stabledrl_bench.core.sampling import DECODE_MODES, BlockDecode, DecodeSettings, FullDecode
 from stabledrl_bench.errors import UserError
 
 
@@ -66,15 +66,15 @@ class EvalProtocol:
         """Whether this full-attention protocol decodes differently from the LLaDA reference sampler."""
         return self.attention == "full" and self.full_settings(self.block_length).approximate
 
-    def full_settings(self, length: int) -> DecodeSettings:
-        """Full-attention decode settings at canvas ``length`` (the block is capped at the length)."""
-        block = min(self.block_length, length)
-        if length % block:
-            raise UserError(f"protocol {self.name!r}: block {block} does not divide length {length}")
-        return DecodeSettings(
-            max_completion_length=length,
+    def full_settings(self, max_completion_length: int) -> FullDecode:
+        """Full-attention decode settings for a ``max_completion_length`` canvas (the block is capped at it)."""
+        block = min(self.block_length, max_completion_length)
+        if max_completion_length % block:
+            raise UserError(f"protocol {self.name!r}: block {block} does not divide length {max_completion_length}")
+        return FullDecode(
+            max_completion_length=max_completion_length,
             block_length=block,
-            steps=max(1, length // self.tokens_per_step),
+            steps=max(1, max_completion_length // self.tokens_per_step),
             temperature=self.temperature,
             strategy=self.strategy,
             threshold=self.threshold,
@@ -82,8 +82,8 @@ class EvalProtocol:
             cache=self.cache,
         )
 
-    def settings(self, length: int, model: DiffusionLM) -> DecodeSettings:
-        """Decode settings for ``model`` at canvas ``length`` (block models use their own block size)."""
+    def settings(self, max_completion_length: int, model: DiffusionLM) -> DecodeSettings:
+        """Decode settings for ``model`` on a ``max_completion_length`` canvas (block models: their block size)."""
         if model.attention != self.attention:
             kind = "block-diffusion" if self.attention == "block" else "full-attention"
             raise UserError(
@@ -91,18 +91,17 @@ class EvalProtocol:
             )
         if self.attention == "block":
             block_size = model.block_size
-            steps = (length // block_size) * max(1, block_size // self.tokens_per_step)
-            return DecodeSettings(
-                max_completion_length=length,
+            return BlockDecode(
+                max_completion_length=max_completion_length,
                 block_length=block_size,
-                steps=steps,
+                steps=(max_completion_length // block_size) * max(1, block_size // self.tokens_per_step),
                 temperature=self.temperature,
                 strategy=self.strategy,
                 threshold=self.threshold,
                 stop_at_eos=True,
                 use_cache=model.supports_kv_cache,
             )
-        return self.full_settings(length)
+        return self.full_settings(max_completion_length)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

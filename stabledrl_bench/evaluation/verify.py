@@ -124,12 +124,12 @@ def _redecode(
     dlm, record: Mapping[str, Any], samples: list[dict[str, Any]], count: int, seed: int
 ) -> tuple[list[str], list[str]]:
     """(problems, notes): ``count`` samples drawn with ``seed`` decoded again and compared with the stored ones."""
-    from stabledrl_bench.core.sampling import DecodeSettings, generate
+    from stabledrl_bench.core.sampling import generate, recorded_decode
     from stabledrl_bench.evaluation.native import stored_settings
 
     stored = stored_settings(record["settings"])
-    settings = DecodeSettings(**{k: v for k, v in stored.items() if k in DecodeSettings.__dataclass_fields__})
-    if settings.temperature > 0:
+    settings = recorded_decode(stored, stored["protocol"].get("attention", dlm.attention))
+    if settings.draws_noise:
         return [], ["sampled decodes are not repeated (they need the original batch's random stream)"]
     drawn = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))[:count].sort().values
     chosen = [samples[i] for i in drawn.tolist()]

@@ -45,7 +45,7 @@ class Preset:
     protocols: tuple[str, ...]  # evaluation protocol(s); Table 2 has a static and a dynamic one
     prompt_protocol: str  # training prompts
     reward_profile: str  # training rewards
-    lengths: dict[int, int]  # nominal length (table column) -> tokens actually decoded
+    lengths: dict[int, int]  # nominal length (table column) -> max_completion_length (tokens decoded)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig | None = None  # warm start (tiny / smoke); None: RL starts from the given model
     per_device_prompts: int = 1

@@ -178,12 +178,12 @@ def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: 
         require_conventions(dlm, checkpoint, train=False)  # before any decoding: a broken call wastes GPU hours
     model = model_record(dlm, checkpoint)  # hashes the weights once per checkpoint
     for protocol, lengths in run.evaluations():
-        for nominal, actual in lengths.items():
+        for length, max_completion_length in lengths.items():
             recorded = evaluate_and_record(
                 dlm,
                 results_dir=run.results,
-                key=replicate.result_key(baseline, protocol, nominal, model).to_dict(),
-                max_completion_length=actual,
+                key=replicate.result_key(baseline, protocol, length, model).to_dict(),
+                max_completion_length=max_completion_length,
                 budget=budget,
                 limit=run.eval_limit,
                 batch_size=run.preset.eval_batch_size,
@@ -193,7 +193,7 @@ def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: 
             acc = json.loads(recorded.path.read_text())["metrics"]
             how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
             print(
-                f"  [{replicate.task}] {baseline} @ {nominal} ({actual} tokens, {protocol.name}): accuracy "
-                f"{100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
+                f"  [{replicate.task}] {baseline} @ {length} ({max_completion_length} tokens, {protocol.name}): "
+                f"accuracy {100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
             )
     return reused

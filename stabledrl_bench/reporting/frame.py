@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from stabledrl_bench.core.sampling import DecodeSettings
+from stabledrl_bench.core.sampling import DecodeSettingsError, recorded_decode
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting.naming import model_short_name
 from stabledrl_bench.reporting.provenance import code_label, hardware_label
@@ -52,7 +52,7 @@ FRAME_COLUMNS = [
     "sub",
     "seed",
     "length",
-    "actual",
+    "max_completion_length",
     "budget_hash",
     "hardware",
     "code",
@@ -82,7 +82,7 @@ def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "sub": record["length"] if record["table"] == "table1" else record["sampling"],
                 "seed": record["seed"],
                 "length": record["length"],
-                "actual": record["max_completion_length"],
+                "max_completion_length": record["max_completion_length"],
                 "budget_hash": record["budget_hash"],
                 "hardware": hardware_label(record["environment"]),
                 "code": code_label(record["environment"]),
@@ -119,8 +119,10 @@ def approximate_decoding(record: Mapping[str, Any]) -> bool:
     settings = record["settings"]
     if settings.get("protocol", {}).get("attention", record["model"].get("attention", "full")) != "full":
         return False
-    fields = {k: v for k, v in settings.items() if k in DecodeSettings.__dataclass_fields__}
-    return DecodeSettings(**fields).approximate
+    try:
+        return recorded_decode(settings, "full").approximate
+    except DecodeSettingsError as err:
+        raise UserError(f"{record.get('_path', 'a result')}: its recorded decode settings are invalid: {err}") from None
 
 
 ROW_KEY = ["comparison", "approximate", "table", "baseline", "model_key", "protocols", "preset"]
@@ -144,10 +146,10 @@ def check_consistency(frame: pd.DataFrame) -> None:
             )
             raise UserError(f"comparison {comparison!r} mixes RL training budgets (refusing to compare): {listing}")
     for key, group in frame.groupby(["comparison", "table", "length"], sort=True):
-        if group["actual"].nunique() > 1:
+        if group["max_completion_length"].nunique() > 1:
             raise UserError(
                 f"comparison {key[0]!r} ({key[1]}): nominal length {key[2]} was generated with "
-                f"different actual lengths {sorted(group['actual'].unique())}: {_paths(group)}"
+                f"different canvases {sorted(group['max_completion_length'].unique())}: {_paths(group)}"
             )
     for _, group in frame.groupby(CELL_KEY, sort=True):
         if group["length"].nunique() > 1:

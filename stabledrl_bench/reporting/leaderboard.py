@@ -155,8 +155,8 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool
         f"seeds of one row are pooled.",
     ]
     lengths = frame.drop_duplicates("length").sort_values("length")
-    if (lengths["length"] != lengths["actual"]).any():
-        pairs = ", ".join(f"{row.length} → {row.actual}" for row in lengths.itertuples())
+    if (lengths["length"] != lengths["max_completion_length"]).any():
+        pairs = ", ".join(f"{row.length} → {row.max_completion_length}" for row in lengths.itertuples())
         noun = "generation lengths" if table == "table1" else "response limits"
         lines.append(f"Lengths are scaled by the preset: nominal {noun} → actual generated tokens: {pairs}.")
     lines += extra_notes(table, set(frame["task"]))
@@ -195,13 +195,13 @@ def _bars(
         axes.bar(positions, means, width, yerr=errors, capsize=3, label=name, color=colors[name])
 
 
-def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column], actual: Mapping[Any, int]) -> None:
+def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column], canvases: Mapping[Any, int]) -> None:
     """Per task one row of two panels over its measured cell columns: the change of every RL row from the starting
     point (paired by test item, the comparison that shows a learning signal) and every row's own value; legend
     beside the panels. Each task's change panel has its own scale, so a large change in one task does not flatten
     the others.
 
-    ``actual`` maps a column's sub-key (a nominal length) to the tokens really generated, shown under its name.
+    ``canvases`` maps a column's sub-key (a nominal length) to the tokens really generated, shown under its name.
     """
     shown = [c for c in columns if len(c.parts) == 1 and any(row.estimates[c.key] for row in rows)]
     by_task: dict[str, list[Column]] = {}
@@ -225,7 +225,7 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
         axes[-1].set_ylabel("value (%)", fontsize=8)
         axes[-1].set_ylim(0, 100)
         labels = [
-            f"{c.header}\n({actual[c.key[1]]} tokens)" if actual.get(c.key[1], c.key[1]) != c.key[1] else c.header
+            f"{c.header}\n({canvases[c.key[1]]} tokens)" if canvases.get(c.key[1], c.key[1]) != c.key[1] else c.header
             for c in cells
         ]
         for ax in axes:
@@ -274,8 +274,10 @@ def _measured_blocks(
             name = slugify(comparison, 80) + ("__approximate" if approximate else "")
             plot_path = Path(plots_dir) / f"{table}__{name}.png"
             title = f"{TABLE_TITLES[table]}: {comparison}" + (" (approximate decoding)" if approximate else "")
-            actual = dict(zip(group["length"], group["actual"], strict=True)) if table == "table1" else {}
-            _plot(plot_path, title, rows, columns, actual)
+            canvases = (
+                dict(zip(group["length"], group["max_completion_length"], strict=True)) if table == "table1" else {}
+            )
+            _plot(plot_path, title, rows, columns, canvases)
             link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
             block += f"\n![{table} {comparison}]({link})\n"
         blocks.append(block)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stabledrl_bench.config import from_dict, read_recipe, stable_hash
+from stabledrl_bench.core.sampling import DECODE_MODES, BlockDecode, DecodeSettings, FullDecode
 from stabledrl_bench.errors import UserError
 
 if TYPE_CHECKING:
-    from stabledrl_bench.core.sampling import DecodeSettings
+    from stabledrl_bench.core.models.interface import DiffusionLM
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,6 @@ class Budget:
             )
         if not (0 <= self.temperature < float("inf")):  # NaN fails too
             raise UserError(f"budget.temperature must be a finite number >= 0, got {self.temperature}")
-        from stabledrl_bench.core.sampling import DECODE_MODES
-
         if self.rollout_decode not in DECODE_MODES:
             raise UserError(
                 f"budget.rollout_decode must be one of {', '.join(DECODE_MODES)}, got {self.rollout_decode!r}"
@@ -85,21 +84,32 @@ class Budget:
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations
 
-    def decode_settings(self, *, use_cache: bool) -> DecodeSettings:
-        """How rollouts are decoded under this budget (the trainer's and every rollout made to compare with it).
+    def decode_settings(self, model: DiffusionLM) -> DecodeSettings:
+        """How ``model`` decodes rollouts under this budget (the trainer's and every rollout made to compare with it).
 
         A fast ``rollout_decode`` changes only which tokens are sampled: the estimators still compute the old
-        policy's likelihoods of those tokens, so the losses are unchanged.
+        policy's likelihoods of those tokens, so the losses are unchanged. Block models decode with their own block
+        size and exact cache; the fast modes are Fast-dLLM's for full attention, so a block model refuses them.
         """
-        from stabledrl_bench.core.sampling import DECODE_MODES, DecodeSettings
-
-        return DecodeSettings(
+        if model.attention == "full":
+            return FullDecode(
+                max_completion_length=self.max_completion_length,
+                block_length=self.block_length,
+                steps=self.diffusion_steps,
+                temperature=self.temperature,
+                **DECODE_MODES[self.rollout_decode],
+            )
+        if self.rollout_decode != "exact":
+            raise UserError(
+                f"budget.rollout_decode={self.rollout_decode!r} is a full-attention mode; {model.name} decodes "
+                "block by block (use rollout_decode: exact)"
+            )
+        return BlockDecode(
             max_completion_length=self.max_completion_length,
-            block_length=self.block_length,
+            block_length=model.block_size,
             steps=self.diffusion_steps,
             temperature=self.temperature,
-            use_cache=use_cache,
-            **DECODE_MODES[self.rollout_decode],
+            use_cache=model.supports_kv_cache,
         )
 
     def to_dict(self) -> dict[str, object]:

@@ -255,7 +255,7 @@ class RLTrainer:
         self.phase = 0  # rollout phases drawn so far (the key of their random streams)
         self.nfe_total = 0
         self._nonfinite = 0
-        self.decode = cfg.budget.decode_settings(use_cache=dlm.supports_kv_cache)
+        self.decode = cfg.budget.decode_settings(dlm)
 
     # ------------------------------------------------------------------ run metadata
     def run_info(self) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def measure_update_norms(
         estimator, key = variant_estimator(baseline, dlm, block_length)
         groups.setdefault(key, (estimator, []))[1].append(v)
     drift_estimator, _ = variant_estimator(build_baseline("stabledrl"), dlm, block_length)
-    length = rollouts[0].batch.completion_ids.shape[1]
+    max_completion_length = rollouts[0].batch.completion_ids.shape[1]
     records = []
     bar = tqdm(total=len(levels) * repeats, desc=f"drift seed {seed}", dynamic_ncols=True, leave=False)
     for li, sigma in enumerate(levels):
@@ -133,7 +133,7 @@ def measure_update_norms(
                 new = estimator.evaluate(dlm, batch, new_noise)
                 for v in members:
                     record["variants"][v] = _variant_norms(
-                        built[v], rollout, new, old, conditions, noise, length, gen, params
+                        built[v], rollout, new, old, conditions, noise, max_completion_length, gen, params
                     )
             records.append(record)
             bar.update(1)
@@ -168,7 +168,7 @@ def _variant_norms(
     old: Estimate,
     conditions: Sequence[str],
     noise: ExplodingNoise,
-    length: int,
+    max_completion_length: int,
     generator: torch.Generator,
     params: Sequence[torch.Tensor],
 ) -> dict[str, dict[str, float | None]]:
@@ -176,7 +176,9 @@ def _variant_norms(
     advantages, _ = baseline.advantages(rollout.rewards, rollout.group_ids, rollout.correct)
     out = {}
     for condition in conditions:
-        injection: NoiseInjection | None = noise.injection(baseline.name, length) if condition == "exploding" else None
+        injection: NoiseInjection | None = (
+            noise.injection(baseline.name, max_completion_length) if condition == "exploding" else None
+        )
         inputs = LossInputs(
             new=new,
             old=old if injection is None else injection(old, generator),
