@@ -33,8 +33,10 @@ from typing import Any
 
 import torch
 
+from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
+from stabledrl_bench.core.sampling import generate, recorded_decode
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.evaluation.native import weights_sha256
+from stabledrl_bench.evaluation.native import stored_settings, weights_sha256
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN, sampled_metrics, votes_by_problem
 from stabledrl_bench.reporting.identity import identity_problems
 from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result
@@ -110,7 +112,6 @@ def _commit_known(record: Mapping[str, Any]) -> list[str]:
 
 def _load_as_evaluated(record: Mapping[str, Any]):
     """The recorded model, loaded as it was evaluated, or None when its checkpoint is not on this machine."""
-    from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 
     model = record["model"]
     checkpoint = model.get("checkpoint")
@@ -124,8 +125,6 @@ def _redecode(
     dlm, record: Mapping[str, Any], samples: list[dict[str, Any]], count: int, seed: int
 ) -> tuple[list[str], list[str]]:
     """(problems, notes): ``count`` samples drawn with ``seed`` decoded again and compared with the stored ones."""
-    from stabledrl_bench.core.sampling import generate, recorded_decode
-    from stabledrl_bench.evaluation.native import stored_settings
 
     stored = stored_settings(record["settings"])
     settings = recorded_decode(stored, stored["protocol"].get("attention", dlm.attention))

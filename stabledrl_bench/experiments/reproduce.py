@@ -46,6 +46,7 @@ from stabledrl_bench.experiments.runner import (
     run_training,
 )
 from stabledrl_bench.experiments.stages import Stages
+from stabledrl_bench.experiments.stress import stability_section
 from stabledrl_bench.experiments.summary import training_summary
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
@@ -75,7 +76,6 @@ def reproduce(run: Comparison) -> None:
         for seed in run.seeds:
             _replicate(Replicate(run, task, seed), stages)
         training_summary(run, task)
-    from stabledrl_bench.experiments.stress import stability_section
 
     if is_main_process():
         path = write_leaderboard(

@@ -36,12 +36,14 @@ from tqdm.auto import tqdm
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import NOT_IDENTITY, stable_hash, to_dict
+from stabledrl_bench.core.baseline import build_baseline
+from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.runlog import read_log
-from stabledrl_bench.training.sft import SFTConfig
-from stabledrl_bench.training.trainer import OldEstimateHook, TrainConfig
+from stabledrl_bench.training.sft import SFTConfig, run_sft
+from stabledrl_bench.training.trainer import OldEstimateHook, RLTrainer, TrainConfig, TrainingDiverged
 
 WARM_START_FILE = "warm_start.json"
 JOB_FILE = "job.json"  # a run folder's identity, written before training starts
@@ -124,8 +126,6 @@ def ensure_warm_start(
 def _build_warm_start(spec: WarmStart, folder: Path) -> dict[str, float]:
     """Initialise (if asked), SFT (resuming an interrupted one), and record the spec; returns the SFT wall and CPU
     seconds (of this call: a resumed build counts what it ran)."""
-    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
-    from stabledrl_bench.training.sft import run_sft
 
     record = {"spec": spec.identity(), "spec_hash": spec.hash()}
     if is_main_process():
@@ -160,7 +160,6 @@ class TrainJob:
         hook = None
         if self.hook is not None:
             hook = _hashable({"type": type(self.hook).__qualname__, **dataclasses.asdict(self.hook)})  # type: ignore[call-overload]
-        from stabledrl_bench.core.baseline import build_baseline
 
         # the effective baseline settings instead of the options given: a changed default must not reuse runs
         # trained with the old one, and an option given at its default value is the same run
@@ -191,7 +190,6 @@ def _differences(old: Any, new: Any, path: str = "") -> list[str]:
 def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
     """Train ``job`` (or reuse it) and return its summary: final model folder (None if it stopped on non-finite
     steps), last step, step of the stop, wall and CPU seconds, and whether it was reused (``cached``)."""
-    from stabledrl_bench.training.trainer import RLTrainer, TrainingDiverged
 
     folder, key = job.folder, job.key()
     if force and is_main_process():
@@ -276,7 +274,6 @@ def sample_rollouts(config: TrainConfig, count: int) -> tuple[Any, list[Any]]:
     """``count`` rollout batches of ``config``'s start model, without training: the trainer's own sampler with its
     prompts and random streams (the frozen control's rollouts). Returns the model (a ``DiffusionLM`` in eval mode)
     and one :class:`~stabledrl_bench.training.trainer.SampledBatch` per micro-batch."""
-    from stabledrl_bench.training.trainer import RLTrainer
 
     trainer = RLTrainer(config)
     trainer.dlm.model.eval()

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.reporting.naming import result_path
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.tasks import TASKS
@@ -28,7 +29,6 @@ def identity_problems(records: Sequence[Mapping[str, Any]]) -> dict[str, list[st
     What a relabelling that rewrites all of these consistently cannot be caught by: a record without its
     checkpoint proves its completions and grades, not which run made them (README, ``verify``).
     """
-    from stabledrl_bench.core.baseline import BASELINES  # here, not at the top: it imports torch
 
     methods = {*BASELINES.entries(), *REFERENCE_BASELINES}
     found: dict[str, list[str]] = {}

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.config import from_dict, stable_hash
+from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN
 from stabledrl_bench.migrations import upgraded_result
@@ -255,7 +256,6 @@ def check_registered(baseline: str, where: str) -> None:
     """Results are only meaningful for methods the harness can name again; imported lazily (torch)."""
     if baseline in REFERENCE_BASELINES:
         return
-    from stabledrl_bench.core.baseline import BASELINES
 
     names = BASELINES.entries()
     _check(baseline in names, where, f"baseline {baseline!r} is not registered (known: {', '.join(names) or 'none'})")

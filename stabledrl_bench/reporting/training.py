@@ -15,6 +15,7 @@ from stabledrl_bench.migrations import upgraded_training_rewards
 from stabledrl_bench.reporting.markdown import markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
+from stabledrl_bench.training.runlog import plot_runs
 
 TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
 CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts
@@ -77,7 +78,6 @@ def read_training(path: Path) -> pd.DataFrame:
 
 def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path | None:
     """``<csv>.png``: every run's rollout reward against the optimizer step, the frozen control labelled as such."""
-    from stabledrl_bench.training.runlog import plot_runs
 
     mean = rewards.groupby(["run", "step"], sort=False, as_index=False)["reward_mean"].mean()  # over seeds
     runs = {

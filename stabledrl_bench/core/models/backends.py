@@ -52,6 +52,7 @@ from stabledrl_bench.core.models.hf_cache import cache_layers, dynamic_cache
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
 from stabledrl_bench.core.models.llada import LLaDANativeConfig, LLaDANativeModel
+from stabledrl_bench.core.models.probes import mask_effect
 from stabledrl_bench.core.models.qwen import DreamNativeConfig, DreamNativeModel, SDARNativeConfig, SDARNativeModel
 from stabledrl_bench.core.models.tiny import TinyDLM, TinyDLMConfig
 from stabledrl_bench.core.models.tokenizer import EOT, build_char_tokenizer
@@ -329,8 +330,6 @@ def detect_pad_free(dlm: DiffusionLM) -> DiffusionLM:
 
     A probe of the weights: call it only once they are loaded on this process (see ``rank0_weights``)."""
     if dlm.attention == "full" and dlm.family != "tiny":
-        from stabledrl_bench.core.models.probes import mask_effect
-
         to_removed, to_unmasked = mask_effect(dlm)
         dlm.pad_free = not to_removed < to_unmasked
     return dlm

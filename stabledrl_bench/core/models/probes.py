@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from stabledrl_bench.core.masks import block_causal_mask, real_positions
+from stabledrl_bench.core.models.checkpointing import disable_activation_checkpointing, enable_activation_checkpointing
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.errors import UserError
 
@@ -305,11 +306,6 @@ def activation_checkpointing(dlm: DiffusionLM) -> Probe:
     Not part of the trainer's probes: it runs two backward passes, which under DeepSpeed would fire the engine's
     gradient hooks. ``check-model`` runs it on the model as loaded.
     """
-    from stabledrl_bench.core.models.checkpointing import (
-        disable_activation_checkpointing,
-        enable_activation_checkpointing,
-    )
-
     try:
         blocks = dlm.decoder_blocks()
     except UserError:

@@ -28,13 +28,13 @@ settings in :mod:`.settings`; running and analysing a sweep of training runs in 
 in :mod:`.tables` and its verdicts in :mod:`.observations`. The CI regression is ``tests/test_stress.py``.
 """
 
+from stabledrl_bench.experiments.stress.cli import main as cli_main
 from stabledrl_bench.experiments.stress.report import stability_section
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m stabledrl_bench stress ...`` (:func:`.cli.main`); imported on call, so that the leaderboard,
     which only needs :func:`stability_section`, does not load the training stack."""
-    from stabledrl_bench.experiments.stress.cli import main as cli_main
 
     return cli_main(argv)
 

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 from stabledrl_bench.errors import CommandParser, UserError, positive_int
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, StressOptions, in_order, option_fields
+from stabledrl_bench.experiments.stress.report import stability_section
+from stabledrl_bench.reporting.leaderboard import write_leaderboard
 
 T = TypeVar("T")
 
@@ -76,8 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _refresh_leaderboard(stress: StressOptions) -> None:
     if stress.no_leaderboard:
         return
-    from stabledrl_bench.experiments.stress.report import stability_section
-    from stabledrl_bench.reporting.leaderboard import write_leaderboard
 
     try:
         path = write_leaderboard(

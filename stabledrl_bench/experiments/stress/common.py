@@ -21,15 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
+
+from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.presets import presets, warm_start_spec
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.results import STABILITY_DIR, read_json_record, write_json_record
 from stabledrl_bench.training.runlog import finite, running_mean
 
 if TYPE_CHECKING:
-    import torch
-
-    from stabledrl_bench.core.estimators import Estimate
     from stabledrl_bench.experiments.runner import WarmStart
 
 SCHEMA = "stabledrl-bench/stability/v1"
@@ -44,7 +46,6 @@ STRESS_CANVAS = 48  # the tiny Table 1's RL canvas, where the start closes the a
 
 def stress_warm_start(sft_steps: int | None = None) -> WarmStart:
     """The shared starting point (module docstring); ``sft_steps`` overrides the preset's SFT length."""
-    from stabledrl_bench.experiments.presets import presets, warm_start_spec  # the training stack
 
     spec = warm_start_spec(presets("table1")["tiny"], STRESS_TASK, "tiny", seed=0)
     if sft_steps is None:
@@ -108,7 +109,6 @@ class NoiseInjection:
     probability: float = 1.0
 
     def __call__(self, old: Estimate, generator: torch.Generator) -> Estimate:
-        from stabledrl_bench.core.estimators import Estimate
 
         return Estimate(
             token_logp=self._perturb(old.token_logp, generator),
@@ -119,8 +119,6 @@ class NoiseInjection:
         )
 
     def _perturb(self, t: torch.Tensor | None, generator: torch.Generator) -> torch.Tensor | None:
-        import torch
-
         if t is None:
             return None
         # Student-t(df) = N(0,1) / sqrt(Chi2(df) / df), with Chi2(df) = 2 * Gamma(df / 2), all from `generator`.
@@ -335,8 +333,6 @@ class Series:
 def seed_band(ax, series: Series, color, *, log: bool = False) -> bool:
     """Mean over the seeds that reached each x (geometric on a log axis), shaded min/max band, a dotted vertical
     line where a run stopped; returns whether any curve was drawn (a log axis needs some positive value)."""
-    import numpy as np
-
     for x in series.stopped:
         ax.axvline(x, color=color, ls=":", lw=1.2)
     xs = sorted({x for run_x, _ in series.runs for x in run_x})

@@ -49,6 +49,7 @@ from stabledrl_bench.experiments.stress.settings import TrainSettings, train_set
 from stabledrl_bench.experiments.stress.sweep import RunSpec, run_sweep
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import METHODS, effective_options
+from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 from stabledrl_bench.training.runlog import finite
 
 LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
@@ -67,7 +68,6 @@ def second_half_change(run: Mapping[str, Any], frozen: Mapping[str, Any], steps:
 
 def summarise(rows: Sequence[Mapping[str, Any]], frozen: Mapping[int, Any], steps: int) -> dict[str, Any]:
     """Per method: the pooled second-half change with its interval, per-seed means, and falls-below / gains."""
-    from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 
     out = {}
     for label in dict.fromkeys(r["label"] for r in rows):

@@ -13,6 +13,7 @@ from typing import Any
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.stress.common import read_record, stability_dir
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS, in_order
 from stabledrl_bench.experiments.stress.tables import generic_block
 from stabledrl_bench.reporting.results import STABILITY_DIR
 
@@ -20,7 +21,6 @@ from stabledrl_bench.reporting.results import STABILITY_DIR
 def stability_section(results_dir: Path | str) -> str | None:
     """Markdown of the Stability section, or None when no stability record exists: one block per registered
     experiment that has a record (plugins included), then every experiment's observations."""
-    from stabledrl_bench.experiments.stress.options import EXPERIMENTS, in_order
 
     results_dir = Path(results_dir)
     folder = stability_dir(results_dir)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stabledrl_bench.core.models.backends import load_diffusion_lm
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.presets import presets, warm_start_spec
 from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress.common import (
     STRESS_CANVAS,
@@ -51,7 +53,6 @@ def stress_budget(model: ModelOptions, steps: int, num_iterations: int = 2) -> B
 
 def preset(name: str, task: str | None) -> Any:
     """The Table 1 preset ``name``, checked to have ``task`` (one error line otherwise)."""
-    from stabledrl_bench.experiments.presets import presets
 
     known = presets("table1")
     if name not in known:
@@ -78,14 +79,11 @@ def warm_start(model: ModelOptions, runs: str) -> tuple[Path, dict[str, Any], di
     """Warm-start folder, its description and the model summary (parameter count etc.): ``--warm-start``, else the
     stress warm start, or with ``--preset`` that preset's warm start of ``--task`` (training seed 0), cached under
     ``runs``."""
-    from stabledrl_bench.core.models.backends import load_diffusion_lm
 
     chosen = chosen_preset(model)
     if chosen is None:
         spec, folder = stress_warm_start(model.sft_steps), Path(runs) / "sft"
     else:
-        from stabledrl_bench.experiments.presets import warm_start_spec
-
         spec = None if model.warm_start else warm_start_spec(chosen, model.task, chosen.model, seed=0)
         folder = Path(runs) / f"sft-{model.preset}-{model.task}"
     path, info = ensure_warm_start(spec, folder, override=model.warm_start)
