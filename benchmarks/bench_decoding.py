@@ -164,7 +164,7 @@ def bench_rl_step(args: argparse.Namespace) -> None:
             )
             cfg = TrainConfig(
                 baseline="stabledrl",
-                task="countdown",
+                task=args.task or "countdown",
                 model=checkpoint,
                 protocol="tiny",
                 train_split="generated",
@@ -186,7 +186,7 @@ def bench_rl_step(args: argparse.Namespace) -> None:
                 times[mode].append(run(mode, index))
         load_after = os.getloadavg()
     print(
-        f"RL step (stabledrl, countdown, {args.batch} rollouts, L={args.max_completion_length}, "
+        f"RL step (stabledrl, {args.task or 'countdown'}, {args.batch} rollouts, L={args.max_completion_length}, "
         f"threads={torch.get_num_threads()}, median of {args.repeats} interleaved runs of train(): rollout, "
         "likelihoods, update, checkpoint)"
     )
@@ -207,7 +207,11 @@ def main() -> None:
         default="tiny",
         help="run the weights as this family's folder on its native implementation (e.g. the dual cache on LLaDA)",
     )
-    parser.add_argument("--task", help="prompts from this task's test set (tiny protocol), e.g. for --checkpoint")
+    parser.add_argument(
+        "--task",
+        help="prompts from this task's test set (tiny protocol), e.g. for --checkpoint; --rl-step: the task trained "
+        "on (default countdown)",
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--max-completion-length", type=int, default=256)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stabledrl_bench.core.models.hf_cache import cache_layers
+from stabledrl_bench.core.models.hf_cache import KeyValues, cache_layers
 
 if TYPE_CHECKING:
     from stabledrl_bench.core.models.tiny import TinyDLM
@@ -109,6 +109,11 @@ def _llada(
     return _llada_run(model, input_ids, bias, past_key_values, use_cache)
 
 
+def _cached(cache: Any) -> KeyValues | None:
+    """The layers of a ``DynamicCache`` the family was handed, or None for no cache or an empty one."""
+    return cache_layers(cache) if cache is not None and cache.get_seq_length() > 0 else None
+
+
 def _dream(
     model: TinyDLM,
     input_ids,
@@ -125,9 +130,7 @@ def _dream(
         mask = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()[None, None]
     elif isinstance(attention_mask, torch.Tensor):
         mask = attention_mask.to(model.dtype)  # added to the scores, whatever it was
-    past = None
-    if past_key_values is not None and past_key_values.get_seq_length() > 0:
-        past = cache_layers(past_key_values)
+    past = _cached(past_key_values)
     logits, kv = model.run(input_ids, mask, position_ids, past)
     if past_key_values is not None:  # Qwen2 attention: ``past_key_value.update`` appends every call's keys
         past_len = past[0][0].shape[2] if past else 0
@@ -166,7 +169,7 @@ def _sdar(
         mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask > 0
         if mask.dim() == 2:
             mask = mask[:, None, None, :]
-    past = (cache_layers(past_key_values) or None) if past_key_values is not None else None
+    past = _cached(past_key_values)
     logits, kv = model.run(input_ids, mask, position_ids, past)
     if past_key_values is not None and store_kv:
         past_len = past[0][0].shape[2] if past else 0
