@@ -13,6 +13,12 @@ that hold the same token. Random weights never emit EOS, so the EOS stop saves n
     python benchmarks/bench_decoding.py --config 26M --max-completion-length 256 --batch 16 --threads 2
     python benchmarks/bench_decoding.py --rl-step --max-completion-length 128   # one RL step, fast vs exact rollouts
     python benchmarks/bench_decoding.py --config 26M --family llada            # the same on the native LLaDA
+    python benchmarks/bench_decoding.py --config 26M --upstream DIR --modes exact,prefix   # native vs remote code
+
+``--upstream DIR`` (a folder holding LLaDA's published ``configuration_llada.py`` and ``modeling_llada.py``, e.g.
+dLLM-RL's ``models/llada``; transformers 4.52-4.53, the ``remote-code`` extra) writes the same weights as one
+LLaDA folder with those files beside them and times the native implementation against the published file
+(``--trust-remote-code``), interleaved, mode by mode; agreement is the remote path's against the native one's.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -137,6 +144,59 @@ def bench_decoding(args: argparse.Namespace) -> None:
         )
 
 
+def bench_implementations(args: argparse.Namespace) -> None:
+    """The native LLaDA against the published modeling file on the same weights, per mode, interleaved."""
+    weights = load_diffusion_lm(args.checkpoint) if args.checkpoint else build_tiny(seed=0, **CONFIGS[args.config])
+    folder = save_tiny_as(weights, "llada", Path(tempfile.mkdtemp(prefix="bench-remote-")) / "llada")
+    for name in ("configuration_llada.py", "modeling_llada.py"):
+        shutil.copy(Path(args.upstream) / name, folder / name)
+    models = {
+        "native": load_diffusion_lm(folder, implementation="native"),
+        "remote": load_diffusion_lm(folder, implementation="remote", trust_remote_code=True),
+    }
+    for model in models.values():
+        model.model.to(args.device).eval()
+    ids, mask = _prompts(models["native"], args)
+    base = FullDecode(
+        max_completion_length=args.max_completion_length,
+        block_length=args.block_length,
+        steps=args.max_completion_length // 2,
+    )
+    names = args.modes.split(",")
+    runs = [(impl, name) for name in names for impl in models]
+    for impl, name in runs:  # warm-up, untimed
+        generate(models[impl], ids[:1], mask[:1], dataclasses.replace(base, **MODES[name]))
+    times: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+    outs: dict[tuple[str, str], GenerationOutput] = {}
+    load_before = os.getloadavg()
+    for _ in range(args.repeats):
+        for impl, name in runs:  # interleaved
+            settings = dataclasses.replace(base, **MODES[name])
+            seconds, outs[impl, name] = timed(lambda m=models[impl], s=settings: generate(m, ids, mask, s))
+            times[impl, name].append(seconds)
+            print(f"  {impl} {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
+    load_after = os.getloadavg()
+    params = sum(p.numel() for p in models["native"].model.parameters())
+    print(
+        f"model: {args.checkpoint or f'random weights, config {args.config}'} as one LLaDA folder "
+        f"({params / 1e6:.1f}M parameters): native {type(models['native']).__name__} vs the published file at "
+        f"{args.upstream} ({type(models['remote']).__name__}, pad_free={models['remote'].pad_free}); "
+        f"L={args.max_completion_length} B={args.batch} prompt={ids.shape[1]} block={args.block_length} "
+        f"steps={base.steps}; threads={torch.get_num_threads()} device={args.device}; median of {args.repeats} "
+        "interleaved runs"
+    )
+    print(
+        f"load average (1/5/15 min) before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+        f"after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
+    )
+    print("| mode | native s | remote s | native vs remote | remote rows agree | remote tokens agree |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        native, remote = (statistics.median(times[impl, name]) for impl in models)
+        rows, tokens = agreement(models["native"], outs["remote", name], outs["native", name])
+        print(f"| {name} | {native:.2f} | {remote:.2f} | {remote / native:.2f}x | {rows:.2f} | {tokens:.3f} |")
+
+
 def bench_rl_step(args: argparse.Namespace) -> None:
     """Wall time of RL steps (rollout + loss + update) with exact vs fast rollouts, interleaved."""
     from stabledrl_bench.training.budget import Budget
@@ -220,12 +280,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--upstream", help="folder with LLaDA's published modeling files: native vs remote code")
     parser.add_argument("--rl-step", action="store_true", help="time RL steps with exact vs fast rollouts instead")
     parser.add_argument("--rollout-modes", default="exact,fast", help=f"--rl-step: from {', '.join(DECODE_MODES)}")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.rl_step:
         bench_rl_step(args)
+    elif args.upstream:
+        bench_implementations(args)
     else:
         bench_decoding(args)
 

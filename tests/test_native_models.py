@@ -11,6 +11,7 @@ file on the same weights is checked by the opt-in ``tests/test_upstream_models.p
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,43 @@ def test_the_published_dream_and_sdar_shapes_build_on_the_meta_device(family: st
     per_layer = 12 if family == "dream" else 11  # q/k/v weights (+ biases: Dream; + q/k norms: SDAR), o, mlp, norms
     assert len(shapes) == 3 + fields["num_hidden_layers"] * per_layer
     assert low < sum(p.numel() for p in model.parameters()) < high
+
+
+@pytest.mark.parametrize(
+    ("family", "attention", "backend"),
+    [
+        ("llada", "full", LLaDANativeBackend),
+        ("dream", "full", DreamNativeBackend),
+        ("sdar", "block", SDARNativeBackend),
+    ],
+)
+def test_a_config_asking_for_other_attention_kernels_still_loads_natively(family, attention, backend, tmp_path):
+    """SDAR-8B-Chat's config.json says ``attn_implementation: flex_attention`` (its own file's kernel); transformers
+    refuses to build a class that does not declare that kernel, so the native configs drop the choice and the
+    networks run their SDPA (it failed on both transformers 4.53 and 5.24 before)."""
+    tiny = build_tiny(attention=attention, block_size=4)
+    folder = save_tiny_as(tiny, family, tmp_path / family, attn_implementation="flex_attention")
+    dlm = load_diffusion_lm(folder)
+    assert type(dlm) is backend and dlm.model.config._attn_implementation == "sdpa"
+
+
+SDAR_8B = "SDAR/training/model/SDAR-8B-Chat"  # under STABLEDRL_UPSTREAM_DIR: a checkout of JetAstra/SDAR
+
+
+@pytest.mark.skipif(
+    not os.environ.get("STABLEDRL_UPSTREAM_DIR"), reason="set STABLEDRL_UPSTREAM_DIR (see test_upstream_models.py)"
+)
+def test_sdar_8b_chat_config_builds_exactly_its_published_state_dict() -> None:
+    """Opt-in, any transformers release (no remote code runs): SDAR-8B-Chat's own ``config.json`` builds the native
+    SDAR with exactly the parameter names of its ``model.safetensors.index.json``, whose total size is that many
+    bfloat16 values (JetAstra/SDAR ships both files beside the modeling code)."""
+    folder = Path(os.environ["STABLEDRL_UPSTREAM_DIR"]) / SDAR_8B
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    with torch.device("meta"):
+        model = SDARNativeModel(SDARNativeConfig.from_pretrained(folder))
+    params = dict(model.named_parameters())
+    assert set(params) == set(index["weight_map"])
+    assert 2 * sum(p.numel() for p in params.values()) == index["metadata"]["total_size"]
 
 
 # ---------------------------------------------------------------------------------------------------- Dream

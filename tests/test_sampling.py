@@ -620,9 +620,8 @@ def test_wrong_model_kind_and_bad_prompts_raise(full_model, block_model):
 
 # ---------------------------------------------------------------------------------------------- fast full attention
 # Fast-dLLM's approximations of the LLaDA sampler (cache, threshold, EOS stop), through the tiny model's own
-# backend and through its emulation of LLaDA's (prefix cache only) and Dream's (shifted logits) conventions.
-CACHED = [("native", "prefix"), ("native", "dual"), ("llada", "prefix"), ("llada-hub", "prefix")]
-CACHED += [("dream", "prefix"), ("dream", "dual")]
+# backend and through its emulation of Dream's (shifted logits) convention; LLaDA's published file has no cache.
+CACHED = [("native", "prefix"), ("native", "dual"), ("dream", "prefix"), ("dream", "dual")]
 
 
 @pytest.fixture(scope="module")
@@ -701,16 +700,21 @@ def test_cached_decoding_is_valid(monkeypatch, conventions, convention, cache):
     _replay(model, out, mask, ids.shape[1], block_causal=False, only=[0, 3, 6])
 
 
-def test_cache_dual_is_refused_for_llada_and_cfg(conventions):
-    ids, mask = _prompts(conventions["llada"])
-    with pytest.raises(DecodeSettingsError, match=r"llada backend cannot decode with cache='dual'") as info:
-        generate(
-            conventions["llada"],
-            ids,
-            mask,
-            FullDecode(max_completion_length=8, block_length=4, steps=4, cache="dual"),
-        )
+@pytest.mark.parametrize("convention", ["llada", "llada-hub"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_llada_remote_code_has_no_cache(conventions, convention, cache):
+    """LLaDA's published LLaDAModelLM drops past_key_values and use_cache, so every cache is refused in one line."""
+    model = conventions[convention]
+    ids, mask = _prompts(model)
+    with pytest.raises(
+        DecodeSettingsError, match=rf"llada backend cannot decode with cache='{cache}' \(its cache modes: none\)"
+    ) as info:
+        generate(model, ids, mask, FullDecode(max_completion_length=8, block_length=4, steps=4, cache=cache))
     assert "\n" not in str(info.value)
+
+
+def test_bad_cache_settings_are_refused(conventions):
+    ids, mask = _prompts(conventions["native"])
     with pytest.raises(DecodeSettingsError, match="classifier-free guidance"):
         llada_generate(
             conventions["native"],
@@ -809,8 +813,8 @@ FAST_MODES = [
 @pytest.mark.parametrize("mode", FAST_MODES)
 def test_fast_modes_left_padded_batch_equals_single_rows(conventions, convention, mode):
     model = conventions[convention]
-    if mode.get("cache") == "dual" and "dual" not in model.full_cache_modes:
-        mode = {**mode, "cache": "prefix"}
+    if mode.get("cache", "none") not in (*model.full_cache_modes, "none"):  # e.g. LLaDA's file: no cache at all
+        mode = {**mode, "cache": next(c for c in ("prefix", "none") if c in (*model.full_cache_modes, "none"))}
     ids, mask = _prompts(model)
     assert not bool(mask.all()), "the batch must actually be padded"
     settings = FullDecode(max_completion_length=12, block_length=4, steps=6, **mode)

@@ -4,7 +4,9 @@ Skipped unless ``STABLEDRL_UPSTREAM_DIR`` names a folder holding checkouts of th
 (their modeling files are not part of this project and are never copied into it)::
 
     $STABLEDRL_UPSTREAM_DIR/dLLM-RL/   github.com/Gen-Verse/dLLM-RL   (models/llada, models/dream, models/sdar)
-    $STABLEDRL_UPSTREAM_DIR/SDAR/      github.com/JetAstra/SDAR       (training/model/SDAR-8B-Chat)
+    $STABLEDRL_UPSTREAM_DIR/SDAR/      github.com/JetAstra/SDAR       (training/model/SDAR-8B-Chat: its modeling
+                                       files, and config.json + model.safetensors.index.json, which
+                                       tests/test_native_models.py checks the native SDAR-8B against)
     $STABLEDRL_UPSTREAM_DIR/LLaDA-8B-Instruct/   optional: the Hub's configuration_llada.py and modeling_llada.py
 
 Without the optional Hub folder, LLaDA's Hub variant is made from dLLM-RL's file by its one difference: the Hub
@@ -45,6 +47,7 @@ from stabledrl_bench.core.masks import block_causal_mask, real_positions
 from stabledrl_bench.core.models import build_char_tokenizer, load_diffusion_lm
 from stabledrl_bench.core.models.backends import REMOTE_CODE_TRANSFORMERS, DreamBackend, LLaDABackend, SDARBackend
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
+from stabledrl_bench.core.sampling import DecodeSettingsError, FullDecode, generate
 
 ROOT = os.environ.get("STABLEDRL_UPSTREAM_DIR")
 pytestmark = [
@@ -227,6 +230,20 @@ def test_cached_block_decoding_equals_recomputation(checkpoints, variant: str) -
         cached = decode(dlm, PROMPTS, temperature=temperature, use_cache=True)
         plain = decode(dlm, PROMPTS, temperature=temperature, use_cache=False)
         assert torch.equal(cached.completion_ids, plain.completion_ids)
+
+
+@pytest.mark.parametrize("variant", ["llada-hub", "llada-dllm-rl"])
+def test_llada_published_file_takes_no_cache_and_cached_protocols_are_refused(checkpoints, variant: str) -> None:
+    """``LLaDAModelLM.forward`` hands its network ``past_key_values=None, use_cache=False``: asked for a cache it
+    returns none, so the backend offers no cache mode and ``d1-fast`` / ``d1-fast-prefix`` fail in one line."""
+    dlm = load_diffusion_lm(checkpoints[variant])
+    ids, _ = dlm.encode_prompts(PROMPTS[:1])
+    with torch.no_grad():
+        assert dlm.model(input_ids=ids, use_cache=True).past_key_values is None
+    assert dlm.full_cache_modes == ()
+    for cache in ("prefix", "dual"):
+        with pytest.raises(DecodeSettingsError, match=rf"cannot decode with cache='{cache}' \(its cache modes: none\)"):
+            generate(dlm, ids, None, FullDecode(max_completion_length=8, block_length=4, steps=4, cache=cache))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -16,7 +16,7 @@ Each protocol names one such evaluator (docs/protocols.md gives each one's setti
 * Approximate decoding (Fast-dLLM, arXiv:2505.22618; its LLaDA-8B GSM8K anchor at 256 tokens: 8.1x faster with
   dual cache + parallel decoding, -0.8 points), d1's and tiny's prompts and lengths with:
   ``d1-fast`` / ``tiny-fast``: dual KV cache + confidence threshold 0.9 + EOS stop; ``d1-fast-prefix``: the
-  same with a prefix cache (for LLaDA run on its own remote code, which allows only that one); ``d1-parallel`` /
+  same with a prefix cache (neither cache runs on LLaDA's own remote code: use ``d1-parallel`` there); ``d1-parallel`` /
   ``tiny-parallel``: threshold 0.9 + EOS stop without a cache. Their numbers are never shown next to exact ones
   without saying so (:attr:`EvalProtocol.approximate`).
 * Sampled evaluation for pass@k / maj@k (:mod:`stabledrl_bench.evaluation.passk`): any protocol above decoded n

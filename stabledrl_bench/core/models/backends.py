@@ -110,10 +110,9 @@ class TinyBackend(Backend):
 class LLaDABackend(Backend):
     """LLaDA's remote code: the mask goes in as a 4-D additive ``attention_bias`` (LLaDA casts it itself).
 
-    Its cache is OLMo's ``past_key_values``: the new keys are appended to the cached ones *before* RoPE and the
-    queries take the last positions (``ML-GSAI/LLaDA``'s ``modeling_llada.py``), so positions are always
-    ``0..K-1`` over cached + new keys. Only a prefix cache fits that; a dual cache would need query positions it
-    cannot take. Its bias is sliced to the last Q rows of a square [K, K] one, so the pattern is sent square.
+    No KV cache: the published ``LLaDAModelLM.forward`` (the Hub's and dLLM-RL's ``modeling_llada.py``) calls its
+    model with ``past_key_values=None, use_cache=False`` whatever it is given, so neither the prefix nor the dual
+    cache can run on it (the native LLaDA has both). The cached fast protocols are refused in one line here.
     """
 
     model_types = ("llada", "llada_moe")
@@ -121,21 +120,13 @@ class LLaDABackend(Backend):
     # the blocks LLaDA instantiates (its ``_no_split_modules`` names ``LLaDABlock``, their base class, which the Hub
     # file never instantiates: FSDP's wrap policy matches exact classes and would find nothing)
     block_classes = ("LLaDALlamaBlock", "LLaDASequentialBlock")
-    full_cache_modes = ("prefix",)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, store):
-        del position_ids  # LLaDA numbers positions 0..K-1 itself
+        del position_ids, cache, store  # LLaDA numbers positions itself; no cache (see the class docstring)
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
-            pattern = as_pattern(attention_mask, input_ids.shape[1])
-            keys, queries = pattern.shape[-1], pattern.shape[-2]
-            if keys > queries:  # rows for the cached positions: never read
-                pattern = torch.cat((pattern.new_ones(pattern.shape[0], 1, keys - queries, keys), pattern), dim=2)
-            kwargs["attention_bias"] = additive_bias(pattern, torch.float32)
-        if cache is not None or store:
-            kwargs.update(past_key_values=cache, use_cache=store)
-        out = self.model(input_ids=input_ids, **kwargs)
-        return out.logits, (out.attn_key_values if store else None)
+            kwargs["attention_bias"] = additive_bias(as_pattern(attention_mask, input_ids.shape[1]), torch.float32)
+        return self.model(input_ids=input_ids, **kwargs).logits, None
 
 
 class NativeBackend(Backend):
@@ -161,7 +152,7 @@ class NativeBackend(Backend):
 
 @MODEL_FAMILIES.register("llada-native")
 class LLaDANativeBackend(NativeBackend):
-    """LLaDA on :mod:`.llada` (the remote file's positions allow only a prefix cache; these allow a dual one)."""
+    """LLaDA on :mod:`.llada` (prefix and dual cache; the published file takes no cache at all)."""
 
     default_mask_id = LLADA_MASK_ID
     block_classes = ("LLaDALlamaBlock",)

@@ -6,10 +6,10 @@ and all, as read from the published files (``TinyDLMConfig.convention``):
 
 ==============  ==============================================================================================
 ``llada-hub``   LLaDA-8B-Instruct's Hub ``modeling_llada.py``: SDPA is called with ``attn_mask=None``, so every
-                mask and bias is ignored.
+                mask and bias is ignored; ``LLaDAModelLM`` drops ``past_key_values``/``use_cache`` (no KV cache).
 ``llada``       ``Gen-Verse/dLLM-RL: models/llada/modeling_llada.py``: a 4-D ``attention_bias`` is honoured
                 (a boolean one adds +1 where allowed), but a 2-D ``attention_mask`` with any 0 switches the model
-                to a *causal* bias plus the padding.
+                to a *causal* bias plus the padding; no KV cache either.
 ``dream``       ``Gen-Verse/dLLM-RL: models/dream/modeling_dream.py``: logits at position i predict token i+1;
                 the mask is added to the scores after ``.to(dtype)`` (a boolean mask only adds +1/0); explicit
                 ``position_ids``.
@@ -59,43 +59,38 @@ class EmulatedOutput:
     published files (run on 4.52-4.53) return it under the old name, which is what is emulated here."""
 
     logits: torch.Tensor | None = None
-    past_key_values: Any = None
-    attn_key_values: Any = None  # LLaDA's name for the returned cache
+    past_key_values: Any = None  # LLaDA's ``LLaDAModelLM`` too: its inner model's ``attn_key_values``, renamed
 
 
 def _min(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min
 
 
-def _llada_run(model: TinyDLM, input_ids, bias, past_key_values, use_cache) -> EmulatedOutput:
-    """LLaDA's ``past_key_values``: queries sit at the last positions of ``0..K-1`` over cached + new keys.
-
-    LLaDA caches keys before RoPE and rotates them at ``0..K-1`` every call; the tiny model caches them after
-    RoPE at the positions they were computed at. Both agree exactly when the cache is a prefix of the sequence,
-    and both put the queries right after the cache (wrong for anything else, e.g. a dual cache).
-    """
-    logits, cache = model.run(input_ids, bias, None, past_key_values)
-    return EmulatedOutput(logits=logits, attn_key_values=cache if use_cache else None)
+def _llada_run(model: TinyDLM, input_ids, bias) -> EmulatedOutput:
+    """LLaDA's ``LLaDAModelLM.forward`` hands its model ``past_key_values=None, use_cache=False`` whatever it was
+    given, so the published file never reads nor returns a cache (``past_key_values`` comes back None)."""
+    logits, _ = model.run(input_ids, bias, None, None)
+    return EmulatedOutput(logits=logits, past_key_values=None)
 
 
 def _llada_hub(
     model: TinyDLM, input_ids, attention_mask=None, attention_bias=None, past_key_values=None, use_cache=False
 ) -> EmulatedOutput:
-    del attention_mask, attention_bias  # SDPA(attn_mask=None): nothing is masked
-    return _llada_run(model, input_ids, None, past_key_values, use_cache)
+    del attention_mask, attention_bias, past_key_values, use_cache  # SDPA(attn_mask=None): nothing is masked
+    return _llada_run(model, input_ids, None)
 
 
 def _llada(
     model: TinyDLM, input_ids, attention_mask=None, attention_bias=None, past_key_values=None, use_cache=False
 ) -> EmulatedOutput:
-    past_len = past_key_values[0][0].shape[2] if past_key_values else 0
-    length = past_len + input_ids.shape[1]
+    del past_key_values, use_cache  # dropped by LLaDAModelLM.forward (see _llada_run)
+    length = input_ids.shape[1]
     padding = None
     if attention_mask is not None and bool((attention_mask == 0).any()):
         keep = attention_mask.float().view(input_ids.shape[0], -1)[:, None, None, :]
         padding = (1.0 - keep) * _min(torch.float32)
     bias = None
-    if attention_bias is not None or padding is not None or past_key_values is not None:
+    if attention_bias is not None or padding is not None:
         if attention_bias is None:  # LLaDAModel.forward: the default bias is causal
             bias = torch.triu(torch.full((length, length), _min(torch.float32)), diagonal=1)[None, None]
         elif attention_bias.dtype in (torch.bool, torch.int8):
@@ -105,8 +100,8 @@ def _llada(
             bias = attention_bias.float()
         if padding is not None:
             bias = (bias + padding).clamp(min=_min(torch.float32))
-        bias = bias[:, :, length - input_ids.shape[1] : length, :length]  # OLMo attention: the last Q rows
-    return _llada_run(model, input_ids, bias, past_key_values, use_cache)
+        bias = bias[:, :, :length, :length]
+    return _llada_run(model, input_ids, bias)
 
 
 def _cached(cache: Any) -> KeyValues | None:

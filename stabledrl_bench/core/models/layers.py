@@ -98,11 +98,22 @@ def key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     return attention_mask
 
 
+def without_attention_choice(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A published ``config.json``'s fields minus ``attn_implementation``, for a native config's ``__init__``.
+
+    The native networks always run :func:`attention` (torch SDPA). The published files' choice of kernel (SDAR-8B-
+    Chat's config asks for ``flex_attention``) is theirs; kept, transformers would refuse to build these classes.
+    """
+    kwargs.pop("attn_implementation", None)
+    return kwargs
+
+
 class NativeDiffusionModel(PreTrainedModel):
     """What the native implementations share: initialisation, per-block activation checkpointing, and running the
     blocks over positions that default to those after the cache. Subclasses build their modules and embed/head."""
 
     supports_gradient_checkpointing = True
+    _supports_sdpa = True  # what :func:`attention` runs, whatever the checkpoint's config asked for
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear | nn.Embedding):

@@ -1,7 +1,7 @@
 """LLaDA written here: loads the published LLaDA-8B-Instruct / -Base / LLaDA-1.5 weights without running their code.
 
 The published checkpoints ship an OLMo-derived ``modeling_llada.py`` that only runs as remote code, pins an old
-transformers, numbers RoPE positions over cached + new keys (so only a prefix cache fits) and has no gradient
+transformers, takes no KV cache through its ``LLaDAModelLM`` (which drops ``past_key_values``) and has no gradient
 checkpointing of its own. This module is the same network in ~200 lines, written from the architecture (LLaDA,
 arXiv:2502.09992; a Llama-style bidirectional transformer), with the published parameter names so the safetensors
 load unchanged:
@@ -40,6 +40,7 @@ from stabledrl_bench.core.models.layers import (
     attend,
     require_supported,
     rope,
+    without_attention_choice,
 )
 from stabledrl_bench.errors import UserError
 
@@ -100,7 +101,7 @@ class LLaDANativeConfig(PretrainedConfig):
         self.weight_tying, self.scale_logits = weight_tying, scale_logits
         self.mask_token_id = mask_token_id
         kwargs.pop("tie_word_embeddings", None)  # a saved config repeats weight_tying under transformers' name
-        super().__init__(vocab_size=vocab_size, tie_word_embeddings=weight_tying, **kwargs)
+        super().__init__(vocab_size=vocab_size, tie_word_embeddings=weight_tying, **without_attention_choice(kwargs))
         require_supported("LLaDA", kwargs, SUPPORTED)
         if d_model % n_heads or n_heads % self.n_kv_heads:
             raise UserError(f"native LLaDA: d_model {d_model}, n_heads {n_heads}, n_kv_heads {self.n_kv_heads}")

@@ -39,6 +39,7 @@ from stabledrl_bench.core.models.layers import (
     attend,
     require_supported,
     rope,
+    without_attention_choice,
 )
 from stabledrl_bench.errors import UserError
 
@@ -85,7 +86,7 @@ class QwenDiffusionConfig(PretrainedConfig):
         # not named head_dim (transformers 5 gives that name a meaning of its own on configs), and set before the
         # base __init__, which is what transformers 5 keeps
         self.head_size = head_dim or hidden_size // num_attention_heads
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **without_attention_choice(kwargs))
         require_supported(self.family, kwargs, SUPPORTED)
         if num_attention_heads % self.num_key_value_heads:
             raise UserError(f"native {self.family}: {num_attention_heads} heads, {self.num_key_value_heads} kv heads")
