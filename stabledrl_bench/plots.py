@@ -25,6 +25,15 @@ def new_figure(width: float, height: float) -> Any:
 
 Rect = tuple[float, float, float, float]
 
+# matplotlib's log-axis tick locator overflows on values near the float64 limit (a ratio of 1e287 from an exploding
+# run crashed a training run's plot, after 120 finished steps); such values are drawn at this ceiling instead.
+LOG_AXIS_MAX = 1e200
+
+
+def log_axis_values(values: list[float]) -> tuple[list[float], bool]:
+    """``values`` with everything above :data:`LOG_AXIS_MAX` drawn at it, and whether any was."""
+    return [min(v, LOG_AXIS_MAX) for v in values], any(v > LOG_AXIS_MAX for v in values)
+
 
 def save_png(fig: Any, path: str | Path, *, dpi: int = 110, rect: Rect | None = None) -> Path:
     """Lay out ``fig`` (within ``rect`` of the figure, e.g. to leave room for a legend outside the axes) and write it

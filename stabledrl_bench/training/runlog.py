@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.migrations import upgraded_log_record
-from stabledrl_bench.plots import new_figure, save_png
+from stabledrl_bench.plots import LOG_AXIS_MAX, log_axis_values, new_figure, save_png
 
 # Curves plotted for every run, when present in the log (the rest stays in the JSONL).
 DEFAULT_CURVES = (
@@ -82,10 +82,14 @@ def plot_curves(
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, present, strict=False):
         xs, ys = _points(records, x_key, key)
+        clipped = False
+        log = key in ("grad_norm", "ratio_max") and all(y > 0 for y in ys)
+        if log:
+            ys, clipped = log_axis_values(ys)
         ax.plot(xs, ys, lw=1.2)
-        ax.set_title(key, fontsize=9)
+        ax.set_title(f"{key} (drawn at most {LOG_AXIS_MAX:g})" if clipped else key, fontsize=9)
         ax.tick_params(labelsize=7)
-        if key in ("grad_norm", "ratio_max") and all(y > 0 for y in ys):
+        if log:
             ax.set_yscale("log")
     for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")

@@ -27,7 +27,7 @@ import torch
 from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.presets import presets, warm_start_spec
-from stabledrl_bench.plots import new_figure, save_png
+from stabledrl_bench.plots import LOG_AXIS_MAX, log_axis_values, new_figure, save_png
 from stabledrl_bench.reporting.results import STABILITY_DIR, read_json_record, write_json_record
 from stabledrl_bench.training.runlog import finite, running_mean
 
@@ -345,8 +345,13 @@ def seed_band(ax, series: Series, color, *, log: bool = False) -> bool:
     if not kept:
         return False
     mean = [float(np.exp(np.mean(np.log(table[x])))) if log else float(np.mean(table[x])) for x in kept]
-    ax.plot(kept, mean, color=color, lw=1.3, label=series.label)
-    ax.fill_between(kept, [min(table[x]) for x in kept], [max(table[x]) for x in kept], color=color, alpha=0.18)
+    low, high = [min(table[x]) for x in kept], [max(table[x]) for x in kept]
+    label = series.label
+    if log:
+        (mean, _), (low, _), (high, clipped) = map(log_axis_values, (mean, low, high))
+        label += f" (drawn at most {LOG_AXIS_MAX:g})" if clipped else ""
+    ax.plot(kept, mean, color=color, lw=1.3, label=label)
+    ax.fill_between(kept, low, high, color=color, alpha=0.18)
     return True
 
 
