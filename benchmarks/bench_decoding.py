@@ -189,7 +189,7 @@ def bench_implementations(args: argparse.Namespace) -> None:
         f"load average (1/5/15 min) before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
         f"after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
     )
-    print("| mode | native s | remote s | native vs remote | remote rows agree | remote tokens agree |")
+    print("| mode | native s | remote s | remote / native time | remote rows agree | remote tokens agree |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
         native, remote = (statistics.median(times[impl, name]) for impl in models)
