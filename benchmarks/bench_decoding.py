@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from timing import timed
@@ -94,28 +95,51 @@ def _prompts(model: DiffusionLM, args: argparse.Namespace) -> tuple[torch.Tensor
     return ids, torch.ones_like(ids, dtype=torch.bool)
 
 
-def bench_decoding(args: argparse.Namespace) -> None:
-    model = _model(args)
-    model.model.to(args.device).eval()
-    ids, mask = _prompts(model, args)
-    base = FullDecode(
+def _base_settings(args: argparse.Namespace) -> FullDecode:
+    """d1's decoder at the benchmark's canvas (two tokens per step); each mode replaces some of its fields."""
+    return FullDecode(
         max_completion_length=args.max_completion_length,
         block_length=args.block_length,
         steps=args.max_completion_length // 2,
     )
+
+
+Run = tuple[DiffusionLM, FullDecode]
+
+
+def _interleaved(
+    runs: dict[Any, Run], ids: torch.Tensor, mask: torch.Tensor, repeats: int
+) -> tuple[dict[Any, list[float]], dict[Any, GenerationOutput], str]:
+    """Every run decoded once untimed (first-call allocations, kernel selection), then ``repeats`` rounds of all of
+    them in turn (A B C ... A B C ...), so a load change hits every variant alike. Returns the times, the last
+    outputs and the load average before and after, as one line."""
+    for model, settings in runs.values():
+        generate(model, ids[:1], mask[:1], settings)
+    times: dict[Any, list[float]] = {key: [] for key in runs}
+    outs: dict[Any, GenerationOutput] = {}
+    before = os.getloadavg()
+    for _ in range(repeats):
+        for key, (model, settings) in runs.items():
+            seconds, outs[key] = timed(lambda m=model, s=settings: generate(m, ids, mask, s))
+            times[key].append(seconds)
+            print(f"  {key}: {seconds:.2f} s", file=sys.stderr, flush=True)
+    after = os.getloadavg()
+    load = (
+        f"load average (1/5/15 min) before: {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}, "
+        f"after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}"
+    )
+    return times, outs, load
+
+
+def bench_decoding(args: argparse.Namespace) -> None:
+    model = _model(args)
+    model.model.to(args.device).eval()
+    ids, mask = _prompts(model, args)
+    base = _base_settings(args)
     names = args.modes.split(",")
-    times: dict[str, list[float]] = {name: [] for name in names}
-    outs: dict[str, GenerationOutput] = {}
-    for name in names:  # warm-up (first-call allocations and kernel selection), untimed
-        generate(model, ids[:1], mask[:1], dataclasses.replace(base, **MODES[name]))
-    load_before = os.getloadavg()
-    for _ in range(args.repeats):
-        for name in names:  # interleaved: A B C ... A B C ...
-            settings = dataclasses.replace(base, **MODES[name])
-            seconds, outs[name] = timed(lambda s=settings: generate(model, ids, mask, s))
-            times[name].append(seconds)
-            print(f"  {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
-    load_after = os.getloadavg()
+    times, outs, load = _interleaved(
+        {name: (model, dataclasses.replace(base, **MODES[name])) for name in names}, ids, mask, args.repeats
+    )
     params = sum(p.numel() for p in model.model.parameters())
     source = args.checkpoint or f"random weights, config {args.config}"
     source += f", {args.task} prompts" if args.task else ", random prompts"
@@ -125,10 +149,7 @@ def bench_decoding(args: argparse.Namespace) -> None:
         f"prompt={ids.shape[1]} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
         f"device={args.device}; median of {args.repeats} interleaved runs"
     )
-    print(
-        f"load average (1/5/15 min) before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-        f"after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
-    )
+    print(load)
     print("| mode | settings | s (median) | tokens/s | NFE | vs exact | rows agree | tokens agree |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     exact_time = statistics.median(times["exact"]) if "exact" in times else None
@@ -157,25 +178,18 @@ def bench_implementations(args: argparse.Namespace) -> None:
     for model in models.values():
         model.model.to(args.device).eval()
     ids, mask = _prompts(models["native"], args)
-    base = FullDecode(
-        max_completion_length=args.max_completion_length,
-        block_length=args.block_length,
-        steps=args.max_completion_length // 2,
-    )
+    base = _base_settings(args)
     names = args.modes.split(",")
-    runs = [(impl, name) for name in names for impl in models]
-    for impl, name in runs:  # warm-up, untimed
-        generate(models[impl], ids[:1], mask[:1], dataclasses.replace(base, **MODES[name]))
-    times: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
-    outs: dict[tuple[str, str], GenerationOutput] = {}
-    load_before = os.getloadavg()
-    for _ in range(args.repeats):
-        for impl, name in runs:  # interleaved
-            settings = dataclasses.replace(base, **MODES[name])
-            seconds, outs[impl, name] = timed(lambda m=models[impl], s=settings: generate(m, ids, mask, s))
-            times[impl, name].append(seconds)
-            print(f"  {impl} {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
-    load_after = os.getloadavg()
+    times, outs, load = _interleaved(
+        {
+            (impl, name): (model, dataclasses.replace(base, **MODES[name]))
+            for name in names
+            for impl, model in models.items()
+        },
+        ids,
+        mask,
+        args.repeats,
+    )
     params = sum(p.numel() for p in models["native"].model.parameters())
     print(
         f"model: {args.checkpoint or f'random weights, config {args.config}'} as one LLaDA folder "
@@ -185,10 +199,7 @@ def bench_implementations(args: argparse.Namespace) -> None:
         f"steps={base.steps}; threads={torch.get_num_threads()} device={args.device}; median of {args.repeats} "
         "interleaved runs"
     )
-    print(
-        f"load average (1/5/15 min) before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-        f"after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
-    )
+    print(load)
     print("| mode | native s | remote s | remote / native time | remote rows agree | remote tokens agree |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
