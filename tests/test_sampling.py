@@ -17,6 +17,7 @@ import torch
 from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.core.sampling import (
     RECORD_FIELDS,
+    SETTINGS_TYPES,
     BlockDecode,
     DecodeSettingsError,
     FullDecode,
@@ -35,7 +36,6 @@ from stabledrl_bench.errors import UserError
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 PROMPTS = ["What is 2+3?", "hi", "Count: 1 2 3"]
 NEG_INF = float("-inf")
-SETTINGS = {"full": FullDecode, "block": BlockDecode}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -494,7 +494,7 @@ def test_mask_token_is_never_committed(monkeypatch, attention):
         return logits.index_add(-1, torch.tensor([model.mask_id]), torch.full_like(logits[..., :1], 100.0)), cache
 
     monkeypatch.setattr(model, "_forward", mask_loving)
-    out = generate(model, ids, mask, SETTINGS[attention](max_completion_length=8, block_length=4, steps=4))
+    out = generate(model, ids, mask, SETTINGS_TYPES[attention](max_completion_length=8, block_length=4, steps=4))
     assert not bool((out.completion_ids == model.mask_id).any()) and bool((out.unmask_step >= 0).all())
 
 
@@ -503,12 +503,12 @@ def test_mask_token_is_never_committed(monkeypatch, attention):
 def test_sampling_is_deterministic_given_the_generator(full_model, block_model, attention):
     model = full_model if attention == "full" else block_model
     ids, mask = _prompts(model)
-    settings = SETTINGS[attention](max_completion_length=16, block_length=4, steps=8, temperature=1.0)
+    settings = SETTINGS_TYPES[attention](max_completion_length=16, block_length=4, steps=8, temperature=1.0)
     first = generate(model, ids, mask, settings, _gen(1)).sequences
     assert torch.equal(first, generate(model, ids, mask, settings, _gen(1)).sequences)
     assert not torch.equal(first, generate(model, ids, mask, settings, _gen(2)).sequences)
     greedy = generate(
-        model, ids, mask, SETTINGS[attention](max_completion_length=16, block_length=4, steps=8)
+        model, ids, mask, SETTINGS_TYPES[attention](max_completion_length=16, block_length=4, steps=8)
     ).sequences
     assert not torch.equal(first, greedy)
 
@@ -592,7 +592,7 @@ def test_every_committed_record_reads_back_as_its_settings_type():
             continue
         attention = settings["protocol"]["attention"]
         decode = recorded_decode(settings, attention)
-        assert isinstance(decode, SETTINGS[attention]), path
+        assert isinstance(decode, SETTINGS_TYPES[attention]), path
         assert list(decode.to_dict().items()) == [(name, settings[name]) for name in RECORD_FIELDS], path
         seen.add(attention)
     assert seen == {"full", "block"}  # the committed results hold both kinds

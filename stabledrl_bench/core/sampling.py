@@ -183,6 +183,7 @@ class BlockDecode:
 
 
 DecodeSettings = FullDecode | BlockDecode
+SETTINGS_TYPES: dict[str, type[FullDecode] | type[BlockDecode]] = {"full": FullDecode, "block": BlockDecode}
 
 # Results record either sampler's settings as one flat dict in this order (fixed by records written before the
 # two types were split), with the other sampler's fields at their neutral values; a field added later (cache,
@@ -203,8 +204,15 @@ RECORD_FIELDS = (
     "cache",
     "factor",
 )
-_NEUTRAL = {"remasking": "low_confidence", "cfg_scale": 0.0, "top_k": 0, "top_p": 1.0, "use_cache": True}
-_NEUTRAL |= {"cache": "none", "factor": 1.0}
+_NEUTRAL = {
+    "remasking": "low_confidence",
+    "cfg_scale": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "use_cache": True,
+    "cache": "none",
+    "factor": 1.0,
+}
 
 
 def _record_form(settings: DecodeSettings) -> dict[str, Any]:
@@ -214,7 +222,7 @@ def _record_form(settings: DecodeSettings) -> dict[str, Any]:
 
 def recorded_decode(settings: Mapping[str, Any], attention: str) -> DecodeSettings:
     """The settings a result recorded (:data:`RECORD_FIELDS`), as the type of its model's ``attention``."""
-    kind = FullDecode if attention == "full" else BlockDecode
+    kind = SETTINGS_TYPES[attention]
     return kind(**{f.name: settings[f.name] for f in fields(kind) if f.name in settings})
 
 
@@ -824,7 +832,7 @@ def generate(
     """Decode with the sampler that ``settings`` belong to, which must be the one of the model's attention:
     :func:`llada_generate` for :class:`FullDecode`, :func:`block_diffusion_generate` for :class:`BlockDecode`
     (whose ``block_length`` must be the model's block size)."""
-    kind = {"full": FullDecode, "block": BlockDecode}[model.attention]
+    kind = SETTINGS_TYPES[model.attention]
     _require(
         isinstance(settings, kind),
         f"{type(settings).__name__} settings cannot decode {model.name}, a {model.attention}-attention model: "
@@ -857,6 +865,7 @@ __all__ = [
     "CACHE_MODES",
     "DECODE_MODES",
     "RECORD_FIELDS",
+    "SETTINGS_TYPES",
     "BlockDecode",
     "DecodeSettings",
     "DecodeSettingsError",
