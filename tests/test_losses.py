@@ -21,6 +21,7 @@ from stabledrl_bench.core.advantages import compute_dtype
 from stabledrl_bench.core.baseline import LossInputs, build_baseline
 from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.core.losses import (
+    anchor_kl,
     conditional_clip,
     k2_kl,
     k3_kl,
@@ -100,6 +101,20 @@ def test_kl_estimators() -> None:
     # dLLM-RL clamps the exponent only: x = -12 -> e^-10 + 12 - 1
     torch.testing.assert_close(k3_kl(torch.tensor([-12.0]), exp_clamp=10.0), torch.tensor([math.exp(-10.0) + 11.0]))
     torch.testing.assert_close(k2_kl(torch.tensor([2.0, -0.5])), torch.tensor([2.0, 0.125]))
+
+
+def test_the_shared_anchor_by_hand() -> None:
+    """k3 of the per-token sequence log-ratio (E_ref - E_theta) / L, averaged over sequences, and its gradient."""
+    elbo = torch.tensor([-10.0, -20.0, -6.0], requires_grad=True)
+    ref = torch.tensor([-12.0, -20.0, -2.0])
+    # x = (-12 + 10) / 4 = -0.5, 0, (-2 + 6) / 4 = 1: k3 = e^-0.5 + 0.5 - 1, 0, e^1 - 1 - 1
+    expected = (math.exp(-0.5) - 0.5 + (math.exp(1.0) - 2.0)) / 3
+    value = anchor_kl(elbo, ref, length=4)
+    torch.testing.assert_close(value, torch.tensor(expected))
+    value.backward()
+    # d/dE k3((r - E) / L) = (1 - e^x) / L, and 1/3 for the mean: zero where the policy equals the reference
+    grads = [(1 - math.exp(x)) / 4 / 3 for x in (-0.5, 0.0, 1.0)]
+    torch.testing.assert_close(elbo.grad, torch.tensor(grads))
 
 
 # ----------------------------------------------------------------------------------------------------------- ESPO

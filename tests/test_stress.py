@@ -43,6 +43,7 @@ from stabledrl_bench.experiments.stress.common import (
     stress_warm_start,
 )
 from stabledrl_bench.experiments.stress.update_norms import log_weight_noise, measure_update_norms
+from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.trainer import SampledBatch
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -494,8 +495,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     main(["drift", "--levels", "0,0.1", "--repeats", "1", "--rollouts", "1", *toy, *common])
     main(["hull", "--trials", "10", *common[:-2]])
     main(["longrun", "--methods", "grpo,stabledrl", *toy, "--steps", "4", "--jobs", "1", *common])
+    main(["attribution", "--methods", "stabledrl,stabledrl_anchor", *train, *common])
     records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
-    assert set(records) == {"lrsweep", "exploding", "clip", "drift", "hull", "longrun"}
+    assert set(records) == {"lrsweep", "exploding", "clip", "drift", "hull", "longrun", "attribution"}
     chosen = records["lrsweep"]["chosen_lr"]
     assert chosen in (1e-4, 1e-3) and set(records["lrsweep"]["by_lr"]) == {"0.0001", "0.001"}
     longrun = records["longrun"]
@@ -519,8 +521,16 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     (stable,) = [r for r in exploding["runs"] if r["label"] == "stabledrl"]
     (clip5,) = records["clip"]["runs"]
     assert stable["run_dir"] == clip5["run_dir"]
-    # 4 sweep runs (2 methods x 2 rates) + 2 exploding; the long run at the chosen rate is the sweep's own runs.
-    assert len(list((runs / "train").iterdir())) == 4 + 2 and longrun["jobs"]["jobs_reused"] == 3
+    # 4 sweep runs (2 methods x 2 rates) + 2 exploding; the long run at the chosen rate is the sweep's own runs;
+    # the attribution's unchanged StableDRL is the exploding test's run, its anchored variant one more.
+    assert len(list((runs / "train").iterdir())) == 4 + 2 + 1 and longrun["jobs"]["jobs_reused"] == 3
+    attribution = records["attribution"]
+    assert attribution["jobs"]["jobs_reused"] == 2  # the control and the unchanged StableDRL
+    effective = {name: m["effective"] for name, m in attribution["methods"].items()}
+    assert effective["stabledrl"]["anchor_beta"] == 0.0 and effective["stabledrl_anchor"]["anchor_beta"] == 0.04
+    assert effective["stabledrl_anchor"]["beta"] == 0.0  # the method's own KL stays off
+    (anchored,) = [r for r in attribution["runs"] if r["label"] == "stabledrl_anchor"]
+    assert "anchor_kl" in read_log(Path(anchored["run_dir"]) / "log.jsonl")[-1]
     for record in records.values():
         for name in record["plots"].values():
             assert (results / "stability" / name).is_file()
@@ -528,4 +538,6 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert "### What we observed" in text and "not run (`python" not in text
     assert "* **observation** — learning-rate sweep:" in text and "### Learning-rate sweep" in text
     assert "per method: grpo beta 0; stabledrl beta 0, num_mc 2" in text  # the sweep's effective options
+    assert "stabledrl_anchor beta 0, num_mc 2, shared anchor 0.04" in text
+    assert "* **attribution** — stabledrl under exploding: unchanged 0/1 collapsed" in text
     assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text

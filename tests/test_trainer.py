@@ -515,3 +515,87 @@ def test_a_run_whose_weights_turn_non_finite_stops_and_saves_none_of_them(small_
         trainer.train(resume=False)
     assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [1, 2, 3]
     assert not (tmp_path / "final").exists() and not (tmp_path / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------------------------------- shared anchor
+def _varied(trainer, monkeypatch):
+    """Rewards that differ inside every group, so that each method has a gradient."""
+    from stabledrl_bench.tasks.base import RewardResult
+
+    by_length = _per_completion(lambda text, doc, profile: RewardResult(len(text) % 3, {}))
+    monkeypatch.setattr(trainer.task, "reward_many", by_length)
+
+
+@pytest.mark.parametrize("baseline", ["stabledrl", "grpo"])
+def test_the_shared_anchor_adds_beta_times_k3_to_the_methods_loss(baseline, small_models, tmp_path, monkeypatch):
+    """The anchored micro-batch loss equals the method's loss plus anchor_beta x k3 of (E_ref - E_theta) / L,
+    recomputed here from the stored masks with the ELBO estimator on the two models (the policy moved away from the
+    reference first, so the term is not 0)."""
+    from stabledrl_bench.core.estimators import ESPOElbo
+
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, baseline, anchor_beta=0.3))
+    assert trainer.ref_dlm is not None and type(trainer.anchor) is ESPOElbo and trainer.anchor.num_mc == 1
+    _varied(trainer, monkeypatch)
+    micro_batches, _ = trainer.rollout()
+    with torch.no_grad():
+        for p in trainer.train_dlm.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    mb = micro_batches[0]
+    noise, ref = mb.anchor[1]
+    state = mb.generators["mask"].get_state()  # StableDRL draws fresh masks in the loss: the same ones twice
+    anchored, metrics = trainer._micro_loss(mb, 1)
+    trainer.anchor = None
+    mb.generators["mask"].set_state(state)
+    plain, _ = trainer._micro_loss(mb, 1)
+    estimator = ESPOElbo(num_mc=1)
+    with torch.no_grad():
+        new = estimator.evaluate(trainer.train_dlm, mb.batch, noise).elbo
+        old = estimator.evaluate(trainer.ref_dlm, mb.batch, noise).elbo
+    torch.testing.assert_close(ref.elbo, old)
+    x = (old - new) / mb.batch.completion_ids.shape[1]
+    kl = (torch.exp(x) - x - 1).mean()
+    assert kl > 1e-6
+    torch.testing.assert_close(metrics["anchor_kl"], kl.item(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(anchored.detach(), plain.detach() + 0.3 * kl, rtol=1e-5, atol=1e-7)
+
+
+def test_the_anchor_pulls_nothing_at_the_start_and_is_logged(small_models, tmp_path, monkeypatch):
+    """At the first step the policy is the reference: the anchor is 0 with a zero gradient, so step 1 is the
+    unanchored step; from the second step on the policy has moved and the anchor is positive."""
+    logs = {}
+    for beta in (0.0, 0.5):
+        trainer = RLTrainer(_config(small_models["full"], tmp_path / str(beta), "stabledrl", anchor_beta=beta))
+        assert (trainer.ref_dlm is None) == (beta == 0)  # StableDRL loads a reference only for the anchor
+        _varied(trainer, monkeypatch)
+        trainer.train()
+        logs[beta] = read_log(tmp_path / str(beta) / "log.jsonl")
+    plain, anchored = logs[0.0], logs[0.5]
+    assert "anchor_kl" not in plain[0]
+    assert anchored[0]["anchor_kl"] == 0.0 and anchored[1]["anchor_kl"] > 0
+    assert anchored[0]["grad_norm"] == plain[0]["grad_norm"] and anchored[0]["loss"] == plain[0]["loss"]
+    assert anchored[1]["loss"] != plain[1]["loss"]
+
+
+def test_the_anchor_is_checked_and_absent_from_an_unanchored_runs_identity(small_models, tmp_path):
+    from stabledrl_bench.experiments.runner import TrainJob, control_config
+
+    with pytest.raises(UserError, match=r"^anchor_beta must be a finite number >= 0"):
+        _config(small_models["full"], tmp_path, anchor_beta=-0.1)
+    plain = TrainJob(_config(small_models["full"], tmp_path))
+    anchored = TrainJob(_config(small_models["full"], tmp_path, anchor_beta=0.04))
+    assert "anchor_beta" not in plain.identity()["config"]  # runs cached before the anchor keep their keys
+    assert anchored.identity()["config"]["anchor_beta"] == 0.04 and anchored.key() != plain.key()
+    # every run of a seed shares its frozen control, anchored or not
+    assert TrainJob(control_config(anchored.config, "")).key() == TrainJob(control_config(plain.config, "")).key()
+
+
+def test_lora_anchors_to_the_adapter_free_model(small_models, tmp_path, monkeypatch):
+    from stabledrl_bench.training.trainer import LoraSettings
+
+    lora = LoraSettings(r=4, alpha=8, target_modules=["qkv"])
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, "spg", lora=lora, anchor_beta=0.1))
+    assert trainer.ref_dlm is None
+    _varied(trainer, monkeypatch)
+    trainer.train()
+    log = read_log(tmp_path / "log.jsonl")
+    assert log[0]["anchor_kl"] == 0.0 and log[1]["anchor_kl"] > 0

@@ -121,13 +121,24 @@ def training_estimator(
     block_length: int | None = None,
     micro_batch_size: int | None = None,
 ) -> Estimator:
-    """The estimator ``baseline`` trains ``model`` with: its spec, adapted to the model's attention and bound.
+    """The estimator ``baseline`` trains ``model`` with (:func:`bound_estimator` of its spec)."""
+    return bound_estimator(baseline.estimator(), model, block_length=block_length, micro_batch_size=micro_batch_size)
+
+
+def bound_estimator(
+    spec: Estimator,
+    model: Any,
+    *,
+    block_length: int | None = None,
+    micro_batch_size: int | None = None,
+) -> Estimator:
+    """``spec`` adapted to ``model``'s attention and bound.
 
     Block-diffusion models get the staircase counterpart of a sequence-level ELBO (``Estimator.for_attention``);
     settings left open (SPG's masking block = the rollout's ``block_length``; the staircase block = the model's)
     are filled by ``bind``. ``micro_batch_size`` only chunks the forward pass.
     """
-    estimator = baseline.estimator().for_attention(model.attention)
+    estimator = spec.for_attention(model.attention)
     if micro_batch_size:
         estimator = dataclasses.replace(estimator, micro_batch_size=micro_batch_size)
     return estimator.bind(model, block_length=block_length)

@@ -90,6 +90,20 @@ def k2_kl(log_ratio: torch.Tensor) -> torch.Tensor:
     return 0.5 * log_ratio.to(compute_dtype(log_ratio)) ** 2
 
 
+def anchor_kl(elbo: torch.Tensor, ref_elbo: torch.Tensor, length: int) -> torch.Tensor:
+    """The same KL anchor for every method: (1/B) sum_i k3((E_ref_i - E_theta_i) / L).
+
+    ``elbo`` [B] (with grad) and ``ref_elbo`` [B] are sequence ELBOs of the current and the frozen reference
+    policy on the same masks, summed over the L canvas positions; dividing by L puts the log-ratio on the per-token
+    scale that GRPO's token-level k3 penalty uses, so one beta means about the same pull for a sequence-level
+    estimate as for d1's token-level one. The trainer adds ``anchor_beta`` times this to any method's loss
+    (``TrainConfig.anchor_beta``), which is what lets a comparison give every method one anchor: the methods' own
+    KL terms differ in estimator, reference and scale, and SPG and StableDRL have none.
+    """
+    dtype = compute_dtype(elbo)
+    return k3_kl((ref_elbo.to(dtype) - elbo.to(dtype)) / length).mean()
+
+
 @torch.no_grad()
 def ratio_metrics(log_ratio: torch.Tensor) -> dict[str, float]:
     """Shared diagnostics of the (unclipped) importance ratios rho = exp(log_ratio) of the entries that count.

@@ -164,7 +164,8 @@ class TrainJob:
         # the effective baseline settings instead of the options given: a changed default must not reuse runs
         # trained with the old one, and an option given at its default value is the same run
         effective = _identity(build_baseline(self.config.baseline, **self.config.baseline_options).config)
-        config = _identity(self.config, "baseline_options")
+        # no anchor (the default) is left out, so runs cached before the anchor existed keep their keys
+        config = _identity(self.config, "baseline_options", *(() if self.config.anchor_beta else ("anchor_beta",)))
         config["budget"] = _hashable(self.config.budget.to_dict())  # what the budget hash covers, nothing else
         return {"config": config, "baseline_config": effective, "hook": hook}
 
@@ -241,6 +242,7 @@ def control_config(config: TrainConfig, output_dir: Path | str) -> TrainConfig:
         config,
         baseline=CONTROL_BASELINE,
         baseline_options={},
+        anchor_beta=0.0,
         optim=dataclasses.replace(config.optim, learning_rate=0.0),
         output_dir=str(output_dir),
     )

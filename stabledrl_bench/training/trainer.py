@@ -5,7 +5,7 @@ Per rollout phase (every ``num_iterations`` optimizer steps):
 1. draw ``prompts_per_step`` prompts (this process takes its slice), generate ``num_generations`` completions
    each with the diffusion sampler, score them with the task's reward profile;
 2. advantages per group (the baseline's rule), likelihood estimates of the rollout policy (and of the
-   reference policy when beta > 0) for every inner iteration;
+   reference policy when beta > 0, or for the shared anchor when ``anchor_beta`` > 0) for every inner iteration;
 3. ``num_iterations`` optimizer steps on that rollout: for each micro-batch, estimate the current policy's
    likelihood (same masks as the rollout estimate when the baseline is coupled, fresh masks otherwise), call
    the baseline's pure loss, backpropagate; clip the gradient norm (logged *before* clipping), AdamW, LR step.
@@ -38,8 +38,9 @@ from tqdm.auto import tqdm
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import deep_merge, from_dict, read_mapping, require_positive, to_dict
-from stabledrl_bench.core.baseline import LossInputs, build_baseline, training_estimator
-from stabledrl_bench.core.estimators import Estimate, SequenceBatch
+from stabledrl_bench.core.baseline import LossInputs, bound_estimator, build_baseline, training_estimator
+from stabledrl_bench.core.estimators import ESPOElbo, Estimate, Estimator, SequenceBatch
+from stabledrl_bench.core.losses import anchor_kl
 from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, load_model_spec
 from stabledrl_bench.core.models.checkpointing import enable_activation_checkpointing
 from stabledrl_bench.core.models.probes import require_conventions
@@ -100,6 +101,10 @@ class TrainConfig:
     budget: Budget = field(default_factory=paper_budget)  # the StableDRL recipe's
     optim: OptimConfig = field(default_factory=OptimConfig)
     baseline_options: dict[str, Any] = field(default_factory=dict)
+    # The same KL anchor for every method, added to its loss: anchor_beta x k3 of the per-token sequence log-ratio
+    # to the frozen start (core/losses.py: anchor_kl, on ANCHOR_ESTIMATOR's ELBO). 0: none. A method's own beta is
+    # separate (it anchors in its own way, or not at all).
+    anchor_beta: float = 0.0
     per_device_prompts: int = 1  # prompts per micro-batch on one process (memory knob, not budget)
     estimator_micro_batch: int | None = None  # rows per forward inside an estimator (memory knob)
     seed: int = 0
@@ -121,6 +126,8 @@ class TrainConfig:
             estimator_micro_batch=self.estimator_micro_batch,
             max_nonfinite_steps=self.max_nonfinite_steps,
         )
+        if not (math.isfinite(self.anchor_beta) and self.anchor_beta >= 0):
+            raise UserError(f"anchor_beta must be a finite number >= 0 (0 = no anchor), got {self.anchor_beta}")
         if self.save_every < 0:
             raise UserError(f"save_every must be >= 0 (0 = a checkpoint at the end only), got {self.save_every}")
         if self.keep_checkpoints < 0:
@@ -161,8 +168,9 @@ class MicroBatch:
     noises: list[Any]  # per inner iteration (coupled) or [] (fresh masks every time)
     old: list[Estimate | None]  # per inner iteration; None at iteration 0 of a coupled baseline
     ref: list[Estimate | None]
-    generators: dict[str, torch.Generator]  # this micro-batch's "mask" and "noise" streams
+    generators: dict[str, torch.Generator]  # this micro-batch's "mask" and "noise" (and "anchor") streams
     weight: float = 1.0
+    anchor: list[tuple[Any, Estimate]] = field(default_factory=list)  # per inner iteration: masks, reference ELBO
 
 
 @dataclass
@@ -176,6 +184,11 @@ class SampledBatch:
     components: dict[str, list[float]]  # the reward profile's parts, per row
     nfe: int
     unit: int  # the micro-batch's place in the step (the key of its random streams)
+
+
+# The anchor's estimator (TrainConfig.anchor_beta): one method-independent ELBO, ESPO's antithetic pair of masks with
+# one Monte-Carlo sample (the staircase ELBO on block-diffusion models), drawn from the anchor's own random stream.
+ANCHOR_ESTIMATOR = ESPOElbo(num_mc=1)
 
 
 # Called on every rollout-policy estimate before the loss sees it, with the trainer's private "noise" generator:
@@ -224,8 +237,13 @@ class RLTrainer:
             declare_fsdp_blocks(self.acc, model, blocks)
         if cfg.lora is not None:
             model = _apply_lora(model, cfg.lora, seed=cfg.seed)
+        self.anchor: Estimator | None = None
+        if cfg.anchor_beta > 0:
+            self.anchor = bound_estimator(
+                ANCHOR_ESTIMATOR, dlm, block_length=cfg.budget.block_length, micro_batch_size=cfg.estimator_micro_batch
+            )
         ref_model = None
-        if self.baseline.needs_ref and cfg.lora is None:
+        if (self.baseline.needs_ref or self.anchor is not None) and cfg.lora is None:
             ref_model = frozen_copy(self.acc, model)
         replica = UnshardedReplica(self.acc, model) if self.acc.is_fsdp2 else None
         if cfg.gradient_checkpointing:
@@ -360,7 +378,8 @@ class RLTrainer:
                 batch = _select_rows(batch, keep)
                 advantages, group_ids = advantages[keep], group_ids[keep]
             kept += int(keep.sum())
-            generators = {name: keyed_generator(self.cfg.seed, name, phase, s.unit) for name in ("mask", "noise")}
+            streams = ("mask", "noise", "anchor") if self.anchor is not None else ("mask", "noise")
+            generators = {name: keyed_generator(self.cfg.seed, name, phase, s.unit) for name in streams}
             with self.acc.autocast():  # as the gradient passes run, so old and new estimates agree
                 micro_batches.append(
                     self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids, generators, weight)
@@ -389,7 +408,8 @@ class RLTrainer:
     def _pre_estimate(
         self, batch: SequenceBatch, advantages, group_ids, generators: dict[str, torch.Generator], weight: float
     ) -> MicroBatch:
-        """Rollout-policy (and reference) likelihoods for every inner iteration, under no_grad.
+        """Rollout-policy (and reference, and the anchor's reference) likelihoods for every inner iteration, under
+        no_grad.
 
         A zero-weighted micro-batch needs none: its loss compares the policy with itself (``_micro_loss``).
         """
@@ -413,16 +433,20 @@ class RLTrainer:
                     old.append(self.estimator.evaluate(self.dlm, batch, self.estimator.draw(batch, mask_gen)).detach())
                 else:
                     old.append(old[0])  # independent masks: one rollout estimate, as the official code does
-            if self.ref_dlm is not None or (self.baseline.needs_ref and self.cfg.lora is not None):
+            if self.baseline.needs_ref:
                 ref_noise = noises[it] if coupled else self.estimator.draw(batch, mask_gen)
-                ref.append(self._reference_estimate(batch, ref_noise))
-        return MicroBatch(batch, advantages, group_ids, noises, old, ref, generators, weight)
+                ref.append(self._reference_estimate(self.estimator, batch, ref_noise))
+        anchor = []
+        if self.anchor is not None:  # the same masks for the reference now and the current policy in the loss
+            draws = [self.anchor.draw(batch, generators["anchor"]) for _ in range(mu)]
+            anchor = [(noise, self._reference_estimate(self.anchor, batch, noise)) for noise in draws]
+        return MicroBatch(batch, advantages, group_ids, noises, old, ref, generators, weight, anchor=anchor)
 
-    def _reference_estimate(self, batch: SequenceBatch, noise) -> Estimate:
+    def _reference_estimate(self, estimator: Estimator, batch: SequenceBatch, noise) -> Estimate:
         if self.ref_dlm is not None:
-            return self.estimator.evaluate(self.ref_dlm, batch, noise).detach()
+            return estimator.evaluate(self.ref_dlm, batch, noise).detach()
         with self.dlm.model.disable_adapter():  # LoRA: the reference is the adapter-free base model
-            return self.estimator.evaluate(self.dlm, batch, noise).detach()
+            return estimator.evaluate(self.dlm, batch, noise).detach()
 
     # ------------------------------------------------------------------ optimisation
     def optimizer_step(self, micro_batches: list[MicroBatch], iteration: int) -> dict[str, float]:
@@ -495,9 +519,23 @@ class RLTrainer:
             group_ids=mb.group_ids.to(mb.advantages.device),
         )
         loss, metrics = self.baseline.loss(inputs)
+        if self.anchor is not None:
+            loss, metrics = self._anchored(loss, metrics, mb, iteration)
         if mb.weight == 0:
             return loss * 0.0, {}
         return loss, metrics
+
+    def _anchored(
+        self, loss: torch.Tensor, metrics: dict[str, float], mb: MicroBatch, iteration: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``loss`` plus ``anchor_beta`` x the shared anchor (:func:`~stabledrl_bench.core.losses.anchor_kl`) on
+        this iteration's anchor masks; a zero-weighted micro-batch compares the policy with itself."""
+        assert self.anchor is not None
+        noise, ref = mb.anchor[iteration] if mb.anchor else (self.anchor.draw(mb.batch, mb.generators["anchor"]), None)
+        new = self.anchor.evaluate(self.train_dlm, mb.batch, noise).elbo
+        ref_elbo = new.detach() if ref is None else ref.elbo
+        kl = anchor_kl(new, ref_elbo, mb.batch.completion_ids.shape[1])
+        return loss + self.cfg.anchor_beta * kl, {**metrics, "anchor_kl": kl.item()}
 
     # ------------------------------------------------------------------ main loop
     def train(self, *, resume: bool | None = False, stop_after: int | None = None) -> Path:

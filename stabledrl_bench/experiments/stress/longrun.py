@@ -10,7 +10,8 @@ every method, and the learning rate the recorded sweep chose (``stress lrsweep``
 Collapse and spikes follow :class:`~stabledrl_bench.experiments.stress.common.Definitions` (judged against every
 seed's frozen control); ``--methods`` also offers the ablations that attribute a collapse to a cause: one
 Monte-Carlo sample instead of two (``*_mc1``), StableDRL with the rollout's masks shared by the current estimate
-(``stabledrl_coupled``), and the KL anchors switched on (``*_kl``, each method's default beta). Whatever happens
+(``stabledrl_coupled``), the KL anchors switched on (``*_kl``, each method's default beta) and one anchor for every
+method alike (``*_anchor``, the trainer's ``anchor_beta``). Whatever happens
 is reported: the leaderboard's verdict compares it with the claim.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stabledrl_bench.errors import positive_int
 from stabledrl_bench.experiments.stress.observations import longrun_claims
@@ -31,20 +31,8 @@ from stabledrl_bench.experiments.stress.options import (
     option,
 )
 from stabledrl_bench.experiments.stress.tables import training_block
-from stabledrl_bench.experiments.stress.training import METHODS, method_sweep
+from stabledrl_bench.experiments.stress.training import METHODS, VARIANTS, method_sweep
 
-# Cause-finding variants, run when named in --methods: the noisier one-sample estimators, and shared masks.
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "espo_mc1": ("espo", {"beta": 0.0, "num_mc": 1}),
-    "spg_mc1": ("spg", {"num_mc": 1}),
-    "stabledrl_mc1": ("stabledrl", {"num_mc": 1}),
-    "stabledrl_coupled": ("stabledrl", {"coupled": True}),
-    # KL on: each method's own default anchor (GRPO k3 to the reference, ESPO k2 on the ELBO, TraDo k3 to the old
-    # policy); SPG and StableDRL have no KL term to switch on.
-    "grpo_kl": ("grpo", {}),
-    "espo_kl": ("espo", {}),
-    "trado_kl": ("trado", {}),
-}
 CHOICES = {**METHODS, **VARIANTS}
 
 

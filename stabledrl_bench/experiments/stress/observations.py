@@ -277,3 +277,31 @@ def longrun_claims(record: Mapping[str, Any] | None) -> list[str]:
         else ("partly agrees" if _none(stable) and collapsed else "disagrees")
     )
     return [_claim(claim, verdict, f"{setting}: {evidence}")]
+
+
+def _change(base: Mapping[str, Any], variant: Mapping[str, Any]) -> str:
+    """What one change did to the collapse count, read against the unchanged method on the same seeds."""
+    if variant["collapsed"] == base["collapsed"]:
+        return "no change" if base["collapsed"] == 0 else "still collapses"
+    return "more collapses" if variant["collapsed"] > base["collapsed"] else "fewer collapses"
+
+
+def attribution_observations(record: Mapping[str, Any] | None) -> list[str]:
+    """Not a paper claim: per method and condition, each one-change variant's collapses beside the unchanged
+    method's (``<method>_<change>`` labels of the record), so that a collapse is assigned to what removes it."""
+    if record is None:
+        return ["* Attribution of collapses: not run (`python -m stabledrl_bench stress attribution`)."]
+    out = []
+    for base in record["summary"]:
+        variants = [s for s in record["summary"] if s["condition"] == base["condition"]]
+        variants = [s for s in variants if s["label"].startswith(f"{base['label']}_")]
+        if not variants:
+            continue
+        changes = "; ".join(
+            f"{v['label'].removeprefix(base['label'] + '_')} {_collapse_text(v)} ({_change(base, v)})" for v in variants
+        )
+        out.append(
+            f"* **attribution** — {base['label']} under {base['condition']}: unchanged {_collapse_text(base)}; "
+            f"{changes}."
+        )
+    return out

@@ -177,6 +177,7 @@ EXPERIMENTS: Registry[Experiment] = Registry(
         "stabledrl_bench.experiments.stress.drift",
         "stabledrl_bench.experiments.stress.hull",
         "stabledrl_bench.experiments.stress.longrun",
+        "stabledrl_bench.experiments.stress.attribution",
     ),
     check=_experiment,
 )

@@ -148,10 +148,11 @@ class TrainSettings:
             "noise": {**self.noise.__dict__, "text": self.noise.describe()},
         }
 
-    def config(self, baseline: str, options: dict[str, Any], seed: int) -> TrainConfig:
+    def config(self, baseline: str, options: dict[str, Any], seed: int, anchor_beta: float = 0.0) -> TrainConfig:
         """The trainer config of one run (its folder is set by the job that runs it)."""
         return TrainConfig(
             baseline=baseline,
+            anchor_beta=anchor_beta,
             task=self.task,
             model=self.warm_start,
             protocol=self.protocol,

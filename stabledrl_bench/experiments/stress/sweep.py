@@ -43,13 +43,23 @@ CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run: a labelled method under one condition and seed."""
+    """One training run: a labelled method under one condition and seed.
+
+    ``options`` are the baseline's config fields plus, optionally, the trainer's ``anchor_beta`` (the anchor every
+    method can be given alike, ``TrainConfig.anchor_beta``): a method table names a run in one place.
+    """
 
     label: str
     baseline: str
     options: tuple[tuple[str, Any], ...]
     condition: str
     seed: int
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """A method table's options as ``(baseline options, the trainer's anchor_beta)``."""
+    rest = dict(options)
+    return rest, float(rest.pop("anchor_beta", 0.0))
 
 
 def _in_folder(job: TrainJob, parent: Path, name: str) -> TrainJob:
@@ -63,7 +73,8 @@ def train_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> TrainJo
     hook = None
     if spec.condition == "exploding":
         hook = settings.noise.injection(spec.baseline, settings.budget.max_completion_length)
-    job = TrainJob(settings.config(spec.baseline, dict(spec.options), spec.seed), hook)
+    options, anchor_beta = split_options(dict(spec.options))
+    job = TrainJob(settings.config(spec.baseline, options, spec.seed, anchor_beta=anchor_beta), hook)
     return _in_folder(job, runs_dir / "train", f"{spec.baseline}-{spec.condition}-s{spec.seed}")
 
 

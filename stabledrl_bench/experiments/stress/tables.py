@@ -73,6 +73,7 @@ def _setting_line(record: Mapping[str, Any]) -> str:
         knobs = [
             f"{name} beta {fmt(m['effective'].get('beta'))}"
             + (f", num_mc {m['effective']['num_mc']}" if "num_mc" in m["effective"] else "")
+            + (f", shared anchor {fmt(m['effective']['anchor_beta'])}" if m["effective"].get("anchor_beta") else "")
             for name, m in methods.items()
         ]
         parts.append("per method: " + "; ".join(knobs))

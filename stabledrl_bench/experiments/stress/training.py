@@ -31,7 +31,7 @@ from stabledrl_bench.experiments.stress.options import (
     recorded_settings,
 )
 from stabledrl_bench.experiments.stress.settings import train_settings, warm_start
-from stabledrl_bench.experiments.stress.sweep import RunSpec, aggregate, plot_sweep, run_sweep
+from stabledrl_bench.experiments.stress.sweep import RunSpec, aggregate, plot_sweep, run_sweep, split_options
 from stabledrl_bench.experiments.stress.tables import training_block
 
 # Display name -> (registered baseline, options): the five methods, each with its official estimator settings
@@ -48,6 +48,22 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "clip_only": ("stabledrl_clip_only", {}),
     "selfnorm_only": ("stabledrl_selfnorm_only", {}),
+}
+# The same KL anchor for every method (TrainConfig.anchor_beta: k3 of the per-token sequence log-ratio to the frozen
+# start, on one shared ELBO estimator), at d1's GRPO coefficient: the "KL on" of the attribution runs, equal for all.
+ANCHOR_BETA = 0.04
+# Cause-finding variants: the noisier one-sample estimators, shared masks, each method's own KL anchor switched on
+# (GRPO k3 to the reference, ESPO k2 on the ELBO, TraDo k3 to the old policy; SPG and StableDRL have none) and the
+# same anchor for every method (``*_anchor``).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "espo_mc1": ("espo", {"beta": 0.0, "num_mc": 1}),
+    "spg_mc1": ("spg", {"num_mc": 1}),
+    "stabledrl_mc1": ("stabledrl", {"num_mc": 1}),
+    "stabledrl_coupled": ("stabledrl", {"coupled": True}),
+    "grpo_kl": ("grpo", {}),
+    "espo_kl": ("espo", {}),
+    "trado_kl": ("trado", {}),
+    **{f"{m}_anchor": (name, {**options, "anchor_beta": ANCHOR_BETA}) for m, (name, options) in METHODS.items()},
 }
 # The exploding test: every method with a ratio to explode (TraDo replays traces, out of its noise model) and SPG.
 EXPLODING_METHODS = {**{m: METHODS[m] for m in ("grpo", "espo", "spg", "stabledrl")}, **ABLATIONS}
@@ -72,8 +88,10 @@ class MethodSweepOptions(TrainingExperimentOptions, Protocol):
 
 
 def effective_options(baseline: str, chosen: dict[str, Any]) -> dict[str, Any]:
-    """Every option of ``baseline``'s config as the run used it (defaults filled in): its beta, num_mc, ..."""
-    return dataclasses.asdict(build_baseline(baseline, **chosen).config)
+    """Every option of ``baseline``'s config as the run used it (defaults filled in): its beta, num_mc, ..., and the
+    trainer's shared ``anchor_beta``."""
+    options, anchor_beta = split_options(chosen)
+    return {**dataclasses.asdict(build_baseline(baseline, **options).config), "anchor_beta": anchor_beta}
 
 
 def training_experiment(
