@@ -28,6 +28,7 @@ import pytest
 import torch
 import transformers
 from multiprocess_scenarios import (
+    ANCHORED,
     CONFIGS,
     EVALUATIONS,
     ROOT,
@@ -81,6 +82,13 @@ def test_one_process_drops_every_group_of_its_trado_rollouts(launched):
     _, report, _ = launched
     # one of the two prompts has only wrong answers: the process that draws it drops its whole micro-batch
     assert [r["kept_fraction"] for r in report["trado-sdar"]["log"] if "kept_fraction" in r] == [0.5, 0.5]
+
+
+def test_the_shared_anchor_is_active_under_every_wrapper(launched):
+    config, report, _ = launched
+    for scenario in ANCHORED:  # 0 while the policy is the reference, then positive (equal to 1 process: above)
+        values = [r["anchor_kl"] for r in report[scenario]["log"]]
+        assert values[0] == 0.0 and max(values) > 0, (config, scenario, values)
 
 
 def test_every_process_rolls_out_with_the_same_weights_and_padding(launched):

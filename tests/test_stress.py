@@ -496,8 +496,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     main(["hull", "--trials", "10", *common[:-2]])
     main(["longrun", "--methods", "grpo,stabledrl", *toy, "--steps", "4", "--jobs", "1", *common])
     main(["attribution", "--methods", "stabledrl,stabledrl_anchor", *train, *common])
+    main(["anchored", "--methods", "grpo_anchor,stabledrl_anchor", *toy, "--steps", "4", "--jobs", "1", *common])
     records = {p.stem: json.loads(p.read_text()) for p in (results / "stability").glob("*.json")}
-    assert set(records) == {"lrsweep", "exploding", "clip", "drift", "hull", "longrun", "attribution"}
+    assert set(records) == {"lrsweep", "exploding", "clip", "drift", "hull", "longrun", "attribution", "anchored"}
     chosen = records["lrsweep"]["chosen_lr"]
     assert chosen in (1e-4, 1e-3) and set(records["lrsweep"]["by_lr"]) == {"0.0001", "0.001"}
     longrun = records["longrun"]
@@ -523,7 +524,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert stable["run_dir"] == clip5["run_dir"]
     # 4 sweep runs (2 methods x 2 rates) + 2 exploding; the long run at the chosen rate is the sweep's own runs;
     # the attribution's unchanged StableDRL is the exploding test's run, its anchored variant one more.
-    assert len(list((runs / "train").iterdir())) == 4 + 2 + 1 and longrun["jobs"]["jobs_reused"] == 3
+    # The anchored long run: two runs of its own (the anchor is part of a run's identity), the control shared.
+    assert len(list((runs / "train").iterdir())) == 4 + 2 + 1 + 2 and longrun["jobs"]["jobs_reused"] == 3
+    assert records["anchored"]["jobs"] == {**records["anchored"]["jobs"], "jobs": 3, "jobs_reused": 1}
     attribution = records["attribution"]
     assert attribution["jobs"]["jobs_reused"] == 2  # the control and the unchanged StableDRL
     effective = {name: m["effective"] for name, m in attribution["methods"].items()}
@@ -540,4 +543,5 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert "per method: grpo beta 0; stabledrl beta 0, num_mc 2" in text  # the sweep's effective options
     assert "stabledrl_anchor beta 0, num_mc 2, shared anchor 0.04" in text
     assert "* **attribution** — stabledrl under exploding: unchanged 0/1 collapsed" in text
+    assert "beta 0 and the same KL anchor 0.04 for every method, no injected noise: " in text
     assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text

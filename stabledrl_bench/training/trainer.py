@@ -411,7 +411,9 @@ class RLTrainer:
         """Rollout-policy (and reference, and the anchor's reference) likelihoods for every inner iteration, under
         no_grad.
 
-        A zero-weighted micro-batch needs none: its loss compares the policy with itself (``_micro_loss``).
+        A zero-weighted micro-batch needs none: its loss compares the policy with itself (``_micro_loss``). Unless
+        the reference is sharded (FSDP2): each of its passes is a collective, so such a micro-batch makes the same
+        passes as every other process, and its loss ignores them.
         """
         mu = self.budget.num_iterations
         coupled = self.baseline.config.coupled
@@ -419,7 +421,7 @@ class RLTrainer:
         noises: list[Any] = []
         old: list[Estimate | None] = []
         ref: list[Estimate | None] = []
-        if weight == 0:
+        if weight == 0 and not (self.ref_dlm is not None and self.ref_dlm.sharded):
             return MicroBatch(batch, advantages, group_ids, noises, [None] * mu, [None] * mu, generators, weight)
         if coupled:
             noises = [self.estimator.draw(batch, mask_gen) for _ in range(mu)]

@@ -5,18 +5,21 @@ The claim under test: with *estimated* importance ratios, GRPO's conditional cli
 distribution, and the loop ends in reward collapse. StableDRL's unconditional clip plus self-normalisation keeps every
 update inside the convex hull of the per-sample terms. Unlike the 8B accuracy tables, this can be measured on a CPU.
 
-=============  ==============================================================  ==================================
-command        what                                                            module
-=============  ==============================================================  ==================================
-``exploding``  methods x {normal, exploding noise} x seeds, real RL runs:      :mod:`.training`
-               reward / pre-clip grad-norm curves, spikes, collapse step
-``drift``      spike probability of each update rule vs drift from the         :mod:`.drift`
-               rollout policy (no training loop)
-``clip``       StableDRL with C in {1, 5, 100, 1000}                           :mod:`.training`
-``hull``       ||update|| vs the convex-hull bound on random inputs            :mod:`.hull`
-``lrsweep``    the learning rate the training experiments use                  :mod:`.lrsweep`
-``longrun``    every method for 500 steps, no injected noise                   :mod:`.longrun`
-=============  ==============================================================  ==================================
+===============  ==============================================================  ==================================
+command          what                                                            module
+===============  ==============================================================  ==================================
+``exploding``    methods x {normal, exploding noise} x seeds, real RL runs:      :mod:`.training`
+                 reward / pre-clip grad-norm curves, spikes, collapse step
+``drift``        spike probability of each update rule vs drift from the         :mod:`.drift`
+                 rollout policy (no training loop)
+``clip``         StableDRL with C in {1, 5, 100, 1000}                           :mod:`.training`
+``hull``         ||update|| vs the convex-hull bound on random inputs            :mod:`.hull`
+``lrsweep``      the learning rate the training experiments use                  :mod:`.lrsweep`
+``longrun``      every method for 500 steps, no injected noise                   :mod:`.longrun`
+``anchored``     the long run with one KL anchor for every method                :mod:`.longrun`
+``attribution``  one change at a time (num_mc 1, shared masks, the anchor)       :mod:`.attribution`
+                 under exploding ratios: what a collapse comes from
+===============  ==============================================================  ==================================
 
 Each module registers its command in :data:`.options.EXPERIMENTS` (an options dataclass, its run function and its
 report), and its training runs are jobs of the one experiment runner (:mod:`stabledrl_bench.experiments.runner`),

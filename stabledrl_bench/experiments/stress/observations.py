@@ -246,19 +246,23 @@ def lrsweep_observations(record: Mapping[str, Any] | None) -> list[str]:
     return ["* **observation** — learning-rate sweep: no method falls below the frozen control at any swept rate."]
 
 
-def longrun_claims(record: Mapping[str, Any] | None) -> list[str]:
+def longrun_claims(record: Mapping[str, Any] | None, suffix: str = "", experiment: str = "longrun") -> list[str]:
+    """The central claim against a long run's record; ``suffix`` picks the labels of one KL setting (``_anchor``:
+    the same anchor for every method, the ``anchored`` experiment)."""
     if record is None:
-        return ["* Long run without injected noise: not run (`python -m stabledrl_bench stress longrun`)."]
+        return [f"* Long run (`{experiment}`): not run (`python -m stabledrl_bench stress {experiment}`)."]
     budget, effective = record["budget"], [m["effective"] for m in (record.get("methods") or {}).values()]
     num_mc = sorted({e["num_mc"] for e in effective if "num_mc" in e})
     betas = sorted({e["beta"] for e in effective})
+    anchors = sorted({e["anchor_beta"] for e in effective if e.get("anchor_beta")})
+    anchor = f" and the same KL anchor {'/'.join(fmt(a) for a in anchors)}" if anchors else ""
     setting = (
         f"{budget['max_steps']} steps, mu = {budget['num_iterations']}, G = {budget['num_generations']}, lr "
         f"{fmt(record['optimizer']['learning_rate'])}, num_mc {'/'.join(map(str, num_mc))}, beta "
-        f"{'/'.join(fmt(b) for b in betas)} for every method, no injected noise"
+        f"{'/'.join(fmt(b) for b in betas)}{anchor} for every method, no injected noise"
     )
-    others = [e for label in ("grpo", "espo", "spg", "trado") if (e := _entry(record, label, "normal"))]
-    stable = _entry(record, "stabledrl", "normal")
+    others = [e for label in ("grpo", "espo", "spg", "trado") if (e := _entry(record, label + suffix, "normal"))]
+    stable = _entry(record, "stabledrl" + suffix, "normal")
     if not others or stable is None:
         return []
     evidence = "; ".join(f"{e['label']} {_collapse_text(e)}" for e in [*others, stable])
@@ -277,6 +281,10 @@ def longrun_claims(record: Mapping[str, Any] | None) -> list[str]:
         else ("partly agrees" if _none(stable) and collapsed else "disagrees")
     )
     return [_claim(claim, verdict, f"{setting}: {evidence}")]
+
+
+def anchored_claims(record: Mapping[str, Any] | None) -> list[str]:
+    return longrun_claims(record, suffix="_anchor", experiment="anchored")
 
 
 def _change(base: Mapping[str, Any], variant: Mapping[str, Any]) -> str:
