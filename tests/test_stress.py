@@ -545,3 +545,26 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert "* **attribution** — stabledrl under exploding: unchanged 0/1 collapsed" in text
     assert "beta 0 and the same KL anchor 0.04 for every method, no injected noise: " in text
     assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text
+
+
+def test_every_label_of_a_sweep_gets_its_own_colour_in_its_plots(tmp_path, monkeypatch):
+    """Eleven labels (the attribution experiment has nine) are eleven series, no two of one colour: a palette
+    shorter than the labels once dropped the ninth from the plot without a word."""
+    from stabledrl_bench.experiments.stress import sweep as sweep_mod
+
+    drawn = []
+
+    def record(ax, series, color, log=False):
+        drawn.append((series.label, color))
+        return True
+
+    monkeypatch.setattr(sweep_mod, "seed_band", record)
+    labels = [f"variant{i}" for i in range(11)]
+    curves = {"reward_step": [1, 3], "reward_mean": [0.5, 0.6], "step": [1, 2, 3, 4], "grad_norm": [1.0] * 4}
+    rows = [{"label": label, "condition": "normal", "curves": curves, "diverged_at": None} for label in labels]
+    frozen = {0: {"reward_step": [1, 3], "reward_mean": [0.5, 0.5]}}
+    sweep_mod.plot_sweep(rows, frozen, labels, ["normal"], tmp_path, "toy", "Toy", window=2)
+    reward = [(label, color) for label, color in drawn[: len(labels)]]
+    assert [label for label, _ in reward] == labels
+    assert len({str(color) for _, color in reward}) == len(labels)
+    assert len(drawn) == 2 * len(labels) + 1  # reward and grad-norm panels, and the frozen start once

@@ -368,3 +368,14 @@ def save_figure(fig, path: Path, title: str) -> str:
 
 
 COLORS = ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:brown", "tab:gray", "tab:olive")
+
+
+def colors(n: int) -> list[Any]:
+    """``n`` distinct colours, one per series: :data:`COLORS` while they last, else matplotlib's ``tab20`` (20, then
+    repeating), so that no series is left out of a plot for want of a colour."""
+    if n <= len(COLORS):
+        return list(COLORS[:n])
+    from matplotlib import colormaps
+
+    palette = colormaps["tab20"]
+    return [palette(i % palette.N) for i in range(n)]

@@ -30,10 +30,10 @@ from typing import Any
 from stabledrl_bench.errors import UserError, comma_list, positive_int
 from stabledrl_bench.experiments.runner import control_config, sample_rollouts
 from stabledrl_bench.experiments.stress.common import (
-    COLORS,
     CONDITIONS,
     Definitions,
     band,
+    colors,
     figure,
     runtime,
     save_figure,
@@ -133,7 +133,7 @@ def plot(rows: list[dict[str, Any]], variants: Sequence[str], conditions: Sequen
     """``drift_spikes.png``: spike probability vs measured policy drift, one panel per condition, seed bands."""
     fig, axes = figure(len(conditions))
     for ax, condition in zip(axes, conditions, strict=True):
-        for color, v in zip(COLORS, variants, strict=False):
+        for color, v in zip(colors(len(variants)), variants, strict=True):
             pts = sorted(
                 (
                     (r["policy_drift"], r["spike_probability"])

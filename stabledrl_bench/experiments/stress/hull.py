@@ -37,8 +37,8 @@ from stabledrl_bench.baselines.grpo import grpo_loss
 from stabledrl_bench.baselines.stabledrl import importance_weights, stabledrl_loss
 from stabledrl_bench.errors import comma_list, positive_int
 from stabledrl_bench.experiments.stress.common import (
-    COLORS,
     band,
+    colors,
     figure,
     runtime,
     save_figure,
@@ -231,7 +231,7 @@ def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> s
     """``hull.png``: ||update|| / bound against the largest ratio of the trial, per variant (log-log)."""
     fig, axes = figure(1, width=6.0, height=4.2)
     ax = axes[0]
-    for color, variant in zip(COLORS, HULL_VARIANTS, strict=False):
+    for color, variant in zip(colors(len(HULL_VARIANTS)), HULL_VARIANTS, strict=True):
         pts = [
             (math.log10(x["rho_max"]), math.log10(x["ratio"]))
             for x in (r["variants"][variant] for r in records)

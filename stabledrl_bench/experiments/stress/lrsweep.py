@@ -26,8 +26,8 @@ from typing import Any
 
 from stabledrl_bench.errors import comma_list
 from stabledrl_bench.experiments.stress.common import (
-    COLORS,
     LRSWEEP,
+    colors,
     figure,
     runtime,
     save_figure,
@@ -107,7 +107,7 @@ def _plot(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]], results_dir: P
     fig, (ax,) = figure(1, width=6.0, height=3.6)
     rates = sorted(by_lr)
     labels = list(dict.fromkeys(label for methods in by_lr.values() for label in methods))
-    for color, label in zip(COLORS, labels, strict=False):
+    for color, label in zip(colors(len(labels)), labels, strict=True):
         points = [(lr, by_lr[lr][label]) for lr in rates if by_lr[lr].get(label, {}).get("change") is not None]
         xs = [lr for lr, _ in points]
         ax.plot(xs, [m["change"] for _, m in points], "o-", color=color, lw=1.2, ms=3, label=label)

@@ -291,7 +291,8 @@ def _change(base: Mapping[str, Any], variant: Mapping[str, Any]) -> str:
     """What one change did to the collapse count, read against the unchanged method on the same seeds."""
     if variant["collapsed"] == base["collapsed"]:
         return "no change" if base["collapsed"] == 0 else "still collapses"
-    return "more collapses" if variant["collapsed"] > base["collapsed"] else "fewer collapses"
+    more = "more" if variant["collapsed"] > base["collapsed"] else "fewer"
+    return f"{more} collapses: {base['collapsed']} → {variant['collapsed']} of {variant['seeds']}"
 
 
 def attribution_observations(record: Mapping[str, Any] | None) -> list[str]:

@@ -22,11 +22,11 @@ from typing import Any
 
 from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
 from stabledrl_bench.experiments.stress.common import (
-    COLORS,
     Definitions,
     Series,
     band,
     collapse_analysis,
+    colors,
     figure,
     finite,
     running_mean,
@@ -249,7 +249,7 @@ def plot_sweep(
         fig, axes = figure(len(conditions))
         for ax, condition in zip(axes, conditions, strict=True):
             drawn = False
-            for color, label in zip(COLORS, labels, strict=False):
+            for color, label in zip(colors(len(labels)), labels, strict=True):
                 series = Series(label)
                 for r in (r for r in rows if r["label"] == label and r["condition"] == condition):
                     ys = r["curves"][y_key]
