@@ -20,6 +20,7 @@ is reported: the leaderboard's verdict compares it with the claim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,26 +61,14 @@ class AnchoredOptions(LongRunOptions):
     methods: str = option(",".join(ANCHORED), f"subset of {', '.join(CHOICES)}")
 
 
-def _run(stress: StressOptions, options: LongRunOptions) -> Path:
-    return method_sweep(
-        stress,
-        options,
-        "longrun",
-        "Long-run stability without injected noise",
-        CHOICES,
-        num_iterations=options.num_iterations,
-    )
+def _long_run(experiment: str, title: str) -> Callable[[StressOptions, LongRunOptions], Path]:
+    """The run function of a long-run experiment: its ``--methods`` (of the long run's table) for its steps and
+    seeds, mu = ``--num-iterations``, written as ``<experiment>.json``."""
 
+    def run(stress: StressOptions, options: LongRunOptions) -> Path:
+        return method_sweep(stress, options, experiment, title, CHOICES, num_iterations=options.num_iterations)
 
-def _run_anchored(stress: StressOptions, options: AnchoredOptions) -> Path:
-    return method_sweep(
-        stress,
-        options,
-        "anchored",
-        "Long run with one KL anchor for every method",
-        CHOICES,
-        num_iterations=options.num_iterations,
-    )
+    return run
 
 
 EXPERIMENTS.register(
@@ -88,7 +77,7 @@ EXPERIMENTS.register(
         "longrun",
         "every method for 500 steps under the official knobs: collapse or not",
         LongRunOptions,
-        _run,
+        _long_run("longrun", "Long-run stability without injected noise"),
         report=training_block,
         observations=longrun_claims,
     ),
@@ -99,7 +88,7 @@ EXPERIMENTS.register(
         "anchored",
         "the long run with the same KL anchor for every method (beta = 0.04 on one shared estimator)",
         AnchoredOptions,
-        _run_anchored,
+        _long_run("anchored", "Long run with one KL anchor for every method"),
         report=training_block,
         observations=anchored_claims,
     ),
