@@ -15,7 +15,7 @@ not confused with easier or harder prompts later in the run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +56,9 @@ class RunSpec:
     seed: int
 
 
-def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """A method table's options as ``(baseline options, the trainer's anchor_beta)``."""
+def split_options(options: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> tuple[dict[str, Any], float]:
+    """A method table's options (a mapping, or a run spec's pairs) as ``(baseline options, the trainer's
+    anchor_beta)``."""
     rest = dict(options)
     return rest, float(rest.pop("anchor_beta", 0.0))
 
@@ -73,7 +74,7 @@ def train_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> TrainJo
     hook = None
     if spec.condition == "exploding":
         hook = settings.noise.injection(spec.baseline, settings.budget.max_completion_length)
-    options, anchor_beta = split_options(dict(spec.options))
+    options, anchor_beta = split_options(spec.options)
     job = TrainJob(settings.config(spec.baseline, options, spec.seed, anchor_beta=anchor_beta), hook)
     return _in_folder(job, runs_dir / "train", f"{spec.baseline}-{spec.condition}-s{spec.seed}")
 
