@@ -31,9 +31,8 @@ from stabledrl_bench.experiments.stress.options import (
     option,
 )
 from stabledrl_bench.experiments.stress.tables import training_block
-from stabledrl_bench.experiments.stress.training import METHODS, VARIANTS, method_sweep
+from stabledrl_bench.experiments.stress.training import METHODS_AND_VARIANTS, method_sweep
 
-CHOICES = {**METHODS, **VARIANTS}
 # Each method that collapses (or is the paper's answer to it) under exploding ratios, with its one-change variants.
 DEFAULT_LABELS = (
     "grpo",
@@ -52,13 +51,15 @@ DEFAULT_LABELS = (
 class AttributionOptions:
     """``stress attribution``: which variants under which conditions (exploding by default), 120 steps, 5 seeds."""
 
-    methods: str = option(",".join(DEFAULT_LABELS), f"subset of {', '.join(CHOICES)}")
+    methods: str = option(",".join(DEFAULT_LABELS), f"subset of {', '.join(METHODS_AND_VARIANTS)}")
     conditions: str = option("exploding", "exploding (default) and/or normal")
     sweep: SweepOptions = field(default=SweepOptions(training=TrainingOptions(seeds="0,1,2,3,4")))
 
 
 def _run(stress: StressOptions, options: AttributionOptions) -> Path:
-    return method_sweep(stress, options, "attribution", "Attribution of collapses: one change at a time", CHOICES)
+    return method_sweep(
+        stress, options, "attribution", "Attribution of collapses: one change at a time", METHODS_AND_VARIANTS
+    )
 
 
 EXPERIMENTS.register(

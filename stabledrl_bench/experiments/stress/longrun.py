@@ -35,9 +35,7 @@ from stabledrl_bench.experiments.stress.options import (
     option,
 )
 from stabledrl_bench.experiments.stress.tables import training_block
-from stabledrl_bench.experiments.stress.training import METHODS, VARIANTS, method_sweep
-
-CHOICES = {**METHODS, **VARIANTS}
+from stabledrl_bench.experiments.stress.training import METHODS, METHODS_AND_VARIANTS, method_sweep
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,7 @@ class LongRunOptions:
     """``stress longrun``: which methods under which conditions, the training sweep's options (500 steps, 5 seeds)
     and mu."""
 
-    methods: str = option(",".join(METHODS), f"subset of {', '.join(CHOICES)}")
+    methods: str = option(",".join(METHODS), f"subset of {', '.join(METHODS_AND_VARIANTS)}")
     conditions: str = option("normal", "normal (default) and/or exploding")
     sweep: SweepOptions = field(default=SweepOptions(training=TrainingOptions(steps=500, seeds="0,1,2,3,4")))
     num_iterations: int = option(2, "mu: optimizer steps per rollout", parse=positive_int)
@@ -58,7 +56,7 @@ ANCHORED = [f"{m}_anchor" for m in METHODS]
 class AnchoredOptions(LongRunOptions):
     """``stress anchored``: the long run with the same KL anchor for every method (the ``*_anchor`` labels)."""
 
-    methods: str = option(",".join(ANCHORED), f"subset of {', '.join(CHOICES)}")
+    methods: str = option(",".join(ANCHORED), f"subset of {', '.join(METHODS_AND_VARIANTS)}")
 
 
 def _long_run(experiment: str, title: str) -> Callable[[StressOptions, LongRunOptions], Path]:
@@ -66,7 +64,9 @@ def _long_run(experiment: str, title: str) -> Callable[[StressOptions, LongRunOp
     seeds, mu = ``--num-iterations``, written as ``<experiment>.json``."""
 
     def run(stress: StressOptions, options: LongRunOptions) -> Path:
-        return method_sweep(stress, options, experiment, title, CHOICES, num_iterations=options.num_iterations)
+        return method_sweep(
+            stress, options, experiment, title, METHODS_AND_VARIANTS, num_iterations=options.num_iterations
+        )
 
     return run
 

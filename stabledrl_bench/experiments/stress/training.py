@@ -65,6 +65,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "trado_kl": ("trado", {}),
     **{f"{m}_anchor": (name, {**options, "anchor_beta": ANCHOR_BETA}) for m, (name, options) in METHODS.items()},
 }
+# Every label the long-run experiments and the attribution accept: the five methods and their variants.
+METHODS_AND_VARIANTS = {**METHODS, **VARIANTS}
 # The exploding test: every method with a ratio to explode (TraDo replays traces, out of its noise model) and SPG.
 EXPLODING_METHODS = {**{m: METHODS[m] for m in ("grpo", "espo", "spg", "stabledrl")}, **ABLATIONS}
 CLIP_THRESHOLDS = (1.0, 5.0, 100.0, 1000.0)
