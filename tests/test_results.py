@@ -304,16 +304,21 @@ def test_generated_files_do_not_make_the_tree_dirty(tmp_path: Path) -> None:
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "r.json").write_text("{}")
     (tmp_path / "leaderboard.md").write_text("regenerated\n")
-    assert provenance._git_state(tmp_path)["dirty"] is False
+    assert provenance.git_state(tmp_path)["dirty"] is False
     (tmp_path / "runs2" / "s0").mkdir(parents=True)  # a second runs folder, a scratch note: not code
     (tmp_path / "runs2" / "s0" / "log.jsonl").write_text("{}\n")
     (tmp_path / "notes.txt").write_text("scratch\n")
-    assert provenance._git_state(tmp_path)["dirty"] is False
+    assert provenance.git_state(tmp_path)["dirty"] is False
     (tmp_path / "runs2" / "s0" / "plugin.py").write_text("x = 3\n")  # untracked code can change what runs
-    assert provenance._git_state(tmp_path)["dirty"] is True
+    assert provenance.git_state(tmp_path)["dirty"] is True
     (tmp_path / "runs2" / "s0" / "plugin.py").unlink()
     (tmp_path / "recipe.yaml").write_text("lr: 1\n")
-    assert provenance._git_state(tmp_path)["dirty"] is True
+    assert provenance.git_state(tmp_path)["dirty"] is True
     (tmp_path / "recipe.yaml").unlink()
     (tmp_path / "code.py").write_text("x = 2\n")
-    assert provenance._git_state(tmp_path)["dirty"] is True
+    assert provenance.git_state(tmp_path)["dirty"] is True
+
+
+def test_code_counts_name_each_code_version_and_the_runs_that_recorded_none():
+    clean, dirty = {"commit": "abcdef1234", "dirty": False}, {"commit": "abcdef1234", "dirty": True}
+    assert provenance.code_counts([clean, None, dirty, clean, {}]) == {"abcdef1": 2, "unknown": 2, "abcdef1 dirty": 1}

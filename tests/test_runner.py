@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments import runner
 from stabledrl_bench.experiments.runner import (
     TrainJob,
     WarmStart,
@@ -99,14 +100,18 @@ def test_job_key_ignores_where_and_how_loudly_but_not_what(tmp_path):
     assert never.key() != TrainJob(_config("m", tmp_path / "a", baseline_options={"clip_threshold": 1e308})).key()
 
 
-def test_finished_runs_are_reused_and_other_settings_are_refused(start, tmp_path):
+def test_finished_runs_are_reused_and_other_settings_are_refused(start, tmp_path, monkeypatch):
     final, _ = start
     job = TrainJob(_config(final, tmp_path / "run"))
+    code = {"commit": "0123456789abcdef", "dirty": False}
+    monkeypatch.setattr(runner, "git_state", lambda: code)
     first = run_training(job)
     assert not first["cached"] and first["last_step"] == BUDGET.max_steps and first["final"]
     log = (tmp_path / "run" / "log.jsonl").read_text()
+    monkeypatch.setattr(runner, "git_state", lambda: {"commit": "fedcba9876543210", "dirty": True})
     second = run_training(job)
     assert second["cached"] and second["final"] == first["final"]
+    assert first["code"] == second["code"] == code  # the code that trained it, not the code that reused it
     assert (tmp_path / "run" / "log.jsonl").read_text() == log  # nothing ran again
     with pytest.raises(UserError, match=r"other settings \(config\.seed: 0 -> 1\); delete it"):  # names what differs
         run_training(TrainJob(_config(final, tmp_path / "run", seed=1)))

@@ -42,6 +42,8 @@ from stabledrl_bench.experiments.stress.common import (
     spike_steps,
     stress_warm_start,
 )
+from stabledrl_bench.experiments.stress.sweep import add_costs
+from stabledrl_bench.experiments.stress.tables import _setting_line
 from stabledrl_bench.experiments.stress.update_norms import log_weight_noise, measure_update_norms
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.trainer import SampledBatch
@@ -527,6 +529,9 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     # The anchored long run: two runs of its own (the anchor is part of a run's identity), the control shared.
     assert len(list((runs / "train").iterdir())) == 4 + 2 + 1 + 2 and longrun["jobs"]["jobs_reused"] == 3
     assert records["anchored"]["jobs"] == {**records["anchored"]["jobs"], "jobs": 3, "jobs_reused": 1}
+    for record in (longrun, records["lrsweep"], records["anchored"]):  # every run, reused or not, by this code
+        codes = record["jobs"]["training_code"]
+        assert len(codes) == 1 and sum(codes.values()) == record["jobs"]["jobs"]
     attribution = records["attribution"]
     assert attribution["jobs"]["jobs_reused"] == 2  # the control and the unchanged StableDRL
     effective = {name: m["effective"] for name, m in attribution["methods"].items()}
@@ -568,3 +573,16 @@ def test_every_label_of_a_sweep_gets_its_own_colour_in_its_plots(tmp_path, monke
     assert [label for label, _ in reward] == labels
     assert len({str(color) for _, color in reward}) == len(labels)
     assert len(drawn) == 2 * len(labels) + 1  # reward and grad-norm panels, and the frozen start once
+
+
+def test_records_say_when_their_runs_were_trained_by_several_code_versions():
+    one = {"jobs": 2, "jobs_reused": 1, "worker_cpu_seconds": 3.0, "training_code": {"abc1234": 2}}
+    two = {"jobs": 3, "jobs_reused": 3, "worker_cpu_seconds": 1.0, "training_code": {"unknown": 2, "abc1234": 1}}
+    total = add_costs(add_costs({}, one), two)
+    counts = {"jobs": 5, "jobs_reused": 4, "worker_cpu_seconds": 4.0}
+    assert total == {**counts, "training_code": {"abc1234": 3, "unknown": 2}}
+    assert _setting_line({"jobs": one}).endswith("runs trained by code abc1234 (2).")
+    mixed = _setting_line({"jobs": total})
+    assert "**runs trained by 2 code versions** (runs each: abc1234 (3), unknown (2); unknown = trained before" in mixed
+    assert "code not recorded" in _setting_line({"jobs": {"training_code": {"unknown": 4}}})
+    assert "trained by" not in _setting_line({"jobs": {"jobs": 1}})  # records written before runs recorded code

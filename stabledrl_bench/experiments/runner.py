@@ -40,6 +40,7 @@ from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import barrier, is_main_process
+from stabledrl_bench.reporting.provenance import git_state
 from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, run_sft
@@ -226,6 +227,7 @@ def run_training(job: TrainJob, *, force: bool = False) -> dict[str, Any]:
         "stopped": stopped,
         "seconds": time.perf_counter() - start,
         "cpu_seconds": time.process_time() - cpu_start,
+        "code": git_state(),  # the runner key does not cover the code: a cache may outlive it
     }
     if is_main_process():
         atomic_write_text(folder / SUMMARY_FILE, json.dumps(summary))

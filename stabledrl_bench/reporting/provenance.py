@@ -11,7 +11,8 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,12 @@ ENV_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "m
 GENERATED_PATHS = ("results", "leaderboard.md")
 
 
-def _git_state(directory: Path) -> dict[str, Any]:
-    """Commit and dirty flag of the git work tree holding ``directory``; ``None`` values outside git."""
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def git_state(directory: Path = PACKAGE_DIR) -> dict[str, Any]:
+    """Commit and dirty flag of the git work tree holding ``directory`` (by default: this package's code);
+    ``None`` values outside git."""
 
     def git(*args: str) -> str | None:
         try:
@@ -87,7 +92,7 @@ def environment_info() -> dict[str, Any]:
             "gpus": _gpu_names(),
         },
         "packages": {name: _package_version(name) for name in ENV_PACKAGES},
-        "git": _git_state(Path(__file__).resolve().parent),
+        "git": git_state(),
         "argv": list(sys.argv),
     }
 
@@ -115,3 +120,12 @@ def code_label(environment: Mapping[str, Any]) -> str:
         return "unknown"
     state = {True: " dirty", False: "", None: " dirty?"}[git.get("dirty")]
     return f"{str(commit)[:7]}{state}"
+
+
+def code_counts(states: Iterable[Mapping[str, Any] | None]) -> dict[str, int]:
+    """How many runs each code version trained (:func:`code_label` of each run's :func:`git_state`, most first).
+
+    A run cache outlives the code that filled it, so a record built from cached runs may mix runs of several code
+    versions; counting them makes that visible. A run that recorded no code state counts as ``"unknown"``.
+    """
+    return dict(Counter(code_label({"git": state or {}}) for state in states).most_common())

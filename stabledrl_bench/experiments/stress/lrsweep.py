@@ -46,7 +46,7 @@ from stabledrl_bench.experiments.stress.options import (
     recorded_settings,
 )
 from stabledrl_bench.experiments.stress.settings import TrainSettings, train_settings, warm_start
-from stabledrl_bench.experiments.stress.sweep import RunSpec, run_sweep
+from stabledrl_bench.experiments.stress.sweep import RunSpec, add_costs, run_sweep
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import METHODS, effective_options
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
@@ -143,7 +143,7 @@ def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
     base = train_settings(stress, sweep, learning_rate=rates[0])
     path, info, model = warm_start(sweep.model, stress.runs)
     base = dataclasses.replace(base, warm_start=str(path))
-    by_lr, runs, cost = {}, [], {"jobs": 0, "jobs_reused": 0, "worker_cpu_seconds": 0.0}
+    by_lr, runs, cost = {}, [], {}
     for lr in rates:
         lr_settings: TrainSettings = dataclasses.replace(base, learning_rate=lr)
         specs = [
@@ -156,7 +156,7 @@ def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
         )
         by_lr[lr] = summarise(rows, frozen, lr_settings.budget.max_steps)
         runs += [{**row, "learning_rate": lr} for row in rows]
-        cost = {key: cost[key] + spent[key] for key in cost}
+        cost = add_costs(cost, spent)
     lr, why = choose(by_lr)
     payload = {
         "title": "Learning-rate sweep",

@@ -15,6 +15,7 @@ not confused with easier or harder prompts later in the run.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from stabledrl_bench.experiments.stress.common import (
     stability_dir,
 )
 from stabledrl_bench.experiments.stress.settings import TrainSettings
+from stabledrl_bench.reporting.provenance import code_counts
 from stabledrl_bench.training.runlog import read_log
 
 CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
@@ -200,6 +202,7 @@ def run_sweep(
         "jobs": len(unique),
         "jobs_reused": sum(bool(s["cached"]) for s in unique.values()),
         "worker_cpu_seconds": sum(s.get("cpu_seconds") or 0.0 for s in unique.values()),
+        "training_code": code_counts(s.get("code") for s in unique.values()),
     }
     frozen = {}
     for seed, summary in zip(seeds, summaries, strict=False):
@@ -229,6 +232,15 @@ def run_sweep(
             }
         )
     return rows, frozen, cost
+
+
+def add_costs(total: Mapping[str, Any], spent: Mapping[str, Any]) -> dict[str, Any]:
+    """Two :func:`run_sweep` costs added up (run counts, CPU seconds, runs per training code)."""
+    codes = Counter(total.get("training_code") or {}) + Counter(spent.get("training_code") or {})
+    return {
+        **{key: total.get(key, 0) + spent[key] for key in ("jobs", "jobs_reused", "worker_cpu_seconds")},
+        "training_code": dict(codes.most_common()),
+    }
 
 
 # --------------------------------------------------------------------------------------------------- plots

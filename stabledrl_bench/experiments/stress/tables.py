@@ -97,7 +97,21 @@ def _setting_line(record: Mapping[str, Any]) -> str:
             f"(CPU-time estimate; 1-min load average at the end {fmt(load[0])})"
         )
     parts.append(runtime)
+    if jobs.get("training_code"):
+        parts.append(_training_code(jobs["training_code"]))
     return "Settings: " + "; ".join(parts) + "."
+
+
+def _training_code(counts: Mapping[str, int]) -> str:
+    """Which code trained the record's runs. The run cache is keyed by settings, not code, so a record may mix runs
+    of several code versions: said in words, because a change between them would go unnoticed."""
+    listed = ", ".join(f"{label} ({n})" for label, n in counts.items())
+    if list(counts) == ["unknown"]:
+        return "runs' code not recorded (trained before runs recorded it)"
+    if len(counts) == 1:
+        return f"runs trained by code {listed}"
+    unknown = "; unknown = trained before runs recorded their code" if "unknown" in counts else ""
+    return f"**runs trained by {len(counts)} code versions** (runs each: {listed}{unknown})"
 
 
 def _definitions_lines(record: Mapping[str, Any]) -> list[str]:
