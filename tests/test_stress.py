@@ -548,7 +548,7 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert "per method: grpo beta 0; stabledrl beta 0, num_mc 2" in text  # the sweep's effective options
     assert "stabledrl_anchor beta 0, num_mc 2, shared anchor 0.04" in text
     assert "* **attribution** — stabledrl under exploding: unchanged 0/1 collapsed" in text
-    assert "beta 0 and the same KL anchor 0.04 for every method, no injected noise: " in text
+    assert "beta 0 plus one shared KL anchor 0.04 for every method, no injected noise: " in text
     assert f"![exploding reward]({results.as_posix()}/stability/exploding_reward.png)" in text
 
 

@@ -255,7 +255,7 @@ def longrun_claims(record: Mapping[str, Any] | None, suffix: str = "", experimen
     num_mc = sorted({e["num_mc"] for e in effective if "num_mc" in e})
     betas = sorted({e["beta"] for e in effective})
     anchors = sorted({e["anchor_beta"] for e in effective if e.get("anchor_beta")})
-    anchor = f" and the same KL anchor {'/'.join(fmt(a) for a in anchors)}" if anchors else ""
+    anchor = f" plus one shared KL anchor {'/'.join(fmt(a) for a in anchors)}" if anchors else ""
     setting = (
         f"{budget['max_steps']} steps, mu = {budget['num_iterations']}, G = {budget['num_generations']}, lr "
         f"{fmt(record['optimizer']['learning_rate'])}, num_mc {'/'.join(map(str, num_mc))}, beta "
