@@ -148,7 +148,9 @@ def _add_misc(sub) -> None:
     p.add_argument("--results", default="results")
     p.add_argument("--out", default="leaderboard.md")
     p.add_argument("--plots", default="results/plots", help="folder for the PNG charts linked from the page")
-    p = sub.add_parser("verify", help="re-check every stored result: samples, grader, metrics, weights, commit")
+    p = sub.add_parser(
+        "verify", help="re-check every stored result (samples, grader, metrics, weights, commit) and stability summary"
+    )
     p.add_argument("--results", default="results")
     p.add_argument("--no-weights", action="store_true", help="do not load checkpoints to compare weight hashes")
     p.add_argument(
@@ -385,9 +387,10 @@ def _cmd_verify(args) -> int:
     summary = verify_results(
         args.results, weights=not args.no_weights, redecode=args.redecode or 0, redecode_seed=args.redecode_seed
     )
+    counted = f"{summary['records']} result records and {summary['stability']} stability records"
     if summary["failed"]:
-        raise UserError(f"verify: {summary['failed']} of {summary['records']} result records do not add up (above)")
-    print(f"verify: all {summary['records']} result records add up")
+        raise UserError(f"verify: {summary['failed']} of {counted} do not add up (above)")
+    print(f"verify: all {counted} add up")
     return 0
 
 

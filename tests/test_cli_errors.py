@@ -135,7 +135,7 @@ CASES = [
     (["train", "--config", "BOMB"], "more than 100,000 values once YAML aliases are expanded"),
     (["leaderboard", "--results", "HUGEINT"], "not readable JSON (ValueError"),
     (["leaderboard", "--results", "DEEP"], "not readable JSON (RecursionError"),
-    (["verify", "--results", "HUGEINT", "--no-weights"], "1 of 1 result records do not add up"),
+    (["verify", "--results", "HUGEINT", "--no-weights"], "1 of 1 result records and 0 stability records do not add up"),
     (["train", "--model", "DAMAGED_EMPTY", "--output-dir", "DANGLING"], "is a link to nothing"),
     (["eval", "--model", "DAMAGED_EMPTY", "--task", "sudoku", "--results", "DANGLING"], "is a link to nothing"),
     (["train", "--max-steps", "0"], "--max-steps: must be a positive integer"),

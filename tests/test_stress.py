@@ -42,6 +42,7 @@ from stabledrl_bench.experiments.stress.common import (
     spike_steps,
     stress_warm_start,
 )
+from stabledrl_bench.experiments.stress.recheck import recheck
 from stabledrl_bench.experiments.stress.sweep import add_costs
 from stabledrl_bench.experiments.stress.tables import _setting_line
 from stabledrl_bench.experiments.stress.update_norms import log_weight_noise, measure_update_norms
@@ -539,9 +540,10 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
     assert effective["stabledrl_anchor"]["beta"] == 0.0  # the method's own KL stays off
     (anchored,) = [r for r in attribution["runs"] if r["label"] == "stabledrl_anchor"]
     assert "anchor_kl" in read_log(Path(anchored["run_dir"]) / "log.jsonl")[-1]
-    for record in records.values():
-        for name in record["plots"].values():
-            assert (results / "stability" / name).is_file()
+    for name, record in records.items():
+        for plot in record["plots"].values():
+            assert (results / "stability" / plot).is_file()
+        assert recheck(results / "stability" / f"{name}.json") == ([], [])  # its summary follows from its data
     text = stability_section(results)
     assert "### What we observed" in text and "not run (`python" not in text
     assert "* **observation** — learning-rate sweep:" in text and "### Learning-rate sweep" in text

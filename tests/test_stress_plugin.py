@@ -15,6 +15,7 @@ from conftest import install_plugin
 from stabledrl_bench.cli import main
 from stabledrl_bench.experiments.stress import stability_section
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS
+from stabledrl_bench.experiments.stress.recheck import recheck
 
 ECHO_PLUGIN = """
 from dataclasses import dataclass
@@ -69,6 +70,11 @@ def test_a_plugin_experiment_is_listed_run_recorded_and_reported(echo: Path, cap
     section = stability_section(results)
     assert "### Echo experiment" in section and "stress {lrsweep," in section and ",echo}" in section
     assert section in board.read_text()
+    # No rederive: verify says its summary was not recomputed (a note, not a failure).
+    assert recheck(results / "stability" / "echo.json") == (
+        [],
+        ["stress echo has no rederive: its summary was not recomputed"],
+    )
 
 
 def test_a_plugin_experiments_options_are_checked_when_parsed(echo: Path, capsys: pytest.CaptureFixture) -> None:

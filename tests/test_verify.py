@@ -114,7 +114,7 @@ def test_verify_passes_a_genuine_record_and_catches_forgeries(tmp_path: Path, ch
     problems, notes = verify_record(path, redecode=2, redecode_seed=5)
     assert problems == [] and len(notes) == 1 and notes[0].startswith("re-decoded 2 samples drawn with seed 5: ")
     assert main(["verify", "--results", str(tmp_path / "results"), "--redecode", "2"]) == 0
-    assert "all 1 result records add up" in capsys.readouterr().out
+    assert "all 1 result records and 0 stability records add up" in capsys.readouterr().out
 
     def flip_first(samples):
         samples[0]["correct"] = not samples[0]["correct"]
@@ -123,7 +123,7 @@ def test_verify_passes_a_genuine_record_and_catches_forgeries(tmp_path: Path, ch
     problems, _ = verify_record(path)
     assert any("grader says" in p for p in problems)
     assert main(["verify", "--results", str(tmp_path / "results")]) == 2
-    assert "1 of 1 result records do not add up" in capsys.readouterr().err
+    assert "1 of 1 result records and 0 stability records do not add up" in capsys.readouterr().err
 
 
 def test_verify_catches_edited_completions_swapped_weights_and_unknown_commits(tmp_path: Path, checkpoint: Path):

@@ -25,8 +25,8 @@ completions regraded) proves its completions and grades, not which run made them
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,9 @@ from stabledrl_bench.core.sampling import generate, recorded_decode
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import stored_settings, weights_sha256
 from stabledrl_bench.evaluation.passk import METRIC_PATTERN, sampled_metrics, votes_by_problem
+from stabledrl_bench.experiments.stress.recheck import recheck
 from stabledrl_bench.reporting.identity import identity_problems
+from stabledrl_bench.reporting.provenance import unknown_commit
 from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result
 from stabledrl_bench.tasks import get_task
 
@@ -94,22 +96,6 @@ def _metrics(record: Mapping[str, Any], samples: list[dict[str, Any]]) -> list[s
     ]
 
 
-def _commit_known(record: Mapping[str, Any]) -> list[str]:
-    commit = (record["environment"].get("git") or {}).get("commit")
-    if not commit:
-        return []
-    try:
-        done = subprocess.run(
-            ["git", "cat-file", "-e", f"{commit}^{{commit}}"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []  # no git here: nothing to compare with
-    return [] if done.returncode == 0 else [f"recorded commit {commit[:12]} is not in this repository"]
-
-
 def _load_as_evaluated(record: Mapping[str, Any]):
     """The recorded model, loaded as it was evaluated, or None when its checkpoint is not on this machine."""
 
@@ -153,7 +139,7 @@ def verify_record(
         samples = load_samples(record)
     except UserError as exc:
         return [str(exc)], []
-    problems = _regrade(record, samples) + _metrics(record, samples) + _commit_known(record) + list(identity or [])
+    problems = _regrade(record, samples) + _metrics(record, samples) + unknown_commit(record) + list(identity or [])
     notes = []
     if weights or redecode:
         recorded = record["model"].get("weights_sha256")
@@ -180,7 +166,8 @@ def verify_record(
 def verify_results(
     results_dir: Path | str, *, weights: bool = True, redecode: int = 0, redecode_seed: int = 0
 ) -> dict[str, Any]:
-    """Verify every result record under ``results_dir`` (the stability records excepted); prints as it goes."""
+    """Verify every result record under ``results_dir`` (:func:`verify_record`) and every stability record
+    (:func:`~stabledrl_bench.experiments.stress.recheck.recheck`); prints as it goes."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UserError(f"results directory {root} does not exist")
@@ -191,15 +178,29 @@ def verify_results(
         with contextlib.suppress(UserError):  # an unreadable record is reported below, on its own
             readable.append(read_result(path))
     identity = identity_problems(readable)
-    failed = 0
-    for path in paths:
-        problems, notes = verify_record(
-            path, weights=weights, redecode=redecode, redecode_seed=redecode_seed, identity=identity.get(str(path))
+    checks = [
+        (
+            path,
+            functools.partial(
+                verify_record,
+                path,
+                weights=weights,
+                redecode=redecode,
+                redecode_seed=redecode_seed,
+                identity=identity.get(str(path)),
+            ),
         )
+        for path in paths
+    ]
+    stability_paths = sorted(stability.glob("*.json"))
+    checks += [(path, functools.partial(recheck, path)) for path in stability_paths]
+    failed = 0
+    for path, check in checks:
+        problems, notes = check()
         failed += bool(problems)
         print(f"{'FAIL' if problems else 'ok  '} {path}")
         for line in problems[:20] + [f"({len(problems) - 20} more)"] * (len(problems) > 20):
             print(f"       problem: {line}")
         for line in notes:
             print(f"       note: {line}")
-    return {"records": len(paths), "failed": failed}
+    return {"records": len(paths), "stability": len(stability_paths), "failed": failed}

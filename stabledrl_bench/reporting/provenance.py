@@ -129,3 +129,21 @@ def code_counts(states: Iterable[Mapping[str, Any] | None]) -> dict[str, int]:
     versions; counting them makes that visible. A run that recorded no code state counts as ``"unknown"``.
     """
     return dict(Counter(code_label({"git": state or {}}) for state in states).most_common())
+
+
+def unknown_commit(record: Mapping[str, Any]) -> list[str]:
+    """One problem line when the commit a record says it was made at is not in this repository (none when it
+    names no commit, or git is not here)."""
+    commit = (record["environment"].get("git") or {}).get("commit")
+    if not commit:
+        return []
+    try:
+        done = subprocess.run(
+            ["git", "cat-file", "-e", f"{commit}^{{commit}}"],
+            cwd=PACKAGE_DIR,
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []  # no git here: nothing to compare with
+    return [] if done.returncode == 0 else [f"recorded commit {commit[:12]} is not in this repository"]

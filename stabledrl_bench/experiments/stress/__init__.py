@@ -28,7 +28,8 @@ parses it. ``python -m stabledrl_bench stress <command>`` writes ``results/stabi
 rebuilds the leaderboard, whose Stability section (:func:`stability_section`) is generated from those files.
 Definitions (spike, collapse, exploding noise) live in :mod:`.common`; the warm start, budget and shared run
 settings in :mod:`.settings`; running and analysing a sweep of training runs in :mod:`.sweep`; the section's blocks
-in :mod:`.tables` and its verdicts in :mod:`.observations`. The CI regression is ``tests/test_stress.py``.
+in :mod:`.tables` and its verdicts in :mod:`.observations`; ``verify`` recomputes each record's summary from the data
+stored beside it (:mod:`.recheck`). The CI regression is ``tests/test_stress.py``.
 """
 
 from stabledrl_bench.experiments.stress.cli import main as cli_main

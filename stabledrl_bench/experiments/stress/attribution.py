@@ -30,6 +30,7 @@ from stabledrl_bench.experiments.stress.options import (
     TrainingOptions,
     option,
 )
+from stabledrl_bench.experiments.stress.sweep import rederive
 from stabledrl_bench.experiments.stress.tables import training_block
 from stabledrl_bench.experiments.stress.training import METHODS_AND_VARIANTS, method_sweep
 
@@ -71,5 +72,6 @@ EXPERIMENTS.register(
         _run,
         report=functools.partial(training_block, label_name="variant"),
         observations=attribution_observations,
+        rederive=rederive,
     ),
 )

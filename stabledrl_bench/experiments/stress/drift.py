@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,17 @@ class DriftOptions:
     spike_k: float = option(Definitions.spike_k, "spike: norm > k x reference median")
 
 
+def _rederive(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary and start noise recomputed from the stored per-seed measurements (:func:`summarize`)."""
+    records_by_seed = {int(seed): records for seed, records in record["records"].items()}
+    variants = list(record["variants"])
+    conditions = comma_list(record["settings"]["conditions"], "conditions", choices=CONDITIONS, what="condition")
+    return {
+        "summary": summarize(records_by_seed, variants, record["levels"], conditions, record["definitions"]["spike_k"]),
+        "start_noise": start_noise(records_by_seed, variants),
+    }
+
+
 def _run_drift(stress: StressOptions, options: DriftOptions) -> Path:
     start = (time.perf_counter(), time.process_time())
     variants = comma_list(options.variants, "--variants", choices=VARIANTS, what="variant")
@@ -246,5 +257,6 @@ EXPERIMENTS.register(
         _run_drift,
         report=drift_block,
         observations=drift_claims,
+        rederive=_rederive,
     ),
 )

@@ -34,6 +34,7 @@ from stabledrl_bench.experiments.stress.options import (
     TrainingOptions,
     option,
 )
+from stabledrl_bench.experiments.stress.sweep import rederive
 from stabledrl_bench.experiments.stress.tables import training_block
 from stabledrl_bench.experiments.stress.training import METHODS, METHODS_AND_VARIANTS, method_sweep
 
@@ -80,6 +81,7 @@ EXPERIMENTS.register(
         _long_run("longrun", "Long-run stability without injected noise"),
         report=training_block,
         observations=longrun_claims,
+        rederive=rederive,
     ),
 )
 EXPERIMENTS.register(
@@ -91,5 +93,6 @@ EXPERIMENTS.register(
         _long_run("anchored", "Long run with one KL anchor for every method"),
         report=training_block,
         observations=anchored_claims,
+        rederive=rederive,
     ),
 )

@@ -86,10 +86,14 @@ def summarise(rows: Sequence[Mapping[str, Any]], frozen: Mapping[int, Any], step
             "high": interval.high,
             "per_seed": per_seed,
             "rollouts": len(pooled),
-            "falls_below": interval.high < 0,
-            "gains": interval.low > 0,
         }
+        out[label].update(flags(out[label]))
     return out
+
+
+def flags(change: Mapping[str, Any]) -> dict[str, bool]:
+    """``falls_below`` / ``gains``: the whole interval below / above 0."""
+    return {"falls_below": change["high"] < 0, "gains": change["low"] > 0}
 
 
 def choose(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> tuple[float | None, str]:
@@ -101,6 +105,17 @@ def choose(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> tuple[floa
     gaining = [name for name, m in by_lr[lr].items() if m.get("gains")]
     learns = f"{', '.join(gaining)} gain(s) there" if gaining else "no method gains there"
     return lr, f"largest swept rate at which no method falls below the frozen control; {learns}"
+
+
+def _rederive(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Each method's flags from its stored interval, and the rate chosen from them (the frozen controls' curves,
+    which the intervals come from, are not stored: the intervals themselves are taken as recorded)."""
+    by_lr = {
+        float(rate): {m: {**c, **flags(c)} if c["change"] is not None else c for m, c in methods.items()}
+        for rate, methods in record["by_lr"].items()
+    }
+    lr, why = choose(by_lr)
+    return {"by_lr": {f"{rate:g}": methods for rate, methods in by_lr.items()}, "chosen_lr": lr, "choice": why}
 
 
 def _plot(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]], results_dir: Path, chosen: float | None) -> str:
@@ -194,5 +209,6 @@ EXPERIMENTS.register(
         _run,
         report=lrsweep_block,
         observations=lrsweep_observations,
+        rederive=_rederive,
     ),
 )

@@ -149,7 +149,10 @@ class Experiment(Generic[OptionsT]):
     ``report(record, link_base)`` renders its record in the leaderboard's Stability section and
     ``observations(record or None)`` gives its lines under "What we observed" (the built-in experiments' are in
     :mod:`.tables` and :mod:`.observations`); left out, the experiment gets a generic block (title, settings, plots)
-    and no verdict.
+    and no verdict. ``rederive(record)`` recomputes, from the record's raw data (per-step curves, per-trial
+    measurements) or by re-running a cheap deterministic computation, the fields its verdicts are read from, by
+    name; ``verify`` compares them with the stored ones (:mod:`.recheck`), so an edited summary cannot change a
+    verdict unnoticed. Left out, ``verify`` says the record was not re-derived.
     """
 
     name: str
@@ -158,6 +161,7 @@ class Experiment(Generic[OptionsT]):
     run: Callable[[StressOptions, OptionsT], Path]
     report: Callable[[Mapping[str, Any], str], str] | None = None
     observations: Callable[[Mapping[str, Any] | None], list[str]] | None = None
+    rederive: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
 
 def _experiment(name: str, experiment: Experiment) -> Experiment:

@@ -177,6 +177,17 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
     return table
 
 
+def rederive(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A training record's per-run analysis and its summary recomputed from what it stores: each run's curves and
+    each seed's frozen control, under the record's definitions (:func:`analyze`, :func:`aggregate`); for ``verify``."""
+    d = Definitions(**{key: value for key, value in record["definitions"].items() if key != "text"})
+    frozen = {int(seed): control for seed, control in record["frozen"].items()}
+    runs = [{**row, **analyze(row, frozen[row["seed"]], d, record["budget"]["max_steps"])} for row in record["runs"]]
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    conditions = list(dict.fromkeys(r["condition"] for r in runs))
+    return {"runs": runs, "summary": aggregate(runs, labels, conditions)}
+
+
 def run_sweep(
     specs: list[RunSpec],
     settings: TrainSettings,

@@ -31,7 +31,14 @@ from stabledrl_bench.experiments.stress.options import (
     recorded_settings,
 )
 from stabledrl_bench.experiments.stress.settings import train_settings, warm_start
-from stabledrl_bench.experiments.stress.sweep import RunSpec, aggregate, plot_sweep, run_sweep, split_options
+from stabledrl_bench.experiments.stress.sweep import (
+    RunSpec,
+    aggregate,
+    plot_sweep,
+    rederive,
+    run_sweep,
+    split_options,
+)
 from stabledrl_bench.experiments.stress.tables import training_block
 
 # Display name -> (registered baseline, options): the five methods, each with its official estimator settings
@@ -228,6 +235,7 @@ EXPERIMENTS.register(
         _run_exploding,
         report=training_block,
         observations=exploding_claims,
+        rederive=rederive,
     ),
 )
 EXPERIMENTS.register(
@@ -239,5 +247,6 @@ EXPERIMENTS.register(
         _run_clip,
         report=functools.partial(training_block, label_name="clip threshold"),
         observations=clip_claims,
+        rederive=rederive,
     ),
 )

@@ -1,0 +1,83 @@
+"""``verify`` for the stability records: every field a verdict is read from is recomputed and compared.
+
+The leaderboard's stability verdicts are read from each record's summary (collapsed seeds, seeds above the frozen
+control, spike counts, the chosen learning rate). A summary is derived data: edit it, and a verdict changes while
+the runs behind it stay the same. So each experiment's ``rederive`` (:class:`~.options.Experiment`) recomputes those
+fields from what the record stores beside them (the per-step curves of every run and every seed's frozen control,
+the per-seed drift measurements; the convex-hull trials are seeded and re-run in seconds), and this module compares
+them with the stored ones, number by number (relative tolerance 1e-9). The commit the record was made at must be in
+this repository.
+
+What cannot be checked after the fact: that the curves themselves came from the runs they name (the run folders
+are not committed; ``verify`` on the machine that holds the run cache could compare them, which it does not do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.stress.common import read_record
+from stabledrl_bench.experiments.stress.options import EXPERIMENTS
+from stabledrl_bench.reporting.provenance import unknown_commit
+from stabledrl_bench.reporting.results import plain_json
+
+TOLERANCE = 1e-9
+
+
+def differences(stored: Any, derived: Any, where: str) -> list[str]:
+    """Where ``derived`` (plain JSON) differs from ``stored``: numbers within :data:`TOLERANCE`, everything else
+    equal; a dict is compared on the derived keys (a stored dict may hold more, e.g. a run's folder)."""
+    if isinstance(derived, Mapping):
+        if not isinstance(stored, Mapping):
+            return [f"{where}: stored {stored!r}, recomputed a mapping"]
+        return [
+            line
+            for key, value in derived.items()
+            for line in (
+                differences(stored[key], value, f"{where}.{key}") if key in stored else [f"{where}.{key}: missing"]
+            )
+        ]
+    if isinstance(derived, list):
+        if not isinstance(stored, list) or len(stored) != len(derived):
+            return [f"{where}: stored {_short(stored)}, recomputed {_short(derived)}"]
+        return [
+            line
+            for k, (a, b) in enumerate(zip(stored, derived, strict=True))
+            for line in differences(a, b, f"{where}[{k}]")
+        ]
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (stored, derived))
+    if numbers and math.isclose(stored, derived, rel_tol=TOLERANCE, abs_tol=TOLERANCE):
+        return []
+    if not numbers and stored == derived and type(stored) is type(derived):
+        return []
+    return [f"{where}: stored {_short(stored)}, recomputed {_short(derived)}"]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def recheck(path: Path) -> tuple[list[str], list[str]]:
+    """(problems, notes) of one stability record."""
+    try:
+        record = read_record(path)
+        name = record["experiment"]
+        if name not in EXPERIMENTS:
+            return [], [f"no stress experiment {name!r} is registered here: not re-derived"]
+        rederive = EXPERIMENTS.get(name).rederive
+        if rederive is None:
+            return unknown_commit(record), [f"stress {name} has no rederive: its summary was not recomputed"]
+        derived = plain_json(rederive(record))
+    except UserError as exc:
+        return [str(exc)], []
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"cannot recompute its summary from the stored data ({type(exc).__name__}: {exc})"], []
+    return [
+        *unknown_commit(record),
+        *(line for key in derived for line in differences(record.get(key), derived[key], key)),
+    ], []
