@@ -46,7 +46,7 @@ from stabledrl_bench.experiments.stress.options import (
     recorded_settings,
 )
 from stabledrl_bench.experiments.stress.settings import TrainSettings, train_settings, warm_start
-from stabledrl_bench.experiments.stress.sweep import RunSpec, add_costs, run_sweep
+from stabledrl_bench.experiments.stress.sweep import RunSpec, add_costs, reanalyse, run_sweep
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import METHODS, effective_options
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
@@ -108,14 +108,25 @@ def choose(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> tuple[floa
 
 
 def _rederive(record: Mapping[str, Any]) -> dict[str, Any]:
-    """Each method's flags from its stored interval, and the rate chosen from them (the frozen controls' curves,
-    which the intervals come from, are not stored: the intervals themselves are taken as recorded)."""
-    by_lr = {
-        float(rate): {m: {**c, **flags(c)} if c["change"] is not None else c for m, c in methods.items()}
-        for rate, methods in record["by_lr"].items()
-    }
+    """Every run's analysis, each rate's changes with their intervals and flags, and the rate chosen from them,
+    recomputed from the runs' curves and the frozen controls of every rate. A record written before the controls
+    were stored (no ``frozen``) gets its flags and choice recomputed from its stored intervals only."""
+    if "frozen" not in record:
+        by_lr = {
+            float(rate): {m: {**c, **flags(c)} if c["change"] is not None else c for m, c in methods.items()}
+            for rate, methods in record["by_lr"].items()
+        }
+        derived = {}
+    else:
+        steps, by_lr, runs = record["budget"]["max_steps"], {}, []
+        for rate, frozen in record["frozen"].items():
+            rows = [r for r in record["runs"] if f"{r['learning_rate']:g}" == rate]
+            by_lr[float(rate)] = summarise(rows, {int(seed): f for seed, f in frozen.items()}, steps)
+            runs += reanalyse(record, rows, frozen)
+        derived = {"runs": runs}
     lr, why = choose(by_lr)
-    return {"by_lr": {f"{rate:g}": methods for rate, methods in by_lr.items()}, "chosen_lr": lr, "choice": why}
+    by_rate = {f"{rate:g}": methods for rate, methods in by_lr.items()}
+    return {**derived, "by_lr": by_rate, "chosen_lr": lr, "choice": why}
 
 
 def _plot(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]], results_dir: Path, chosen: float | None) -> str:
@@ -158,7 +169,7 @@ def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
     base = train_settings(stress, sweep, learning_rate=rates[0])
     path, info, model = warm_start(sweep.model, stress.runs)
     base = dataclasses.replace(base, warm_start=str(path))
-    by_lr, runs, cost = {}, [], {}
+    by_lr, frozen_by_lr, runs, cost = {}, {}, [], {}
     for lr in rates:
         lr_settings: TrainSettings = dataclasses.replace(base, learning_rate=lr)
         specs = [
@@ -170,6 +181,7 @@ def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
             specs, lr_settings, Path(stress.runs), definitions, training.jobs, f"lr {lr:g}", lambda _: False
         )
         by_lr[lr] = summarise(rows, frozen, lr_settings.budget.max_steps)
+        frozen_by_lr[f"{lr:g}"] = frozen
         runs += [{**row, "learning_rate": lr} for row in rows]
         cost = add_costs(cost, spent)
     lr, why = choose(by_lr)
@@ -193,6 +205,7 @@ def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
         "chosen_lr": lr,
         "choice": why,
         "runs": runs,
+        "frozen": frozen_by_lr,
         "plots": {"sweep": _plot(by_lr, Path(stress.results), lr)},
         "jobs": cost,
         **runtime(start, training.jobs, info, cost["worker_cpu_seconds"]),

@@ -177,12 +177,20 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
     return table
 
 
-def rederive(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A training record's per-run analysis and its summary recomputed from what it stores: each run's curves and
-    each seed's frozen control, under the record's definitions (:func:`analyze`, :func:`aggregate`); for ``verify``."""
+def reanalyse(
+    record: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], frozen: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """``rows`` of ``record`` with their analysis recomputed from their stored curves and their seeds' frozen
+    controls (``frozen``, keyed by seed as stored), under the record's definitions and budget (:func:`analyze`)."""
     d = Definitions(**{key: value for key, value in record["definitions"].items() if key != "text"})
-    frozen = {int(seed): control for seed, control in record["frozen"].items()}
-    runs = [{**row, **analyze(row, frozen[row["seed"]], d, record["budget"]["max_steps"])} for row in record["runs"]]
+    by_seed = {int(seed): control for seed, control in frozen.items()}
+    return [{**row, **analyze(row, by_seed[row["seed"]], d, record["budget"]["max_steps"])} for row in rows]
+
+
+def rederive(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A training record's per-run analysis and its summary recomputed from what it stores (:func:`reanalyse`,
+    :func:`aggregate`); for ``verify``."""
+    runs = reanalyse(record, record["runs"], record["frozen"])
     labels = list(dict.fromkeys(r["label"] for r in runs))
     conditions = list(dict.fromkeys(r["condition"] for r in runs))
     return {"runs": runs, "summary": aggregate(runs, labels, conditions)}
