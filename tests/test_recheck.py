@@ -76,6 +76,11 @@ def _flip_flag(record: dict[str, Any]) -> None:
     entry["falls_below"] = not entry["falls_below"]
 
 
+def _zero_a_sweep_run(record: dict[str, Any]) -> None:
+    run = next(r for r in record["runs"] if r["label"] == "grpo" and r["learning_rate"] == 3e-5)
+    run["curves"]["reward_mean"] = [0.0] * len(run["curves"]["reward_mean"])  # the interval's data, not the interval
+
+
 def _drift_probability(record: dict[str, Any]) -> None:
     record["summary"][-1]["spike_probability"]["mean"] = (
         0.0 if record["summary"][-1]["spike_probability"]["mean"] else 1.0
@@ -89,6 +94,7 @@ def _drift_probability(record: dict[str, Any]) -> None:
         ("longrun", _zero_a_run, ".zero_reward_steps: stored 0, recomputed 500"),
         ("lrsweep", _rechoose, "chosen_lr: stored 0.0001, recomputed 3e-05"),
         ("lrsweep", _flip_flag, "by_lr.0.0001.grpo.falls_below: stored"),
+        ("lrsweep", _zero_a_sweep_run, "by_lr.3e-05.grpo.change: stored"),
         ("drift", _drift_probability, ".spike_probability.mean: stored"),
     ],
 )
