@@ -544,6 +544,13 @@ def test_every_command_end_to_end_at_toy_size(tmp_path):
         for plot in record["plots"].values():
             assert (results / "stability" / plot).is_file()
         assert recheck(results / "stability" / f"{name}.json") == ([], [])  # its summary follows from its data
+    # The run folders are here: their logs are read again, so a record whose curves are not its runs' fails.
+    log = Path(longrun["runs"][0]["run_dir"]) / "log.jsonl"
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    steps[0]["grad_norm"] = 123.0
+    log.write_text("".join(json.dumps(step) + "\n" for step in steps))
+    problems, _ = recheck(results / "stability" / "longrun.json")
+    assert any(line.startswith("runs[0].curves.grad_norm[0]: stored") for line in problems), problems
     text = stability_section(results)
     assert "### What we observed" in text and "not run (`python" not in text
     assert "* **observation** — learning-rate sweep:" in text and "### Learning-rate sweep" in text

@@ -109,8 +109,9 @@ def choose(by_lr: Mapping[float, Mapping[str, Mapping[str, Any]]]) -> tuple[floa
 
 def _rederive(record: Mapping[str, Any]) -> dict[str, Any]:
     """Every run's analysis, each rate's changes with their intervals and flags, and the rate chosen from them,
-    recomputed from the runs' curves and the frozen controls of every rate. A record written before the controls
-    were stored (no ``frozen``) gets its flags and choice recomputed from its stored intervals only."""
+    recomputed from the runs' curves and the frozen controls of every rate (re-read from the run folders where
+    they are on this machine, :func:`~.sweep.reread`). A record written before the controls were stored (no
+    ``frozen``) gets its flags and choice recomputed from its stored intervals only."""
     if "frozen" not in record:
         by_lr = {
             float(rate): {m: {**c, **flags(c)} if c["change"] is not None else c for m, c in methods.items()}
@@ -118,12 +119,15 @@ def _rederive(record: Mapping[str, Any]) -> dict[str, Any]:
         }
         derived = {}
     else:
-        steps, by_lr, runs = record["budget"]["max_steps"], {}, []
+        by_lr, runs, controls = {}, [], {}
         for rate, frozen in record["frozen"].items():
-            rows = [r for r in record["runs"] if f"{r['learning_rate']:g}" == rate]
-            by_lr[float(rate)] = summarise(rows, {int(seed): f for seed, f in frozen.items()}, steps)
-            runs += reanalyse(record, rows, frozen)
-        derived = {"runs": runs}
+            rows, controls[rate] = reanalyse(
+                record, [r for r in record["runs"] if f"{r['learning_rate']:g}" == rate], frozen
+            )
+            by_seed = {int(seed): control for seed, control in controls[rate].items()}
+            by_lr[float(rate)] = summarise(rows, by_seed, record["budget"]["max_steps"])
+            runs += rows
+        derived = {"runs": runs, "frozen": controls}
     lr, why = choose(by_lr)
     by_rate = {f"{rate:g}": methods for rate, methods in by_lr.items()}
     return {**derived, "by_lr": by_rate, "chosen_lr": lr, "choice": why}

@@ -8,8 +8,9 @@ the per-seed drift measurements; the convex-hull trials are seeded and re-run in
 them with the stored ones, number by number (relative tolerance 1e-9). The commit the record was made at must be in
 this repository.
 
-What cannot be checked after the fact: that the curves themselves came from the runs they name (the run folders
-are not committed; ``verify`` on the machine that holds the run cache could compare them, which it does not do).
+Where the run folders a training record names are on this machine (the run cache), their logs are read again
+(:func:`~.sweep.reread`), so the stored curves are compared with the runs they name too; the folders are not
+committed, so elsewhere that link is not proven.
 """
 
 from __future__ import annotations

@@ -177,23 +177,40 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
     return table
 
 
+def reread(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run row or frozen control with its curves read again from its run folder's log where that folder is
+    on this machine (the run cache), as stored otherwise: ``verify`` then also compares the stored curves with the
+    runs they name."""
+    log = Path(entry["run_dir"]) / "log.jsonl"
+    if not log.is_file():
+        return dict(entry)
+    curves = _curves(read_log(log))
+    if "curves" in entry:
+        return {**entry, "curves": curves}
+    return {**entry, "reward_step": curves["reward_step"], "reward_mean": curves["reward_mean"]}
+
+
 def reanalyse(
     record: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], frozen: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """``rows`` of ``record`` with their analysis recomputed from their stored curves and their seeds' frozen
-    controls (``frozen``, keyed by seed as stored), under the record's definitions and budget (:func:`analyze`)."""
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """``rows`` of ``record`` and their seeds' frozen controls (``frozen``, keyed by seed as stored), each
+    :func:`reread`, with the rows' analysis recomputed under the record's definitions and budget (:func:`analyze`)."""
     d = Definitions(**{key: value for key, value in record["definitions"].items() if key != "text"})
-    by_seed = {int(seed): control for seed, control in frozen.items()}
-    return [{**row, **analyze(row, by_seed[row["seed"]], d, record["budget"]["max_steps"])} for row in rows]
+    controls = {seed: reread(control) for seed, control in frozen.items()}
+    runs = []
+    for row in rows:
+        run = reread(row)
+        runs.append({**run, **analyze(run, controls[str(run["seed"])], d, record["budget"]["max_steps"])})
+    return runs, controls
 
 
 def rederive(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A training record's per-run analysis and its summary recomputed from what it stores (:func:`reanalyse`,
-    :func:`aggregate`); for ``verify``."""
-    runs = reanalyse(record, record["runs"], record["frozen"])
+    """A training record's per-run analysis and its summary recomputed from its runs' curves and frozen controls
+    (:func:`reanalyse`, :func:`aggregate`); for ``verify``."""
+    runs, frozen = reanalyse(record, record["runs"], record["frozen"])
     labels = list(dict.fromkeys(r["label"] for r in runs))
     conditions = list(dict.fromkeys(r["condition"] for r in runs))
-    return {"runs": runs, "summary": aggregate(runs, labels, conditions)}
+    return {"runs": runs, "frozen": frozen, "summary": aggregate(runs, labels, conditions)}
 
 
 def run_sweep(
