@@ -106,6 +106,11 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, list]:
     return curves
 
 
+def run_curves(folder: str | Path) -> dict[str, list]:
+    """The per-step curves a record stores of the run in ``folder``, read from its log."""
+    return _curves(read_log(Path(folder) / "log.jsonl"))
+
+
 # ------------------------------------------------------------------------------------------------ analysis
 def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions, planned_steps: int) -> dict[str, Any]:
     """Spike steps, collapse and reward statistics of one run (definitions in :class:`Definitions`); collapse and
@@ -181,10 +186,9 @@ def reread(entry: Mapping[str, Any]) -> dict[str, Any]:
     """A stored run row or frozen control with its curves read again from its run folder's log where that folder is
     on this machine (the run cache), as stored otherwise: ``verify`` then also compares the stored curves with the
     runs they name."""
-    log = Path(entry["run_dir"]) / "log.jsonl"
-    if not log.is_file():
+    if not (Path(entry["run_dir"]) / "log.jsonl").is_file():
         return dict(entry)
-    curves = _curves(read_log(log))
+    curves = run_curves(entry["run_dir"])
     if "curves" in entry:
         return {**entry, "curves": curves}
     return {**entry, "reward_step": curves["reward_step"], "reward_mean": curves["reward_mean"]}
@@ -242,7 +246,7 @@ def run_sweep(
     }
     frozen = {}
     for seed, summary in zip(seeds, summaries, strict=False):
-        curves = _curves(read_log(Path(summary["folder"]) / "log.jsonl"))
+        curves = run_curves(summary["folder"])
         frozen[seed] = {
             "key": summary["key"],
             "run_dir": summary["folder"],
@@ -252,7 +256,7 @@ def run_sweep(
         }
     rows = []
     for spec, resolved_spec, summary in zip(specs, resolved, summaries[len(controls) :], strict=True):
-        run = {**summary, "curves": _curves(read_log(Path(summary["folder"]) / "log.jsonl"))}
+        run = {**summary, "curves": run_curves(summary["folder"])}
         rows.append(
             {
                 **dataclasses.asdict(spec),
