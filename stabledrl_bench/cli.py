@@ -143,6 +143,36 @@ def _add_check_model(sub) -> None:
     _add_trust(p)
 
 
+def _add_regress(sub) -> None:
+    p = sub.add_parser(
+        "regress",
+        help="run the golden cases and compare every number with the committed references (docs/regression.md)",
+    )
+    p.add_argument(
+        "--references",
+        help="folder of references (default: the ones shipped with the package); a plugin keeps its own",
+    )
+    p.add_argument("--baselines", help="comma-separated methods: only their rl and forced cases (plugins included)")
+    p.add_argument("--groups", help="comma-separated groups: rl, forced, sft, samplers, eval, graders (default: all)")
+    p.add_argument("--update", action="store_true", help="pin what this code produces as the references")
+    p.add_argument("--reason", default="", help="with --update: why the numbers may change (recorded)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
+    p.add_argument("--verbose", action="store_true", help="print every differing value, not the first 12 per case")
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument(
+        "--invariance",
+        nargs="?",
+        const="all",
+        metavar="NAMES",
+        help="run the invariance classes instead (all, or comma-separated names; `--invariance list` lists them)",
+    )
+    p.add_argument(
+        "--measure-tolerance",
+        action="store_true",
+        help="re-run the cases under emulated platforms and write the measured cross-platform tolerances",
+    )
+
+
 def _add_misc(sub) -> None:
     p = sub.add_parser("leaderboard", help="regenerate leaderboard.md from results/")
     p.add_argument("--results", default="results")
@@ -157,6 +187,12 @@ def _add_misc(sub) -> None:
         "--redecode", type=positive_int, help="decode N random prompts of each greedy result again and compare"
     )
     p.add_argument("--redecode-seed", type=seed_int, default=0, help="seed of the prompts --redecode draws (0)")
+    p.add_argument(
+        "--rerun",
+        metavar="RECORD",
+        help="instead: train and evaluate RECORD again from scratch with this code and compare weights and completions",
+    )
+    p.add_argument("--rerun-runs", metavar="DIR", help="with --rerun: a runs folder to reuse (default: a fresh one)")
     _add_trust(p)
     p = sub.add_parser("list", help="list the entries of a registry (built-ins and installed plugins)")
     p.add_argument("what", choices=tuple(REGISTRIES))
@@ -171,7 +207,7 @@ def _add_misc(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m stabledrl_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_check_model, _add_misc):
+    for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_check_model, _add_regress, _add_misc):
         add(sub)
     return parser
 
@@ -382,6 +418,10 @@ def _cmd_leaderboard(args) -> int:
 
 
 def _cmd_verify(args) -> int:
+    if args.rerun:
+        from stabledrl_bench.experiments.rerun import rerun
+
+        return rerun(Path(args.rerun), Path(args.rerun_runs) if args.rerun_runs else None)
     from stabledrl_bench.evaluation.verify import verify_results
 
     summary = verify_results(
@@ -399,6 +439,12 @@ def _cmd_grade(args) -> int:
 
     argv = ["--task", args.task, "--input", args.input] + (["--output", args.output] if args.output else [])
     return grade_main(argv)
+
+
+def _cmd_regress(args) -> int:
+    from stabledrl_bench.regression.command import command
+
+    return command(args)
 
 
 def _cmd_reproduce(args) -> int:
@@ -438,6 +484,7 @@ COMMANDS = {
     "leaderboard": _cmd_leaderboard,
     "grade": _cmd_grade,
     "reproduce": _cmd_reproduce,
+    "regress": _cmd_regress,
 }
 
 

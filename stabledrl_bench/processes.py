@@ -55,6 +55,29 @@ def _as_gpu_processes():
         PartialState._prepare_backend, PartialState.set_device = saved
 
 
+def launch_command(config: str, processes: int = 2) -> list[str]:
+    """``accelerate launch`` of ``processes`` CPU processes under the shipped ``configs/accelerate/<config>.yaml``
+    (full precision, a free port): how the tests and ``regress --invariance`` rehearse a GPU launch. Append the
+    program and its arguments."""
+    import sys
+    from importlib import resources
+
+    path = resources.files("stabledrl_bench.configs") / "accelerate" / f"{config}.yaml"
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(path),
+        "--num_processes",
+        str(processes),
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        "0",
+    ]
+
+
 def process_state():
     """accelerate's ``PartialState`` of this process, set up the same way whoever asks first.
 
@@ -100,11 +123,14 @@ def barrier() -> None:
         state.wait_for_everyone()
 
 
-def keyed_generator(*key: object) -> torch.Generator:
+def keyed_generator(*key: object, device: torch.device | str | None = None) -> torch.Generator:
     """A private random stream named by what it is for (e.g. seed, purpose, rollout phase, micro-batch).
 
     Keyed instead of drawn from a per-process stream: a unit of work gets the same random numbers whichever
     process runs it and however many processes share the job, so a run does not depend on the launch.
+    ``device``: where the stream draws (the CPU by default). The samplers draw their noise where the model's logits
+    are, so their generator lives on the model's device (the same key gives another stream on a GPU than on the
+    CPU); the estimators draw small masks on the CPU and move them, so their masks are the same on every device.
     """
     digest = hashlib.blake2b("/".join(map(str, key)).encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    return torch.Generator(device=device or "cpu").manual_seed(int.from_bytes(digest, "little") >> 1)

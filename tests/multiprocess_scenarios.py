@@ -14,7 +14,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -190,21 +189,10 @@ def run_evaluation(name: str, models: dict[str, str], results: Path) -> dict[str
 
 def launch(config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``accelerate launch --config_file configs/accelerate/<config>.yaml`` on 2 CPU processes."""
+    from stabledrl_bench.processes import launch_command
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "configs" / "accelerate" / f"{config}.yaml"),
-        "--num_processes",
-        "2",
-        "--mixed_precision",
-        "no",
-        "--main_process_port",
-        "0",
-        *args,
-    ]
+    cmd = [*launch_command(config), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 

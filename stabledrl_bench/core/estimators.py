@@ -57,6 +57,17 @@ class SequenceBatch:
     completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
     unmask_step: torch.Tensor | None = None  # [B, L] long, sampler step that committed each token (TraceRL)
 
+    def select(self, keep: torch.Tensor) -> SequenceBatch:
+        """The rows where ``keep`` [B] bool is True (a baseline dropping whole groups keeps the rest)."""
+        keep = keep.to(self.completion_ids.device)
+        return SequenceBatch(
+            prompt_ids=self.prompt_ids[keep],
+            prompt_mask=self.prompt_mask[keep],
+            completion_ids=self.completion_ids[keep],
+            completion_mask=self.completion_mask[keep],
+            unmask_step=None if self.unmask_step is None else self.unmask_step[keep],
+        )
+
 
 @dataclass
 class Estimate:

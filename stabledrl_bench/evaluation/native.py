@@ -84,7 +84,7 @@ def evaluate(
     with torch.no_grad():
         for b in mine:
             idx = batches[b]
-            generator = keyed_generator(seed, "eval", b)
+            generator = keyed_generator(seed, "eval", b, device=dlm.device)
             prompts = [specs[i].messages for i in idx]
             prompt_ids, prompt_mask = dlm.encode_prompts(prompts, chat_template=chat, prefill=specs[idx[0]].prefill)
             for repeat in range(proto.repeats):

@@ -28,7 +28,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,7 +314,7 @@ class RLTrainer:
         for start in range(first, first + share, cfg.per_device_prompts):
             chunk = docs[start : start + cfg.per_device_prompts]
             unit = start // cfg.per_device_prompts
-            rollout_gen = keyed_generator(cfg.seed, "rollout", phase, unit)
+            rollout_gen = keyed_generator(cfg.seed, "rollout", phase, unit, device=self.dlm.device)
             specs = [self.task.prompt(doc, cfg.protocol) for doc in chunk]
             repeated = [s.messages for s in specs for _ in range(budget.num_generations)]
             prompt_ids, prompt_mask = self.dlm.encode_prompts(
@@ -375,7 +375,7 @@ class RLTrainer:
             if not bool(keep.any()):  # nothing to learn from, but the same forward/backward as every process
                 advantages, weight = torch.zeros_like(advantages), 0.0
             elif not bool(keep.all()):
-                batch = _select_rows(batch, keep)
+                batch = batch.select(keep)
                 advantages, group_ids = advantages[keep], group_ids[keep]
             kept += int(keep.sum())
             streams = ("mask", "noise", "anchor") if self.anchor is not None else ("mask", "noise")
@@ -540,6 +540,31 @@ class RLTrainer:
         return loss + self.cfg.anchor_beta * kl, {**metrics, "anchor_kl": kl.item()}
 
     # ------------------------------------------------------------------ main loop
+    def run_phase(self) -> Iterator[dict[str, Any]]:
+        """One rollout phase: sample and score a rollout, then its ``num_iterations`` optimizer steps, yielding each
+        step's log record as it is made.
+
+        The whole numerical content of a run, without files: :meth:`train` writes, checks and checkpoints around
+        it, and ``regress`` (:mod:`stabledrl_bench.regression`) pins its numbers.
+        """
+        start = time.perf_counter()
+        micro_batches, rollout_metrics = self.rollout()
+        self.nfe_total += rollout_metrics["rollout_nfe"]
+        for iteration in range(self.budget.num_iterations):
+            metrics = self.optimizer_step(micro_batches, iteration)
+            self.step += 1
+            yield {
+                "step": self.step,
+                "phase_iteration": iteration,
+                **(rollout_metrics if iteration == 0 else {}),
+                "reward_mean": rollout_metrics["reward_mean"],
+                **metrics,
+                "learning_rate": self.scheduler.get_last_lr()[0],
+                "nfe_total": self.nfe_total,
+                "seconds": time.perf_counter() - start,
+            }
+            start = time.perf_counter()
+
     def train(self, *, resume: bool | None = False, stop_after: int | None = None) -> Path:
         """Run to ``budget.max_steps`` (or stop after step ``stop_after``); returns the ``final`` model folder.
 
@@ -579,29 +604,13 @@ class RLTrainer:
         )
         stop = budget.max_steps if stop_after is None else min(stop_after, budget.max_steps)
         while self.step < stop:
-            start = time.perf_counter()
-            micro_batches, rollout_metrics = self.rollout()
-            self.nfe_total += rollout_metrics["rollout_nfe"]
-            for iteration in range(budget.num_iterations):
-                metrics = self.optimizer_step(micro_batches, iteration)
-                self.step += 1
-                record = {
-                    "step": self.step,
-                    "phase_iteration": iteration,
-                    **(rollout_metrics if iteration == 0 else {}),
-                    "reward_mean": rollout_metrics["reward_mean"],
-                    **metrics,
-                    "learning_rate": self.scheduler.get_last_lr()[0],
-                    "nfe_total": self.nfe_total,
-                    "seconds": time.perf_counter() - start,
-                }
+            for record in self.run_phase():
                 log.write(record)
                 if cfg.log_with:
                     self.acc.log({k: v for k, v in record.items() if isinstance(v, int | float)}, step=self.step)
                 bar.update(1)
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", gnorm=f"{metrics['grad_norm']:.2g}")
-                start = time.perf_counter()
-                if not metrics["skipped"] and not self._weights_finite():
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", gnorm=f"{record['grad_norm']:.2g}")
+                if not record["skipped"] and not self._weights_finite():
                     raise TrainingDiverged(
                         f"{cfg.baseline} on {cfg.task}: the weights became non-finite at step {self.step} (learning "
                         f"rate {record['learning_rate']:.3g}); nothing was saved from it, the last checkpoint "
@@ -696,17 +705,6 @@ class RLTrainer:
 
 
 # ---------------------------------------------------------------------- helpers
-def _select_rows(batch: SequenceBatch, keep: torch.Tensor) -> SequenceBatch:
-    keep = keep.to(batch.completion_ids.device)
-    return SequenceBatch(
-        prompt_ids=batch.prompt_ids[keep],
-        prompt_mask=batch.prompt_mask[keep],
-        completion_ids=batch.completion_ids[keep],
-        completion_mask=batch.completion_mask[keep],
-        unmask_step=None if batch.unmask_step is None else batch.unmask_step[keep],
-    )
-
-
 def sampled_rows(sampled: list[SampledBatch]) -> list[dict[str, Any]]:
     """One plain record per completion of a rollout (what its metrics are computed from, on any process)."""
     return [

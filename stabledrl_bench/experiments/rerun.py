@@ -1,0 +1,104 @@
+"""``verify --rerun RECORD``: make one result record again, from scratch, and say whether this code reproduces it.
+
+``verify`` checks that a record adds up; this checks that the *current code* still produces it. The record names
+everything needed: its comparison's table, preset, task, seed, method, protocol and length. The warm start and the
+training run are rebuilt into a fresh folder (or ``--rerun-runs`` to reuse a cache: then only what is missing is
+trained), the checkpoint is evaluated with the record's settings, and the weights hash, every completion and the
+metrics are compared with the record. A record that does not reproduce is not necessarily wrong: it may come from an
+older code version (its commit is printed beside this one), which is what the answer is for.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stabledrl_bench.core.models.backends import load_model_spec
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+from stabledrl_bench.evaluation.protocols import get_protocol
+from stabledrl_bench.experiments.comparison import Replicate, comparison
+from stabledrl_bench.experiments.reproduce import _train, _train_config, _warm_start
+from stabledrl_bench.reporting.provenance import git_state
+from stabledrl_bench.reporting.results import load_samples, read_result
+
+STARTS = ("base", "sft")  # records of the start checkpoint, not of a trained method
+
+
+def rerun(record_path: Path, runs: Path | None = None) -> int:
+    """Remake ``record_path`` and print how it compares; 0 when weights and completions are reproduced exactly."""
+    record = read_result(record_path)
+    recorded_samples = load_samples(record)
+    commit = (record.get("environment", {}).get("git") or {}).get("commit") or "unknown"
+    now = git_state()["commit"] or "unknown"
+    print(f"rerun {record_path}: made at {commit[:10]}, rerun at {now[:10]}")
+    with tempfile.TemporaryDirectory(prefix="rerun-") as tmp:
+        work = Path(tmp)
+        remade = _remake(record, recorded_samples, runs or work / "runs", work / "results")
+        samples = load_samples(remade)
+    return _report(record, recorded_samples, remade, samples)
+
+
+def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, results: Path) -> dict[str, Any]:
+    baseline, task, seed = record["baseline"], record["task"], int(record["seed"])
+    if record.get("preset") in (None, "custom"):
+        raise UserError("--rerun: this record was made by `eval` outside a preset; re-run its eval command instead")
+    run = comparison(
+        record["table"],
+        preset=record["preset"],
+        baselines=None if baseline in STARTS else baseline,
+        tasks=task,
+        seeds=str(seed),
+        runs=str(runs),
+        results=str(results),
+        leaderboard=str(results / "leaderboard.md"),
+    )
+    if baseline not in STARTS and record.get("budget") != run.preset.budget.to_dict():
+        raise UserError(
+            f"--rerun: the record was trained under budget {record.get('budget_hash')}, the preset "
+            f"{record['preset']!r} now has {run.preset.budget.hash()}: it cannot be remade by this code"
+        )
+    replicate = Replicate(run, task, seed)
+    checkpoint = run.model
+    if run.preset.sft is not None:
+        checkpoint = str(_warm_start(replicate)[0])
+    if baseline not in STARTS:
+        checkpoint = str(_train(_train_config(replicate, baseline, checkpoint), force=False)[0])
+    dlm = load_model_spec(checkpoint, seed=seed)
+    protocol = get_protocol(record["protocol"])
+    repeats = max(1, protocol.repeats)
+    recorded = evaluate_and_record(
+        dlm,
+        results_dir=results,
+        key=replicate.result_key(baseline, protocol, int(record["length"]), model_record(dlm, checkpoint)).to_dict(),
+        max_completion_length=int(record["max_completion_length"]),
+        budget=record.get("budget"),
+        limit=len(samples) // repeats,
+        batch_size=run.preset.eval_batch_size,
+        skip_existing=False,
+    )
+    return json.loads(recorded.path.read_text())
+
+
+def _report(
+    record: dict[str, Any], samples: list[dict[str, Any]], remade: dict[str, Any], remade_samples: list[dict[str, Any]]
+) -> int:
+    weights = (record["model"].get("weights_sha256"), remade["model"].get("weights_sha256"))
+    differing = sum(a["completion"] != b["completion"] for a, b in zip(samples, remade_samples, strict=False)) + abs(
+        len(samples) - len(remade_samples)
+    )
+    same_weights = weights[0] == weights[1]
+    verdict = "identical" if same_weights else "DIFFERENT"
+    print(f"  weights:     {verdict} ({weights[0][:12]} recorded, {weights[1][:12]} now)")
+    print(f"  completions: {len(samples) - differing} of {len(samples)} identical")
+    for name in ("accuracy", "score_mean"):
+        if name in record["metrics"]:
+            print(f"  {name}: {record['metrics'][name]!r} recorded, {remade['metrics'].get(name)!r} now")
+    if same_weights and not differing:
+        print("verify --rerun: reproduced bit for bit")
+        return 0
+    what = "completions identical, weights differ" if not differing else "NOT reproduced"
+    print(f"verify --rerun: {what}")
+    return 1
