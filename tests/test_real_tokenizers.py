@@ -227,6 +227,11 @@ def test_lm_eval_runs_a_block_diffusion_model_through_the_shipped_tasks_under_tr
     assert "\n" not in str(info.value)
     with pytest.raises(UserError, match="protocol 'd1' is for full-attention models"):
         DiffusionEvalLM(pretrained=models["sdar"], protocol="d1")
+    for length in (128, 256, 512):  # Table 2's lengths: the model's block of 4, one token per step
+        for protocol in ("tracerl-static", "tracerl-dynamic"):
+            lm = DiffusionEvalLM(pretrained=models["sdar"], protocol=protocol, max_completion_length=length)
+            settings = lm.settings
+            assert (settings.max_completion_length, settings.block_length, settings.steps) == (length, 4, length)
 
 
 def test_an_uncaught_refusal_is_one_line_under_the_lm_eval_command_line(capsys) -> None:
