@@ -8,9 +8,14 @@ Conventions shared by every task (read these before calling a task from a traine
 * **Protocols** (how a prompt is built) are ``d1`` (d1's evaluation prompts: one user message
   ``SYSTEM_PROMPT + "\\n\\n" + question``, chat template, ``<reasoning>`` prefill), ``d1_train`` (d1's RL
   training prompts, ``diffu-grpo/data_utils.py``: no prefill), ``stabledrl`` (the official StableDRL code's
-  prompts: the bare problem plus an instruction, chat template, no system prompt, no prefill) and ``tiny``
-  (very short prompts for a CPU character-level model, answer only: ``<answer>...</answer>``; Countdown's gold
-  completion shows its first step before the tag, see :func:`.countdown.tiny_worked_solution`).
+  training prompts: the bare problem plus an instruction, chat template, no system prompt, no prefill),
+  ``stabledrl_eval`` (what StableDRL's evaluation script ``math_metrics.py`` feeds the model: MATH problems with
+  its single-backslash instruction, GSM8K questions bare), ``tracerl`` (TraceRL's evaluation prompt for math,
+  ``sample/trado_sample.py``: the problem, then "Please reason step by step, and put your final answer within
+  \\boxed{}.", chat template, no prefill) and ``tiny`` (very short prompts for a CPU character-level model,
+  answer only: ``<answer>...</answer>``; Countdown's gold completion shows its first step before the tag, see
+  :func:`.countdown.tiny_worked_solution`). TraceRL and StableDRL's script evaluate no Countdown or Sudoku:
+  there ``tracerl`` reuses d1's message and ``stabledrl_eval`` StableDRL's training message.
 * **Completions** passed to :meth:`Task.reward` and :meth:`Task.grade`, and returned by
   :meth:`Task.target_completion`, are the text generated *after* the prompt and its prefill (what a sampler
   decodes). Under ``d1`` the prefill ``<reasoning>`` is therefore not part of the completion. Graders do not
@@ -38,8 +43,11 @@ from ..core.registry import Registry
 from ..errors import UserError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-PROTOCOLS: tuple[str, ...] = ("d1", "d1_train", "stabledrl", "tiny")
+PROTOCOLS: tuple[str, ...] = ("d1", "d1_train", "stabledrl", "stabledrl_eval", "tracerl", "tiny")
 D1_PREFILL = "<reasoning>"
+# Gold completions of the evaluation-only prompt protocols: no prefill and a free-form answer, which is what the
+# ``stabledrl`` layout is (reasoning, then the boxed answer).
+TARGET_LAYOUT = {"stabledrl_eval": "stabledrl", "tracerl": "stabledrl"}
 
 
 @dataclass(frozen=True)
@@ -230,7 +238,7 @@ class Task(ABC):
     def target_completion(self, doc: Mapping[str, Any], protocol: str = "d1") -> str:
         """The gold answer written as a completion in ``protocol``'s format (golden tests, SFT targets)."""
         self._check_protocol(protocol)
-        return self._target(doc, protocol)
+        return self._target(doc, TARGET_LAYOUT.get(protocol, protocol))
 
     @abstractmethod
     def _target(self, doc: Mapping[str, Any], protocol: str) -> str:

@@ -214,7 +214,7 @@ class CountdownTask(Task):
     # --------------------------------------------------------------------------------------- prompts
     def user_message(self, doc: Mapping[str, Any], protocol: str) -> str:
         numbers, target = self.gold(doc)
-        if protocol == "d1":
+        if protocol in ("d1", "tracerl"):  # TraceRL evaluates no Countdown: d1's message
             return D1_COUNTDOWN_SYSTEM_PROMPT + "\n\n" + f"Numbers: {numbers}\nTarget: {target}"
         if protocol == "d1_train":
             return (
@@ -225,7 +225,7 @@ class CountdownTask(Task):
                 "target number. For example, if the numbers are [2, 3, 4] and the target is 5, a valid answer is: "
                 "<answer>\n2*4-3\n</answer>"
             )
-        if protocol == "stabledrl":
+        if protocol in ("stabledrl", "stabledrl_eval"):  # StableDRL's script evaluates no Countdown
             return (
                 f"Given numbers {numbers}, find an equation that equals {target}. Please put the reasoning in "
                 "<reasoning> tags and the final equation in <answer> tags, e.g. <answer> 1 + 1 </answer>."

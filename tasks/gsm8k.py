@@ -57,6 +57,10 @@ class GSM8KTask(MathTask):
     def d1_train_message(self, question: str) -> str:
         return D1_TRAIN_SYSTEM_PROMPT + "\n\n" + question
 
+    def stabledrl_eval_message(self, question: str) -> str:
+        """StableDRL's ``math_metrics.py`` feeds GSM8K questions bare (``collate_fn_gsm8k``)."""
+        return question
+
     def d1_train_answer(self, doc: Mapping[str, Any]) -> str:
         return d1_gold_string(doc["answer"])
 

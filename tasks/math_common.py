@@ -33,6 +33,12 @@ D1_TRAIN_SYSTEM_PROMPT = (
 )
 # StableDRL dataloaders/math.py collate_fn_mixed: a raw string, so the backslashes really are doubled.
 STABLEDRL_MATH_INSTRUCTION = r"(Please put the final answer in \\boxed{} tag, i.e. $\\boxed{answer here}$)"
+# StableDRL dataloaders/collate_fn_math.py collate_fn_math, which its evaluation script math_metrics.py uses for
+# MATH: the same instruction with single backslashes (GSM8K questions go in bare: collate_fn_gsm8k).
+STABLEDRL_EVAL_MATH_INSTRUCTION = r"(Please put the final answer in \boxed{} tag, i.e. $\boxed{answer here}$)"
+# dLLM-RL sample/trado_sample.py and sdar_sample.py, the "cot prompt" of TraceRL's math evaluation (the chat
+# template around it is SDAR's own, so the harness applies the model's template to this user message).
+TRACERL_MATH_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 GENERIC_REASONING = "Work through the problem step by step, checking each step, to reach the final answer."
 
 
@@ -80,7 +86,15 @@ class MathTask(Task):
             return self.d1_train_message(question)
         if protocol == "stabledrl":
             return question + STABLEDRL_MATH_INSTRUCTION
+        if protocol == "stabledrl_eval":
+            return self.stabledrl_eval_message(question)
+        if protocol == "tracerl":
+            return question + TRACERL_MATH_INSTRUCTION
         return question  # tiny
+
+    def stabledrl_eval_message(self, question: str) -> str:
+        """What StableDRL's ``math_metrics.py`` feeds the model for ``question`` (MATH's collate function)."""
+        return question + STABLEDRL_EVAL_MATH_INSTRUCTION
 
     def _target(self, doc: Mapping[str, Any], protocol: str) -> str:
         gold = self.gold(doc)

@@ -83,9 +83,10 @@ class SudokuTask(Task):
 
     def user_message(self, doc: Mapping[str, Any], protocol: str) -> str:
         puzzle, _ = self.gold(doc)
-        if protocol in ("d1", "d1_train"):  # d1 uses the same text for evaluation and training
+        # d1 uses the same text for evaluation and training; TraceRL evaluates no Sudoku: d1's message
+        if protocol in ("d1", "d1_train", "tracerl"):
             return D1_SUDOKU_SYSTEM_PROMPT + "\n\n" + f"Solve the following Sudoku puzzle: {puzzle}\n"
-        if protocol == "stabledrl":
+        if protocol in ("stabledrl", "stabledrl_eval"):  # StableDRL's script evaluates no Sudoku
             return (
                 f"Solve this 4x4 Sudoku puzzle: {puzzle}. Use 0 for empty cells. Please put the reasoning in "
                 "<reasoning> tags and the solution string in <answer> tags."

@@ -10,6 +10,7 @@ batch composition change nothing, cached decoding equals recomputation, train mo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -167,11 +168,13 @@ def _some_digits(text: str, doc: dict) -> GradeResult:
     return GradeResult(correct=correct, score=float(correct), extracted=None)
 
 
-def rl_step(model: str | Path, baseline: str, out: Path, **overrides) -> dict:
+def rl_step(
+    model: str | Path, baseline: str, out: Path, reward: Callable[..., RewardResult] = _digit_share, **overrides
+) -> dict:
     """One rollout + optimizer step of ``baseline`` from a checkpoint folder; returns the logged record.
 
-    The reward is the share of digits in the completion (see :func:`_digit_share`), so the loss and gradient
-    are not trivially zero.
+    The reward is the share of digits in the completion (see :func:`_digit_share`; ``reward(text, doc)`` another
+    one), so the loss and gradient are not trivially zero.
     """
     budget = Budget(
         max_steps=1,
@@ -199,7 +202,7 @@ def rl_step(model: str | Path, baseline: str, out: Path, **overrides) -> dict:
     )
     with mock.patch("stabledrl_bench.training.trainer.plot_curves"):  # the curves PNG (2 s) is tested elsewhere
         trainer = RLTrainer(cfg)
-        trainer.task.reward_many = lambda texts, docs, profile: list(map(_digit_share, texts, docs))
+        trainer.task.reward_many = lambda texts, docs, profile: list(map(reward, texts, docs))
         trainer.task.grade_many = lambda texts, docs: list(map(_some_digits, texts, docs))
         trainer.train()
     return read_log(out / "log.jsonl")[-1]

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
@@ -108,7 +106,7 @@ def test_every_model_arg_is_checked_with_one_line_naming_it(model_dir, args, mes
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS.values() if p.prompt_protocol in ("d1", "tiny")])
+@pytest.mark.parametrize("protocol", [p for p in PROTOCOLS.values() if p.chat_template])
 def test_protocol_prompt_settings_agree_with_the_tasks(protocol):
     """The adapter only sees the user message: its chat/prefill must be what the task's PromptSpec says."""
     for name in TASKS:
@@ -132,23 +130,43 @@ def test_simple_evaluate_with_a_model_instance(model_dir):
     assert results["config"]["protocol"]["name"] == "d1"
 
 
-def test_lm_eval_command_line(model_dir, tmp_path):
-    """The real `lm_eval` CLI: task YAMLs given by path import the adapter, which registers the model."""
+@pytest.fixture(scope="module")
+def block_checkpoint(tmp_path_factory) -> Path:
+    from conftest import SMALL
+
+    from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
+
+    path = tmp_path_factory.mktemp("small-tiny-block")
+    save_diffusion_lm(build_tiny(attention="block", **SMALL), path)
+    return path
+
+
+def test_lm_eval_under_accelerate_launch_shares_the_work_and_scores_as_one_process(block_checkpoint, tmp_path):
+    """lm-eval's command line (``tests/lmeval_cli.py``: the task YAMLs, given by path, import the adapter, which
+    registers the model), under ``accelerate launch`` on 2 CPU processes (the DDP config, as
+    tests/test_multiprocess.py launches it): each process decodes a share, one writes the output, and every decode
+    equals the one-process run's. The protocol samples (tracerl-dynamic: temperature 1) and 3 documents split
+    2 + 1, so the noise plan and lm-eval's padding of the shorter share are both exercised."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from multiprocess_scenarios import launch
+
+    model_args = {"pretrained": str(block_checkpoint), "protocol": "tracerl-dynamic", "max_completion_length": 8}
+    args = ",".join(f"{key}={value}" for key, value in model_args.items())
     out = tmp_path / "out"
-    cmd = [
-        str(Path(sys.executable).with_name("lm_eval")),
-        "--model", "stabledrl_dllm",
-        "--model_args", f"pretrained={model_dir},protocol=d1,max_completion_length=16",
-        "--include_path", str(REPO / "tasks"),
-        "--tasks", str(LMEVAL_TASKS / "dllm_countdown.yaml"),
-        "--limit", "2",
-        "--batch_size", "2",
-        "--device", "cpu",
-        "--output_path", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    files = list(out.rglob("results_*.json"))
-    assert files, proc.stdout[-2000:]
-    data = json.loads(files[0].read_text())
-    assert "dllm_countdown" in data["results"]
+    cli = ["--model", "stabledrl_dllm", "--model_args", args, "--include_path", "tasks", "--tasks"]
+    cli += ["tasks/lmeval/dllm_sudoku.yaml", "--limit", "3", "--batch_size", "2", "--device", "cpu"]
+    proc = launch("ddp", str(REPO / "tests" / "lmeval_cli.py"), *cli, "--output_path", str(out), "--log_samples")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    shares = re.findall(r"stabledrl_dllm: process (\d) of 2 decodes (\d) of the 3 requests", proc.stderr)
+    assert sorted(shares) == [("0", "2"), ("1", "1")]
+    (results,) = out.rglob("results_*.json")  # written once
+    (samples,) = out.rglob("samples_dllm_sudoku_*.jsonl")
+    two = {row["doc_id"]: row["filtered_resps"] for row in map(json.loads, samples.read_text().splitlines())}
+
+    manager = TaskManager(include_path=str(LMEVAL_TASKS), include_defaults=False, metadata=model_args)
+    one = simple_evaluate(
+        model="stabledrl_dllm", model_args=args, tasks=["dllm_sudoku"], task_manager=manager, limit=3, batch_size=2
+    )
+    assert two == {row["doc_id"]: row["filtered_resps"] for row in one["samples"]["dllm_sudoku"]}
+    assert json.loads(results.read_text())["results"] == json.loads(json.dumps(one["results"]))

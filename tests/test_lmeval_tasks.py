@@ -10,6 +10,7 @@ from lm_eval.api.model import LM
 from lm_eval.tasks import TaskManager
 
 import stabledrl_bench.tasks
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import get_task
 
 LMEVAL_DIR = Path(stabledrl_bench.tasks.__file__).resolve().parent / "lmeval"
@@ -90,3 +91,19 @@ def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
     for request in model.requests:  # the context is exactly the d1 user message of the doc
         doc = request.doc
         assert request.args[0] == get_task(doc["task"]).prompt(doc, "d1").messages[0]["content"]
+
+
+def test_the_protocol_in_the_metadata_picks_the_prompts() -> None:
+    """lm-eval merges ``--model_args`` into the task metadata: ``protocol=tracerl-static`` renders TraceRL's prompt
+    and stamps it on the docs (the adapter checks the stamp); a protocol no task renders is one line."""
+    manager = TaskManager(include_path=str(LMEVAL_DIR), include_defaults=False, metadata={"protocol": "tracerl-static"})
+    task = manager.load(["dllm_gsm8k"])["tasks"]["dllm_gsm8k"]
+    doc = next(iter(task.eval_docs))
+    assert (doc["protocol"], doc["prompt_protocol"]) == ("tracerl-static", "tracerl")
+    cot = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+    assert task.doc_to_text(doc) == doc["question"] + cot
+    with pytest.raises(UserError, match="unknown evaluation protocol 'nope'") as info:
+        TaskManager(include_path=str(LMEVAL_DIR), include_defaults=False, metadata={"protocol": "nope"}).load(
+            ["dllm_sudoku"]
+        )
+    assert "\n" not in str(info.value)

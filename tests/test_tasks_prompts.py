@@ -37,6 +37,11 @@ def test_gsm8k_prompts() -> None:
         "How many?(Please put the final answer in \\\\boxed{} tag, i.e. $\\\\boxed{answer here}$)"
     )
     assert message("gsm8k", GSM, "tiny") == "How many?"
+    # StableDRL math_metrics.py (collate_fn_gsm8k): the question alone; TraceRL trado_sample.py: its cot prompt
+    assert message("gsm8k", GSM, "stabledrl_eval") == "How many?"
+    assert message("gsm8k", GSM, "tracerl") == (
+        "How many?\nPlease reason step by step, and put your final answer within \\boxed{}."
+    )
 
 
 @pytest.mark.parametrize("task", ["math500", "aime24", "aime25"])
@@ -48,6 +53,13 @@ def test_math_prompts(task: str) -> None:
     )
     assert message(task, MATH, "stabledrl").startswith("Find $x$.(Please put the final answer in \\\\boxed{}")
     assert message(task, MATH, "tiny") == "Find $x$."
+    # collate_fn_math's instruction is a raw string with single backslashes (collate_fn_mixed's, above, doubles them)
+    assert message(task, MATH, "stabledrl_eval") == (
+        "Find $x$.(Please put the final answer in \\boxed{} tag, i.e. $\\boxed{answer here}$)"
+    )
+    assert message(task, MATH, "tracerl") == (
+        "Find $x$.\nPlease reason step by step, and put your final answer within \\boxed{}."
+    )
 
 
 def test_countdown_prompts() -> None:
@@ -64,6 +76,11 @@ def test_countdown_prompts() -> None:
         "tags and the final equation in <answer> tags, e.g. <answer> 1 + 1 </answer>."
     )
     assert message("countdown", CD, "tiny") == "  30 100  93 ->  23"  # fixed-width fields (tiny_prompt)
+    # neither TraceRL nor StableDRL's script evaluates Countdown: d1's and StableDRL's training messages
+    assert (message("countdown", CD, "tracerl"), message("countdown", CD, "stabledrl_eval")) == (
+        d1,
+        message("countdown", CD, "stabledrl"),
+    )
 
 
 def test_sudoku_prompts() -> None:
@@ -76,6 +93,19 @@ def test_sudoku_prompts() -> None:
         "<reasoning> tags and the solution string in <answer> tags."
     )
     assert message("sudoku", SUDOKU, "tiny") == "3102200002100320"
+    assert (message("sudoku", SUDOKU, "tracerl"), message("sudoku", SUDOKU, "stabledrl_eval")) == (
+        d1,
+        message("sudoku", SUDOKU, "stabledrl"),
+    )
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "math500", "countdown", "sudoku"])
+def test_evaluation_only_protocols_take_the_stabledrl_targets(task: str) -> None:
+    """TraceRL's and StableDRL's evaluation prompts prefill nothing and ask for a free-form answer."""
+    doc = {"gsm8k": GSM, "math500": MATH, "countdown": CD, "sudoku": SUDOKU}[task]
+    target = get_task(task).target_completion(doc, "stabledrl")
+    assert get_task(task).target_completion(doc, "tracerl") == target
+    assert get_task(task).target_completion(doc, "stabledrl_eval") == target
 
 
 def test_tiny_targets_are_answer_only_but_countdown_shows_a_step() -> None:

@@ -16,14 +16,33 @@ evaluator does. A sampled protocol (``protocol=d1-n16-t1``) decodes at its tempe
 ``loglikelihood`` is a Monte-Carlo ELBO (stratified mask counts with the antithetic complement,
 the ESPO/LLaDA estimator; for block-diffusion models the staircase ELBO summed over blocks), a lower bound
 on log p(continuation | context).
+
+**Which prompts.** The protocol names the prompts too (d1's for ``d1``, TraceRL's for ``tracerl-*``, ...). lm-eval
+passes ``--model_args`` on to the tasks as metadata, so the shipped tasks render the same protocol's user message
+(``tasks/lmeval/utils.py`` stamps it on every doc); a request whose doc says otherwise is refused in one line.
+From Python, give the tasks the protocol: ``TaskManager(include_path=..., metadata={"protocol": ...})``.
+
+**Data parallel.** Under ``accelerate launch ... -m lm_eval`` (N processes) lm-eval hands each process every N-th
+document; the adapter reports its rank and world size and gathers as lm-eval's own HF model does, and only the main
+process writes the results. The processes then plan the same batches the one-process run would make (all requests,
+sorted by prompt length, each batch's noise keyed by the seed and the batch's index), each decodes every N-th
+batch, and they exchange the texts: every score equals one process's, sampled protocols included. Each
+log-likelihood draws its masks from a generator keyed by the request itself.
+
+**Refusals are one line.** A :class:`UserError` the adapter or the task glue raises under lm-eval's command line
+(which prints tracebacks) ends the process with its ``error: ...`` line (:func:`one_line_user_errors`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
@@ -34,8 +53,10 @@ from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import INT64_LIMIT, UserError
 from stabledrl_bench.evaluation.protocols import get_protocol
+from stabledrl_bench.processes import keyed_generator, launched, process_state
 
-log = logging.getLogger(__name__)
+# in lm-eval's logger tree: its command line shows these lines with its own (INFO and up)
+log = logging.getLogger("lm_eval.models.stabledrl_dllm")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -81,6 +102,11 @@ class DiffusionEvalLM(LM):
             raise UserError(f"stabledrl_dllm: dtype={dtype!r} is not one of {', '.join(DTYPES)}")
         get_protocol(protocol)  # an unknown protocol is one line before loading
         trust = str(trust_remote_code).lower() in ("1", "true", "yes")
+        if launched():  # accelerate launch: this process's share of the documents (lm-eval splits them by rank)
+            state = process_state()
+            self._rank, self._world_size = state.process_index, state.num_processes
+            if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
+                device = str(state.device)  # each process on its own GPU, as lm-eval's HF model does
         if isinstance(pretrained, DiffusionLM):
             dlm = pretrained
         else:
@@ -92,6 +118,7 @@ class DiffusionEvalLM(LM):
             device = "cpu"
         if device:
             dlm.model.to(device)
+        self._device = dlm.device
         self.dlm = dlm
         self.dlm.model.eval()
         self.protocol = get_protocol(protocol)
@@ -118,30 +145,47 @@ class DiffusionEvalLM(LM):
         }
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Decode every request's context on the protocol's fixed canvas; cut at EOS and ``until`` strings."""
+        """Decode every request's context on the protocol's fixed canvas; cut at EOS and ``until`` strings.
+
+        The batches are planned over every process's requests (one process: its own), so that each request is
+        decoded in the same batch, with the same noise, however many processes share the work (module docstring).
+        """
         self._check_repeats(requests)
-        generator = torch.Generator().manual_seed(self.seed)
-        contexts = [req.args[0] for req in requests]
-        stops = [_until(req.args[1]) for req in requests]
+        self._check_prompts(requests)
         self._note_max_gen(requests)
-        outputs: list[str | None] = [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: len(contexts[i]))
-        bar = tqdm(total=len(requests), desc="stabledrl_dllm generate", disable=disable_tqdm)
+        local = _work_items(requests, self.rank)
+        items = sorted(item for share in self._everyone(local) for item in share if item.key == item.decoded)
+        order = sorted(range(len(items)), key=lambda i: (len(items[i].context), i))
+        batches = [order[lo : lo + self.batch_size] for lo in range(0, len(order), self.batch_size)]
+        mine = range(self.rank, len(batches), self.world_size)
+        if self.world_size > 1:
+            log.info(
+                "stabledrl_dllm: process %d of %d decodes %d of the %d requests",
+                self.rank,
+                self.world_size,
+                sum(len(batches[b]) for b in mine),
+                len(items),
+            )
+        texts: dict[tuple, str] = {}
+        bar = tqdm(total=sum(len(batches[b]) for b in mine), desc="stabledrl_dllm generate", disable=disable_tqdm)
         with torch.no_grad():
-            for lo in range(0, len(order), self.batch_size):
-                idx = order[lo : lo + self.batch_size]
+            for b in mine:
+                batch = [items[i] for i in batches[b]]
                 ids, mask = self.dlm.encode_prompts(
-                    [contexts[i] for i in idx],
+                    [item.context for item in batch],
                     chat_template=self.protocol.chat_template,
                     prefill=self.protocol.prefill,
                 )
-                out = generate(self.dlm, ids, mask, self.settings, generator=generator)
-                self.nfe_total += out.nfe * len(idx)
-                for i, text in zip(idx, self.dlm.decode(out.completion_ids), strict=True):
-                    outputs[i] = _cut(text, stops[i])
-                bar.update(len(idx))
+                out = generate(self.dlm, ids, mask, self.settings, generator=self._generator("generate", b))
+                self.nfe_total += out.nfe * len(batch)
+                for item, text in zip(batch, self.dlm.decode(out.completion_ids), strict=True):
+                    texts[item.key] = _cut(text, item.stops)
+                bar.update(len(batch))
         bar.close()
-        return [o if o is not None else "" for o in outputs]
+        if self.world_size > 1:
+            for share in self._everyone(texts):
+                texts.update(share)
+        return [texts[item.decoded] for item in local]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """Monte-Carlo ELBO of each continuation given its raw context (no chat template).
@@ -157,12 +201,13 @@ class DiffusionEvalLM(LM):
             estimator = build_estimator("staircase_elbo", num_mc=1, scale="sum").bind(self.dlm)
         else:
             estimator = build_estimator("espo_elbo", num_mc=1, reduce_var=True)
-        generator = torch.Generator().manual_seed(self.seed)
         results = []
         device = self.dlm.device
         with torch.no_grad():
             for req in tqdm(requests, desc="stabledrl_dllm loglikelihood", disable=disable_tqdm):
                 context, continuation = req.args
+                # masks keyed by the request: the same estimate on whichever process, in whichever order
+                generator = keyed_generator(self.seed, "loglikelihood", context, continuation)
                 ctx = self.dlm.tokenizer(context, add_special_tokens=False)["input_ids"]
                 cont = self.dlm.tokenizer(continuation, add_special_tokens=False)["input_ids"]
                 if not cont:
@@ -189,6 +234,52 @@ class DiffusionEvalLM(LM):
             "stabledrl_dllm: rolling log-likelihood (perplexity tasks) is not defined for masked diffusion LMs"
         )
 
+    # ------------------------------------------------------------------ data parallel (lm-eval's contract)
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's ``tensor``, concatenated in rank order (0-d tensors: stacked)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.zeros_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every process's ``obj`` on process ``dst`` (None elsewhere)."""
+        everyone = self._everyone(obj)
+        return everyone if self.rank == dst else None
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def _everyone(self, obj: Any) -> list[Any]:
+        """``[obj of rank 0, obj of rank 1, ...]`` on every process (``[obj]`` alone)."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def _generator(self, *key: object) -> torch.Generator:
+        """A stream keyed by the seed and ``key``, on the model's device (where the sampler draws its noise)."""
+        device = self.dlm.device
+        return torch.Generator(device=device).manual_seed(keyed_generator(self.seed, *key).initial_seed())
+
+    # ------------------------------------------------------------------ checks
+    def _check_prompts(self, requests) -> None:
+        """The shipped tasks stamp each doc with the protocol whose prompts they rendered; another protocol's
+        prompts under this protocol's decoding would be a result under neither."""
+        for req in requests:
+            doc = getattr(req, "doc", None)
+            rendered = doc.get("prompt_protocol") if isinstance(doc, dict) else None
+            if rendered is not None and rendered != self.protocol.prompt_protocol:
+                raise UserError(
+                    f"stabledrl_dllm: protocol {self.protocol.name} decodes {self.protocol.prompt_protocol!r} "
+                    f"prompts, but task {getattr(req, 'task_name', '?')} rendered {rendered!r} prompts (protocol "
+                    f"{doc.get('protocol')}); give the tasks the same protocol (lm_eval passes --model_args on; "
+                    f"from Python: TaskManager(..., metadata={{'protocol': '{self.protocol.name}'}}))"
+                )
+
     def _check_repeats(self, requests) -> None:
         """A sampled protocol (``<name>-n<N>-t<T>``) names its decodes per problem; the task's ``repeats`` must
         agree, or the results would carry a protocol name that misstates how they were decoded."""
@@ -213,6 +304,65 @@ class DiffusionEvalLM(LM):
                 sorted(asked),
             )
             self._warned_max_gen = True
+
+
+@dataclass(frozen=True, order=True)
+class _WorkItem:
+    """One decode of a request: ``key`` names it the same on every process (task, document, request index and
+    repeat; the position in this process's list only for requests that carry no document), ``decoded`` is the
+    decode whose text it returns (itself, or for lm-eval's padding copies a real repeat of the same request)."""
+
+    key: tuple
+    decoded: tuple
+    context: str
+    stops: tuple[str, ...]
+
+
+def _work_items(requests: Sequence[Any], rank: int) -> list[_WorkItem]:
+    """The requests of one ``generate_until`` call as work items, in their order.
+
+    lm-eval repeats a request ``repeats`` times in the list (the sampled tasks), and under data parallel pads the
+    shorter shards with further copies of their last request: a padding copy returns a real repeat's text.
+    """
+    seen: dict[tuple, int] = {}
+    items = []
+    for position, req in enumerate(requests):
+        doc_id = getattr(req, "doc_id", None)
+        if doc_id is None:  # a request built by hand: named by where it is
+            name: tuple = ("", rank, position)
+        else:
+            name = (str(getattr(req, "task_name", "")), int(doc_id), int(getattr(req, "idx", 0)))
+        repeat = seen.get(name, 0)
+        seen[name] = repeat + 1
+        repeats = getattr(req, "repeats", None) or 1
+        key = (*name, repeat)
+        items.append(_WorkItem(key, (*name, repeat % repeats), req.args[0], tuple(_until(req.args[1]))))
+    return items
+
+
+def one_line_user_errors() -> None:
+    """End the process with one ``error: ...`` line when a :class:`UserError` goes uncaught.
+
+    lm-eval's command line prints a traceback for whatever escapes it; for a problem the user can fix (a model
+    argument, a protocol that does not fit the model or the task) that is the one line the harness's own command
+    line prints. Installed once, on import of this module (which the task YAMLs import too); other exceptions keep
+    their tracebacks.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "stabledrl_one_line", False):
+        return
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, UserError):
+            print(f"error: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    hook.stabledrl_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+one_line_user_errors()
 
 
 def _until(gen_kwargs: Any) -> list[str]:

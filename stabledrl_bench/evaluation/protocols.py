@@ -5,12 +5,14 @@ Each protocol names one such evaluator (docs/protocols.md gives each one's setti
 
 * ``d1`` (default): d1/SPG's evaluator, basis of most published LLaDA RL numbers: greedy, block 32,
   steps = length / 2 (two tokens per step), chat template + task system prompt + ``<reasoning>`` prefill.
-* ``stabledrl-code``: the official StableDRL ``math_metrics.py``: greedy, block 8, one token per step, raw
-  prompt without chat template. It grades prompt + completion there; we grade the completion only (the prompt
-  contains ``\\boxed{answer here}``), a documented deviation.
+* ``stabledrl-code``: the official StableDRL ``math_metrics.py``: greedy, block 8, one token per step, the
+  problem as that script builds it (its ``collate_fn_math`` / ``collate_fn_gsm8k``: prompt protocol
+  ``stabledrl_eval``) without chat template. It grades prompt + completion there; we grade the completion only
+  (the prompt contains ``\\boxed{answer here}``), a documented deviation.
 * ``stabledrl-evalpy``: StableDRL's deleted ``eval/eval.py``: d1 prompts, block 32, steps = length.
 * ``tracerl-static`` / ``tracerl-dynamic``: TraceRL's block-diffusion protocol (SDAR/TraDo): one token per step
-  greedy (top-1) / temperature 1.0 with confidence threshold 0.9.
+  greedy (top-1) / temperature 1.0 with confidence threshold 0.9; TraceRL's own math prompt (``trado_sample.py``:
+  the problem, then "Please reason step by step, ...", in the model's chat template, no prefill).
 * ``tiny`` / ``tiny-static`` / ``tiny-dynamic``: the same decoders for the built-in tiny model, with the tasks'
   short ``tiny`` prompts (the tiny model cannot read d1's long system prompts).
 * Approximate decoding (Fast-dLLM, arXiv:2505.22618; its LLaDA-8B GSM8K anchor at 256 tokens: 8.1x faster with
@@ -39,7 +41,7 @@ from stabledrl_bench.errors import UserError
 class EvalProtocol:
     name: str
     description: str
-    prompt_protocol: str  # the task's prompt construction (d1, stabledrl, tiny)
+    prompt_protocol: str  # the task's prompt construction (d1, stabledrl_eval, tracerl, tiny: tasks/base.py)
     attention: str  # "full" (LLaDA-style) or "block" (SDAR-style) models
     block_length: int = 32  # semi-autoregressive block for full-attention models
     tokens_per_step: int = 2  # steps = length / tokens_per_step (full) or block / tokens_per_step (block)
@@ -120,7 +122,7 @@ for _protocol_entry in (
     EvalProtocol(
         "stabledrl-code",
         "StableDRL math_metrics.py: greedy, block 8, 1 token/step, no chat template",
-        "stabledrl",
+        "stabledrl_eval",
         "full",
         block_length=8,
         tokens_per_step=1,
@@ -135,14 +137,20 @@ for _protocol_entry in (
         tokens_per_step=1,
     ),
     EvalProtocol(
-        "tracerl-static", "TraceRL static: block diffusion, greedy, 1 token/step", "d1", "block", tokens_per_step=1
+        "tracerl-static",
+        "TraceRL static: block diffusion, greedy, 1 token/step, TraceRL's prompt",
+        "tracerl",
+        "block",
+        tokens_per_step=1,
+        prefill="",
     ),
     EvalProtocol(
         "tracerl-dynamic",
-        "TraceRL dynamic: block diffusion, temperature 1.0, confidence threshold 0.9",
-        "d1",
+        "TraceRL dynamic: block diffusion, temperature 1.0, confidence threshold 0.9, TraceRL's prompt",
+        "tracerl",
         "block",
         tokens_per_step=1,
+        prefill="",
         temperature=1.0,
         strategy="dynamic",
         repeats=3,

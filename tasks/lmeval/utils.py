@@ -1,13 +1,18 @@
 """lm-eval glue for the harness's tasks (``lm_eval --include_path tasks/`` or ``TaskManager(include_path=...)``).
 
-The YAMLs next to this file implement the d1 evaluation protocol (docs/protocols.md#d1): zero-shot, GSM8K 1,319,
-MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025, and two generated sets that are not
-d1's: Countdown on 1,024 cd3-like puzzles (``dllm_countdown_large``) and Sudoku on 256 12-blank puzzles
+The YAMLs next to this file implement the evaluation protocols (docs/protocols.md), d1's by default: zero-shot,
+GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025, and two generated sets
+that are not d1's: Countdown on 1,024 cd3-like puzzles (``dllm_countdown_large``) and Sudoku on 256 12-blank puzzles
 (``dllm_sudoku_hard``; see ``stabledrl_bench.tasks.countdown`` and ``.sudoku``). Data come from the package's
 shipped files (resolved relative to the package, never the working directory), so nothing is downloaded.
-``doc_to_text`` returns the *user message* (d1 system prompt + question); the model adapter applies the chat
-template and the ``<reasoning>`` prefill named in each YAML's ``metadata``. ``process_results`` grades with the
-harness's graders and reports both the robust verdict (``acc``) and d1's (``acc_d1``).
+``doc_to_text`` returns the *user message* (under d1: d1 system prompt + question); the model adapter applies the
+chat template and the prefill (d1: ``<reasoning>``). ``process_results`` grades with the harness's graders and
+reports both the robust verdict (``acc``) and d1's (``acc_d1``).
+
+The protocol comes from the task metadata, ``d1`` in each YAML. lm-eval merges ``--model_args`` into it, so
+``--model_args ...,protocol=tracerl-static`` renders TraceRL's prompts for a block-diffusion model; each doc
+records the protocol and its prompt protocol (``protocol``, ``prompt_protocol``), and the adapter refuses a
+request rendered for another protocol than its own.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import datasets
 import stabledrl_bench.evaluation.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import sampled_metrics
+from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.tasks import Task, get_task
 from stabledrl_bench.tasks.countdown import CountdownTask
 from stabledrl_bench.tasks.sudoku import SudokuTask
@@ -33,11 +39,17 @@ def _task(name: str) -> Task:
 
 
 def _dataset(task: str, metadata: dict[str, Any]) -> datasets.DatasetDict:
-    """The task's d1 evaluation docs as the ``test`` split (``metadata`` is the YAML's, passed as keywords)."""
-    protocol = metadata.get("protocol", PROTOCOL)
-    if protocol != PROTOCOL:
-        raise UserError(f"these lm-eval tasks implement the {PROTOCOL!r} protocol, not {protocol!r}")
-    return datasets.DatasetDict({"test": datasets.Dataset.from_list(_task(task).eval_docs())})
+    """The task's evaluation docs as the ``test`` split, stamped with the protocol whose prompts they render
+    (``metadata``: the YAML's, with lm-eval's ``--model_args`` / ``--metadata`` merged in, passed as keywords)."""
+    protocol = get_protocol(str(metadata.get("protocol", PROTOCOL)))
+    if protocol.prompt_protocol not in _task(task).protocols:
+        raise UserError(
+            f"task {task} has no {protocol.prompt_protocol!r} prompts for protocol {protocol.name} (it has "
+            f"{', '.join(_task(task).protocols)})"
+        )
+    stamp = {"protocol": protocol.name, "prompt_protocol": protocol.prompt_protocol}
+    docs = [doc | stamp for doc in _task(task).eval_docs()]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
 def load_gsm8k(**metadata: Any) -> datasets.DatasetDict:
@@ -73,8 +85,8 @@ def load_aime25(**metadata: Any) -> datasets.DatasetDict:
 
 
 def doc_to_text(doc: dict[str, Any]) -> str:
-    """The d1 user message: the task's d1 system prompt, a blank line, the question."""
-    return _task(doc["task"]).prompt(doc, PROTOCOL).messages[0]["content"]
+    """The user message of the doc's prompt protocol (d1: the task's d1 system prompt, a blank line, the question)."""
+    return _task(doc["task"]).prompt(doc, doc.get("prompt_protocol", PROTOCOL)).messages[0]["content"]
 
 
 def doc_to_target(doc: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 import transformers
 from packaging.specifiers import SpecifierSet
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
@@ -197,6 +197,8 @@ NATIVE = {
 
 # Tokenizers published as Python files that are transformers classes under another name: they load with
 # transformers' class, so the folder's file never runs (Dream's tokenization_dream.py is Qwen2Tokenizer renamed).
+# A config naming a class transformers itself defines (SDAR-8B-Chat: ``Qwen2Tokenizer``, with an ``auto_map`` to a
+# ``tokenization_qwen2.py`` the Hub folder does not even hold) loads with that class too (:func:`_native_tokenizer`).
 NATIVE_TOKENIZERS = {"DreamTokenizer": "Qwen2Tokenizer"}
 
 
@@ -409,7 +411,7 @@ def load_diffusion_lm(
         if loaded is not None:
             return loaded
     trust = remote_code_trusted(trust_remote_code)
-    files = [] if trust else remote_code_files(source)
+    files = [] if trust else remote_code_files(source, configs=("config.json",)) + _tokenizer_code(source)
     if files:
         raise UserError(
             f"model {source!r} ships its own Python code ({', '.join(files)}), which loading it would run; pass "
@@ -425,8 +427,7 @@ def load_diffusion_lm(
         raise UserError(f"unknown model family for {source!r} (model_type={config.model_type!r}); use one of {known}")
     backend = MODEL_FAMILIES.get(family)
     auto = AutoModel if tiny else getattr(transformers, backend.auto_class)
-    with _loading(source, "tokenizer", remote_code=trust):
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+    tokenizer = _load_tokenizer(source, trust)
     with _loading(source, "model", remote_code=trust), _ram_efficient_loading(rank0_weights):
         model = auto.from_pretrained(source, trust_remote_code=trust, **_dtype_kwargs(dtype))
     if device is not None:
@@ -487,13 +488,38 @@ def _native_config(source: str, family: str | None, implementation: str) -> tupl
 
 
 def _native_tokenizer(source: str) -> Any:
-    """transformers' class for a folder whose tokenizer config names a copy of it (:data:`NATIVE_TOKENIZERS`)."""
+    """transformers' own class for the tokenizer a folder's config names (None: not one transformers has).
+
+    The class is read from ``tokenizer_class`` as data: a copy under another name (:data:`NATIVE_TOKENIZERS`) or
+    a class transformers defines (its ``...Fast`` variant first, as ``AutoTokenizer`` prefers on transformers 4).
+    Loading through that class never consults the config's ``auto_map``, so no file of the folder is imported.
+    """
     path = Path(source) / "tokenizer_config.json"
     try:
         name = json.loads(path.read_text()).get("tokenizer_class") if path.is_file() else None
     except (OSError, ValueError, AttributeError):
         return None  # unreadable: the load itself reports it
-    return getattr(transformers, NATIVE_TOKENIZERS[name]) if name in NATIVE_TOKENIZERS else None
+    if not isinstance(name, str) or not name:
+        return None
+    name = NATIVE_TOKENIZERS.get(name, name)
+    for candidate in (name, name + "Fast") if name.endswith("Fast") else (name + "Fast", name):
+        found = getattr(transformers, candidate, None)
+        if isinstance(found, type) and issubclass(found, PreTrainedTokenizerBase):
+            return found
+    return None
+
+
+def _tokenizer_code(source: str) -> list[str]:
+    """The Python files loading a folder's tokenizer would import: none when transformers has its class."""
+    return [] if _native_tokenizer(source) else remote_code_files(source, configs=("tokenizer_config.json",))
+
+
+def _load_tokenizer(source: str, trust: bool) -> Any:
+    """The folder's tokenizer: through transformers' own class when it has one (:func:`_native_tokenizer`), else
+    through ``AutoTokenizer`` (which imports the folder's code only when ``trust``)."""
+    own = _native_tokenizer(source)
+    with _loading(source, "tokenizer", remote_code=own is None and trust):
+        return own.from_pretrained(source) if own else AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
 
 
 def _load_native(
@@ -504,17 +530,13 @@ def _load_native(
     The weights must fit the implementation exactly (every parameter present, none left over, same shapes): a
     folder that only claims the family's model_type is a variant, run by its own code (None; ``strict``: refused).
     """
-    own = _native_tokenizer(source)
-    files = [] if own else remote_code_files(source, configs=("tokenizer_config.json",))
+    files = _tokenizer_code(source)
     if files and not remote_code_trusted():
         raise UserError(
             f"model {source!r}: its tokenizer ships its own Python code ({', '.join(files)}); pass "
             "--trust-remote-code if you trust that folder"
         )
-    with _loading(source, "tokenizer", remote_code=bool(files)):
-        tokenizer = (
-            own.from_pretrained(source) if own else AutoTokenizer.from_pretrained(source, trust_remote_code=bool(files))
-        )
+    tokenizer = _load_tokenizer(source, bool(files))
     with _loading(source, "model"), _ram_efficient_loading(rank0_weights):
         model, info = native.model.from_pretrained(
             source, config=config, output_loading_info=True, **_dtype_kwargs(dtype)
