@@ -16,6 +16,11 @@ name                        file                 in one line
 ``wd1``                     ``wd1.py``           wd1: ratio-free likelihood, softmax(A) up / softmax(-A) down
 ``coupled_grpo``            ``coupled_grpo.py``  DiffuCoder: d1 token PPO on complementary-mask estimates
 ``gdpo``                    ``gdpo.py``          GDPO: sequence PPO clip on a Gauss-quadrature ELBO, no KL
+``cj_grpo``                 ``cj_grpo.py``       CJ-GRPO: d1 token PPO on the replayed sampling trajectory
+``agrpo``                   ``agrpo.py``         AGRPO: token PPO on Monte-Carlo sampled steps of the trajectory
+``justgrpo``                ``justgrpo.py``      JustGRPO: GRPO on the exact left-to-right likelihood
+``gdsd``                    ``gdsd.py``          GDSD: clamped change of the denoising log-prob regressed on A
+``bgpo``                    ``bgpo.py``          BGPO: PPO linear in each ELBO sample, dual clip (DARE's port)
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -43,6 +48,11 @@ BUILTIN_MODULES = (
     "wd1",
     "coupled_grpo",
     "gdpo",
+    "cj_grpo",
+    "agrpo",
+    "justgrpo",
+    "gdsd",
+    "bgpo",
 )  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:

@@ -15,9 +15,9 @@ unclipped term rho A is the smaller one, so the gradient rho |A| grad(log pi) gr
 floating point it grows until rho |A| itself leaves the dtype's range, and only then becomes +inf: rho is never
 formed where it would overflow on the way (``scaled_exp``), so A = 0 and the clipped branch stay exact.
 
-The PPO pieces (``conditional_clip``, ``scaled_exp``, ``k3_kl``, ``ratio_metrics``) and the ``token_mean``
-aggregation come from ``stabledrl_bench.core.losses``, shared with ESPO and TraceRL, so the three losses differ
-only where their papers differ.
+The PPO pieces (``token_ppo`` on ``conditional_clip``, ``scaled_exp``, ``k3_kl``, ``ratio_metrics``) and the
+``token_mean`` aggregation come from ``stabledrl_bench.core.losses``, shared with ESPO, TraceRL, CJ-GRPO, AGRPO and
+JustGRPO, so the losses differ only where their papers differ.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from typing import ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import compute_dtype
 from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.core.estimators import D1OneStep
-from stabledrl_bench.core.losses import conditional_clip, k3_kl, need, per_row, ratio_metrics, token_mean
+from stabledrl_bench.core.losses import token_mean, token_ppo, token_ppo_metrics
 
 
 def grpo_loss(
@@ -45,31 +44,13 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """d1's token-level clipped loss (see the module docstring); all token tensors [B, L], ``advantages`` [B].
 
-    Off-mask positions are zeroed *before* the exponential so that garbage there cannot reach the gradient.
-    Computed and returned in ``compute_dtype`` of the inputs (bf16 -> float32, float64 stays float64); see
-    ``conditional_clip`` for what stays finite when rho overflows (everything but a genuinely huge rho |A|, A < 0).
+    The per-token terms are ``core.losses.token_ppo`` (off-mask positions zeroed before the exponential, computed
+    in ``compute_dtype`` of the inputs: bf16 -> float32, float64 stays float64); what makes it d1's loss is the
+    token mean over the micro-batch.
     """
-    dtype = compute_dtype(logp, old_logp, ref_logp, advantages)
-    mask = mask.bool()
-    advantages = advantages.to(dtype)
-    log_ratio = torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0)
-    objective, clipped = conditional_clip(log_ratio, advantages[:, None], epsilon)
-    per_token = -objective
-    metrics: dict[str, float] = {}
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError("grpo with beta > 0 needs the reference log-probs")
-        kl = k3_kl(torch.where(mask, ref_logp.to(dtype) - logp.to(dtype), 0.0))
-        per_token = per_token + beta * kl
-        metrics["kl"] = kl[mask].mean().item()
-    loss = token_mean(per_token, mask)
-    metrics |= {
-        "loss": loss.item(),
-        **ratio_metrics(log_ratio[mask]),
-        "clip_ratio": clipped[mask].float().mean().item(),
-        "adv_abs_mean": advantages.abs().mean().item(),
-    }
-    return loss, metrics
+    terms = token_ppo(logp, old_logp, ref_logp, mask, advantages, epsilon=epsilon, beta=beta)
+    loss = token_mean(terms.per_token, mask)
+    return loss, token_ppo_metrics(loss, terms, mask)
 
 
 @dataclass
@@ -93,13 +74,4 @@ class GRPO(Baseline):
         return D1OneStep(p_mask_prompt=self.config.p_mask_prompt)
 
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        new = inputs.new
-        return grpo_loss(
-            need(new, "token_logp", self.name),
-            need(inputs.old, "token_logp", self.name),
-            inputs.ref.token_logp if inputs.ref is not None else None,
-            need(new, "token_mask", self.name),
-            per_row(inputs.advantages, new.row_to_seq),
-            epsilon=self.config.epsilon,
-            beta=self.config.beta,
-        )
+        return grpo_loss(*inputs.token_rows(self.name), epsilon=self.config.epsilon, beta=self.config.beta)

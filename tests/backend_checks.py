@@ -33,8 +33,12 @@ FULL_ESTIMATORS = {
     "spg_block": {"num_mc": 2, "block_length": 4},
     "espo_elbo": {"num_mc": 2},
     "trace_replay": {},
+    "denoise_pair": {"num_mc": 2},
+    "stratified_elbo": {"num_mc": 2},
+    "trace_sample": {"num_mc": 2},
+    "ar_replay": {},
 }
-BLOCK_ESTIMATORS = {"staircase_elbo": {"num_mc": 2}, "trace_replay": {}}
+BLOCK_ESTIMATORS = {"staircase_elbo": {"num_mc": 2}, "trace_replay": {}, "trace_sample": {"num_mc": 2}, "ar_replay": {}}
 
 
 def encode(dlm: DiffusionLM, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

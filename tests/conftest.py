@@ -29,6 +29,11 @@ BUILTIN_BASELINES = (
     "wd1",
     "coupled_grpo",
     "gdpo",
+    "cj_grpo",
+    "agrpo",
+    "justgrpo",
+    "gdsd",
+    "bgpo",
 )
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

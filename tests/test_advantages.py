@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from stabledrl_bench.core.advantages import group_mean_advantage, group_zscore_advantage, leave_one_out_advantage
+from stabledrl_bench.core.advantages import (
+    ADVANTAGES,
+    group_mean_advantage,
+    group_zscore_advantage,
+    leave_one_out_advantage,
+    reward_zscore_advantage,
+)
 
 # Non-contiguous, unordered ids: group 3 = {0, 2, 4}, group 9 = {1, 3}, group 42 = {5} (a singleton).
 IDS = torch.tensor([3, 9, 3, 9, 3, 42])
@@ -109,3 +115,32 @@ def test_zscore_returns_at_least_the_input_precision(dtype: torch.dtype, expecte
     torch.testing.assert_close(
         adv, torch.tensor([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0]).to(expected)
     )
+
+
+def test_reward_zscore_hand_values() -> None:
+    # group 0: [1, 0, 0], mean 1/3, sample std sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3) = 0.5773503
+    #          -> (2/3) / 0.5774503 = 1.1544999, (-1/3) / 0.5774503 = -0.5772500
+    # group 1: [1, 2], std sqrt(0.5) = 0.7071068 -> -+0.5 / 0.7072068 = -+0.7070068; group 2 (equal) -> 0;
+    # group 3 (a singleton) -> 0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 3.0, 3.0, 5.0])
+    ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3])
+    expected = [1.1544999, -0.5772500, -0.5772500, -0.7070068, 0.7070068, 0.0, 0.0, 0.0]
+    adv = reward_zscore_advantage(rewards, ids)
+    assert all(math.isclose(a, e, abs_tol=1e-6) for a, e in zip(adv.tolist(), expected, strict=True))
+    # verl's epsilon, through the registered rule (every group kept)
+    adv, keep = ADVANTAGES.get("reward_zscore")(rewards, ids, None, epsilon=1e-6)
+    assert math.isclose(adv[0].item(), (2 / 3) / (math.sqrt(1 / 3) + 1e-6), rel_tol=1e-6) and bool(keep.all())
+
+
+def test_reward_zscore_against_a_loop() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        ids = torch.randint(0, 4, (12,), generator=gen)
+        rewards = torch.randn(12, generator=gen, dtype=torch.float64)
+        expected = []
+        for i, g in enumerate(ids.tolist()):
+            members = [r for r, h in zip(rewards.tolist(), ids.tolist(), strict=True) if h == g]
+            mean = sum(members) / len(members)
+            std = math.sqrt(sum((m - mean) ** 2 for m in members) / (len(members) - 1)) if len(members) > 1 else 0
+            expected.append((rewards[i].item() - mean) / (std + 1e-4) if len(members) > 1 else 0.0)
+        torch.testing.assert_close(reward_zscore_advantage(rewards, ids), torch.tensor(expected, dtype=torch.float64))

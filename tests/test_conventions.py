@@ -24,6 +24,7 @@ from backend_checks import (
     rl_step,
     sequence_batch,
 )
+from conftest import BUILTIN_BASELINES
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.baseline import BASELINES as REGISTERED
@@ -40,7 +41,7 @@ EMULATED = {
     "sdar-chat": SDARBackend,
     "sdar-trado": SDARBackend,
 }
-BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl", "wd1", "coupled_grpo", "gdpo")
+BASELINES = tuple(name for name in BUILTIN_BASELINES if not name.startswith("stabledrl_"))  # not the ablations
 
 
 def attention_of(convention: str) -> str:

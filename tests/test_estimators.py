@@ -555,7 +555,7 @@ def test_staircase_draw_counts(block_model):
     assert set(noise.count[0, :, 0].tolist()) == {1, 2, 3, 4}
 
 
-@pytest.mark.parametrize("name", sorted(set(ESTIMATORS) - {"trace_replay"}))
+@pytest.mark.parametrize("name", sorted(set(ESTIMATORS) - {"trace_replay", "ar_replay"}))  # those draw nothing
 def test_draw_deterministic_per_seed(full_model, name):
     batch = make_batch(full_model)
     est = build_estimator(name, **({"block_length": BLOCK} if name in ("spg_block", "staircase_elbo") else {}))
@@ -586,6 +586,10 @@ ALL_CASES = [
     ("espo_elbo", {}),
     ("trace_replay", {"shrink": 2}),
     ("staircase_elbo", {"block_length": BLOCK, "num_mc": 2}),
+    ("denoise_pair", {"num_mc": 2}),
+    ("stratified_elbo", {"num_mc": 2}),
+    ("trace_sample", {"num_mc": 2}),
+    ("ar_replay", {}),
 ]
 
 
@@ -603,9 +607,9 @@ def test_coupled_identical_and_independent_differs(any_model, name, kwargs):
     new = est.evaluate(any_model, batch, noise)
     for key, value in _tensors(old).items():
         assert torch.equal(value, _tensors(new)[key].detach()), key
-    if name != "trace_replay":
+    if name not in ("trace_replay", "ar_replay"):  # deterministic: there is nothing to draw independently
         other = est.evaluate(any_model, batch, est.draw(batch, gen(15)))
-        main = "token_logp" if name in ("d1_one_step", "coupled_pair") else "elbo"
+        main = "token_logp" if name in ("d1_one_step", "coupled_pair", "trace_sample") else "elbo"
         assert not torch.equal(_tensors(old)[main], _tensors(other)[main].detach())
 
 
@@ -664,6 +668,10 @@ def test_float32_model_gives_float32_logps():
         ("espo_elbo", {"num_mc": 1.5}, "num_mc"),
         ("trace_replay", {"shrink": 0}, "shrink"),
         ("trace_replay", {"post_num": -1}, "post_num"),
+        ("trace_sample", {"num_mc": 0}, "num_mc"),
+        ("trace_sample", {"low_discrepancy": 1}, "low_discrepancy"),
+        ("denoise_pair", {"inverse_t": "no"}, "inverse_t"),
+        ("stratified_elbo", {"num_mc": 0}, "num_mc"),
         ("staircase_elbo", {"scale": "median"}, "scale"),
         ("staircase_elbo", {"block_length": 0}, "block_length"),
         ("d1_one_step", {"micro_batch_size": 0}, "micro_batch_size"),

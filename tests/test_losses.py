@@ -446,7 +446,7 @@ def test_compute_dtype_rule() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 def test_every_loss_computes_and_returns_at_least_the_input_precision(name: str, dtype: torch.dtype) -> None:
     """float64 in -> float64 out; bf16 / fp16 in -> computed in float32: the very number float32 inputs give."""
-    beta = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01}.get(name, 0.0)  # the KL terms too
+    beta = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01, "cj_grpo": 0.04, "agrpo": 0.01, "gdsd": 1e-3}.get(name, 0.0)
     loss, grads = _loss_and_grads(name, _inputs(dtype, x=0.5, adv=1.0), beta=beta)
     single, _ = _loss_and_grads(name, _inputs(torch.float32, x=0.5, adv=1.0), beta=beta)
     assert loss.dtype == torch.promote_types(dtype, torch.float32) and all(g.dtype == dtype for g in grads)
@@ -528,6 +528,12 @@ def test_scaled_exp(log_scale: float, factor: float, dtype: torch.dtype, expecte
         assert torch.equal(value, torch.exp(x.detach()) * factor)
 
 
+# GDSD regresses the clamped change of D on psi A, so A = 0 still pulls the change back towards 0: group 0 adds the
+# square of its saturated clamp, (log(1 + eps) / L)^2 for each of its 2 completions, over B = 4 (L = 1), with zero
+# gradient. Every other method's A = 0 term is exactly 0.
+ZERO_ADVANTAGE_TERM = {"gdsd": 2 * math.log(1 + 4e-4) ** 2 / 4}
+
+
 @pytest.mark.parametrize("name", BUILTIN_BASELINES)
 @pytest.mark.parametrize(("dtype", "x"), HUGE)
 def test_zero_advantage_contributes_exactly_zero_at_huge_ratios(name: str, dtype: torch.dtype, x: float) -> None:
@@ -536,7 +542,11 @@ def test_zero_advantage_contributes_exactly_zero_at_huge_ratios(name: str, dtype
     options = {"beta": 0.0, **UNCLAMPED.get(name, {})}
     loss, grads = _loss_and_grads(name, _inputs(dtype, x=x), **options)
     calm, calm_grads = _loss_and_grads(name, _inputs(dtype), **options)
-    assert _finite(loss, grads) and torch.equal(loss, calm)
+    assert _finite(loss, grads)
+    if name in ZERO_ADVANTAGE_TERM:
+        assert close(loss.item() - calm.item(), ZERO_ADVANTAGE_TERM[name], 1e-6 if dtype == torch.float32 else 1e-12)
+    else:
+        assert torch.equal(loss, calm)
     assert all(torch.equal(g, c) for g, c in zip(grads, calm_grads, strict=True))
 
 
@@ -568,8 +578,13 @@ def test_zero_bound_under_an_infinite_weight_contributes_exactly_zero() -> None:
 
 # Loss / e^t when group 0 has A = -e^(t - x): GRPO -(1/12) sum over 6 tokens of rho A; ESPO -(1/4) sum over two
 # sequences; TraDo (length) -(1/4) sum of the two rows' (1/3) sum of 3 tokens; clip-only with C = inf:
-# -(1/2) sum_i (rho / 2) A_i bound_i, bounds mix(-2, -3) = -2.5 and mix(-2, -2.5) = -2.25.
+# -(1/2) sum_i (rho / 2) A_i bound_i, bounds mix(-2, -3) = -2.5 and mix(-2, -2.5) = -2.25. CJ-GRPO: one replay step,
+# so GRPO's token mean; AGRPO: -(1/4) sum over the 6 tokens (rows of 3 tokens summed, 4 rows averaged); JustGRPO:
+# -(1/(L (V + 1e-5))) sum over the 6 tokens with L = 1 and V = 4 completions with A != 0.
 PASSING_FACTOR = {
+    "cj_grpo": 0.5,
+    "agrpo": 1.5,
+    "justgrpo": 6 / 4.00001,
     "grpo": 0.5,
     "coupled_grpo": 0.5,
     "espo": 0.5,

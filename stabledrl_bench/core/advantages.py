@@ -1,16 +1,19 @@
 """Group-relative advantages, as each method's official code computes them (pure functions of tensors).
 
 A *group* is the set of completions sampled for one prompt. Groups are identified by ``group_ids`` [B]: any
-integers, in any order, not necessarily contiguous. None of the methods divides by the reward std except
-TraceRL (docs/methods.md#side-by-side), and the names say which is which:
+integers, in any order, not necessarily contiguous. Of the paper's five methods only TraceRL divides by a std
+(docs/methods.md#side-by-side); of the further ones JustGRPO and BGPO (through verl) do, and the names say which is
+which:
 
 =================  =============================  =========================================  ==================
 rule (registered)  function                       A_i                                        used by
 =================  =============================  =========================================  ==================
 ``group_mean``     ``group_mean_advantage``       r_i - mean_{j in g} r_j                    d1/GRPO, SPG,
                                                                                              StableDRL
-``leave_one_out``  ``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO
+``leave_one_out``  ``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO, GDSD
 ``group_zscore``   ``group_zscore_advantage``     (c_i - mean_g c) / std_g c (population)    TraceRL / TraDo
+``reward_zscore``  ``reward_zscore_advantage``    (r_i - mean_g r) / (std_g r + epsilon),    JustGRPO, BGPO
+                                                  sample std (Bessel's n - 1)
 =================  =============================  =========================================  ==================
 
 A baseline names its rule (``Baseline.advantage``); the rules share one signature,
@@ -103,6 +106,24 @@ def leave_one_out_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> t
     return torch.where(size > 1, loo, torch.zeros_like(rewards))
 
 
+def reward_zscore_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, epsilon: float = 1e-4) -> torch.Tensor:
+    """A_i = (r_i - mean_g r) / (std_g r + epsilon), std with Bessel's correction; 0 for a singleton group.
+
+    Textbook GRPO as TRL computes it (``rewards.view(-1, G).std(dim=1)``, which is the n - 1 std, and ``+ 1e-4``):
+    JustGRPO (``LeapLabTHU/JustGRPO: grpo.py: compute_group_advantages``, epsilon 1e-4) and verl's GRPO estimator
+    that BGPO trains with (``yjyddq/DARE: verl/trainer/ppo/core_algos.py: compute_grpo_outcome_advantage``,
+    epsilon 1e-6). A group whose rewards are all equal gets 0, as (r - mean) is 0 there. A singleton group has no
+    sample std (verl gives it (r - 0) / (1 + epsilon), TRL NaN): 0 here, the module's rule. In ``compute_dtype``.
+    """
+    _check(rewards, group_ids, "rewards")
+    rewards = rewards.to(compute_dtype(rewards))
+    index, num_groups = group_index(group_ids)
+    size = torch.bincount(index, minlength=num_groups)[index].to(rewards.dtype)
+    centred = rewards - group_reduce(rewards, index, num_groups, "mean")[index]
+    variance = group_reduce(centred**2, index, num_groups, "sum")[index] / (size - 1).clamp(min=1)
+    return torch.where(size > 1, centred / (variance.sqrt() + epsilon), torch.zeros_like(rewards))
+
+
 def group_zscore_advantage(
     correct: torch.Tensor, group_ids: torch.Tensor, keep_range: tuple[float, float] = (0.2, 0.8)
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +177,15 @@ def _keeping_every_group(advantage: Callable[[torch.Tensor, torch.Tensor], torch
 
 ADVANTAGES.register("group_mean", _keeping_every_group(group_mean_advantage))
 ADVANTAGES.register("leave_one_out", _keeping_every_group(leave_one_out_advantage))
+
+
+@ADVANTAGES.register("reward_zscore")
+def reward_zscore(
+    rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None, *, epsilon: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r - group mean) / (group sample std + epsilon), every group kept (JustGRPO; BGPO with epsilon 1e-6)."""
+    del correct
+    return reward_zscore_advantage(rewards, group_ids, epsilon), torch.ones_like(group_ids, dtype=torch.bool)
 
 
 @ADVANTAGES.register("group_zscore")

@@ -27,6 +27,7 @@ import torch
 
 from stabledrl_bench.core.advantages import ADVANTAGES
 from stabledrl_bench.core.estimators import Estimate, Estimator
+from stabledrl_bench.core.losses import need, per_row
 from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.migrations import BASELINE_OPTION_RENAMES, renamed_keys
@@ -42,6 +43,20 @@ class LossInputs:
     advantages: torch.Tensor  # [B]
     completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
     group_ids: torch.Tensor  # [B] long, the prompt each completion belongs to
+
+    def token_rows(
+        self, baseline: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``(logp, old_logp, ref_logp, mask, advantages)`` of a token-level estimate, every tensor over its rows
+        (the advantages broadcast to them): the arguments of every loss built on ``core.losses.token_ppo``."""
+        new = self.new
+        return (
+            need(new, "token_logp", baseline),
+            need(self.old, "token_logp", baseline),
+            self.ref.token_logp if self.ref is not None else None,
+            need(new, "token_mask", baseline),
+            per_row(self.advantages, new.row_to_seq),
+        )
 
 
 @dataclass

@@ -25,7 +25,11 @@ name                proxy                                                       
 ``d1_one_step``     d1 mean-field one-step log-probs, prompt masked with p           token_logp [B, L]
 ``spg_block``       SPG block_random masks: per-token-mean ELBO and Renyi EUBO       elbo, eubo [B] (+ tokens)
 ``espo_elbo``       ESPO sum-scale ELBO, stratified counts, antithetic complement     elbo [B]
+``denoise_pair``    GDSD: ESPO's masks, per-sample (un)weighted denoising log-probs  elbo [B], elbo_samples [B, K]
+``stratified_elbo`` BGPO: per-sequence stratified counts, 1/t-weighted ELBO samples  elbo [B], elbo_samples [B, K]
 ``trace_replay``    TraceRL: exact per-step log-probs along the sampler trajectory   token_logp [R, L]
+``trace_sample``    AGRPO: the replay at Monte-Carlo sampled steps of the trajectory  token_logp [B K, L]
+``ar_replay``       JustGRPO: the left-to-right (autoregressive) factorisation       token_logp [R, L]
 ``staircase_elbo``  block-diffusion ELBO, all blocks in one staircase pass           elbo, eubo [B] (+ tokens)
 ==================  ===============================================================  ==========================
 """
@@ -83,6 +87,9 @@ class Estimate:
     row_to_seq: torch.Tensor | None = None  # [R] long, sequence index of each row (None means identity)
     elbo: torch.Tensor | None = None  # [B] sequence-level ELBO (scale documented per estimator)
     eubo: torch.Tensor | None = None  # [B] SPG's Renyi-type upper bound proxy
+    # [B, K] one value per Monte-Carlo sample, whose mean over K is ``elbo``, for the losses that treat every sample
+    # on its own (GDSD, BGPO); filled by the estimators that keep them.
+    elbo_samples: torch.Tensor | None = None
 
     def detach(self) -> Estimate:
         return Estimate(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
@@ -121,6 +128,21 @@ class TraceNoise:
 
 
 @dataclass
+class TraceSampleNoise:
+    """AGRPO: one uniform number per (sequence, Monte-Carlo sample), mapped to a replay step at evaluation."""
+
+    u: torch.Tensor  # [B, K] float in [0, 1)
+
+
+@dataclass
+class StratifiedNoise:
+    """BGPO's masks: per sequence, ``count`` stratified over the K samples, a uniform subset of the valid tokens."""
+
+    masked: torch.Tensor  # [B, K, L] bool
+    count: torch.Tensor  # [B, K] long, in 1..l_i (l_i = valid tokens of sequence i)
+
+
+@dataclass
 class StaircaseNoise:
     """Masks of the noisy copy in the staircase input, drawn per (sequence, MC sample, block)."""
 
@@ -147,7 +169,17 @@ class SDMCNoise:
     coefficient: torch.Tensor  # [N] float, w_n / (t_n draws): the weight of each masked row's log-probs
 
 
-Noise = D1Noise | SPGNoise | ESPONoise | TraceNoise | StaircaseNoise | CoupledNoise | SDMCNoise
+Noise = (
+    D1Noise
+    | SPGNoise
+    | ESPONoise
+    | TraceNoise
+    | TraceSampleNoise
+    | StratifiedNoise
+    | StaircaseNoise
+    | CoupledNoise
+    | SDMCNoise
+)
 
 
 # ====================================================================================== shared pieces
@@ -314,6 +346,19 @@ class Estimator(ABC):
                 out[-1] = out[-1] + 0 * chunk.sum()
         return torch.cat(out, dim=0)
 
+    def _masked_copies_logps(self, model: DiffusionLM, batch: SequenceBatch, masked: torch.Tensor) -> torch.Tensor:
+        """log p [B, N, L] of every clean completion token in N copies of each sequence, copy n of sequence i with
+        the positions ``masked[i, n]`` replaced by the mask token (the prompt untouched); one batched pass."""
+        n_seq, copies, length = masked.shape
+        seq = torch.arange(n_seq, device=masked.device).repeat_interleave(copies)
+        completion = torch.where(masked.flatten(0, 1), model.mask_id, batch.completion_ids[seq])
+        input_ids = torch.cat((batch.prompt_ids[seq], completion), dim=1)
+        attention = model.context_attention(batch.prompt_mask, length)[seq]
+        logp = self._clean_token_logps(
+            model, input_ids, attention, None, batch.completion_ids[seq], batch.prompt_ids.shape[1]
+        )
+        return logp.view(n_seq, copies, length)
+
 
 ESTIMATORS: Registry[type[Estimator]] = Registry("estimator", "estimators", check=subclass_check(Estimator))
 
@@ -476,14 +521,7 @@ class SDMCElbo(Estimator):
         return SDMCNoise(masked=masked, coefficient=coefficient)
 
     def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: SDMCNoise) -> Estimate:
-        n_seq, n_rows, length = noise.masked.shape
-        seq = torch.arange(n_seq, device=noise.masked.device).repeat_interleave(n_rows)
-        completion = torch.where(noise.masked.flatten(0, 1), model.mask_id, batch.completion_ids[seq])
-        input_ids = torch.cat((batch.prompt_ids[seq], completion), dim=1)
-        attention = model.context_attention(batch.prompt_mask, length)[seq]
-        logp = self._clean_token_logps(
-            model, input_ids, attention, None, batch.completion_ids[seq], batch.prompt_ids.shape[1]
-        ).view(n_seq, n_rows, length)
+        logp = self._masked_copies_logps(model, batch, noise.masked)
         per_row = torch.where(noise.masked, logp, torch.zeros_like(logp)).sum(-1)
         return Estimate(elbo=(per_row * noise.coefficient.to(per_row.dtype)).sum(-1))
 
@@ -642,24 +680,107 @@ class ESPOElbo(Estimator):
         return ESPONoise(masked=masked, count=count, kappa=kappa)
 
     def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: ESPONoise) -> Estimate:
+        sums, weights = self.pass_sums(model, batch, noise)
+        return Estimate(elbo=(sums * weights).mean(-1).mean(-1))
+
+    def pass_sums(
+        self, model: DiffusionLM, batch: SequenceBatch, noise: ESPONoise
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sums, weights)`` [B, K, S]: the log-probs summed over the positions masked in each pass (S = 2 with
+        ``reduce_var``: the draw and its complement) and each pass's 1/t weight, from one forward pass.
+
+        1/t = (L+1)/n for the draw and (L+1)/(L-n) for the complement; an empty pass has sum 0 and weight 0.
+        """
         n_seq, k_mc, length = noise.masked.shape
         passes = (noise.masked, ~noise.masked) if self.reduce_var else (noise.masked,)
         masks = torch.stack(passes, dim=2)  # [B, K, S, L]
         n_pass = masks.shape[2]
-        seq = torch.arange(n_seq, device=masks.device).repeat_interleave(k_mc * n_pass)
-        completion = torch.where(masks.flatten(0, 2), model.mask_id, batch.completion_ids[seq])
-        input_ids = torch.cat((batch.prompt_ids[seq], completion), dim=1)
-        attention = model.context_attention(batch.prompt_mask, length)[seq]
-        logp = self._clean_token_logps(
-            model, input_ids, attention, None, batch.completion_ids[seq], batch.prompt_ids.shape[1]
-        ).view(n_seq, k_mc, n_pass, length)
+        logp = self._masked_copies_logps(model, batch, masks.flatten(1, 2)).view(n_seq, k_mc, n_pass, length)
         n = noise.count.to(logp.dtype)
         zero = torch.zeros_like(n)
         weight_masked = torch.where(noise.count > 0, (length + 1) / n.clamp(min=1), zero)  # 1 / t
         weight_complement = torch.where(noise.count < length, (length + 1) / (length - n).clamp(min=1), zero)
         weights = torch.stack((weight_masked, weight_complement), dim=-1)[..., :n_pass]  # [B, K, S]
-        per_pass = torch.where(masks, logp, torch.zeros_like(logp)).sum(-1) * weights
-        return Estimate(elbo=per_pass.mean(-1).mean(-1))
+        return torch.where(masks, logp, torch.zeros_like(logp)).sum(-1), weights
+
+
+@ESTIMATORS.register("denoise_pair")
+@dataclass(frozen=True, kw_only=True)
+class DenoisePair(ESPOElbo):
+    """GDSD's denoising log-probability (docs/estimators.md#denoise_pair): ESPO's masks, one value per MC sample.
+
+    ``GaryBall/GDSD: gdsd/trainers/gdsd_trainer_batchll.py`` (``forward_process`` lines 56-76,
+    ``_compute_denoise_probs_from_masked_batch`` lines 432-485). The draw is ESPO's (stratified counts over the
+    micro-batch, a uniform subset of all L positions, no prompt masking); for Monte-Carlo sample j
+
+        D_ij = 1/2 [ sum_{k in M} log p(y^k | z) + sum_{k not in M} log p(y^k | z~) ]      (reduce_var, official)
+
+    with ``inverse_t=False`` (GDSD): the complementary pair predicts every position once, no 1/t weight. With
+    ``inverse_t=True`` (GDSD-TLC, ``gdsd_trainer_tlc.py`` lines 455-478) each pass is divided by its t, which is
+    ESPO's ELBO term; TLC's "logit centralisation" subtracts a detached per-position constant from the logits,
+    which a log-softmax does not see, so it is not reproduced. ``elbo_samples`` [B, K] holds D_ij, ``elbo`` their
+    mean. The official trainers always take the complement (``reduce_var`` in the recipe is never read), hence the
+    default.
+    """
+
+    num_mc: int = 1
+    inverse_t: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(isinstance(self.inverse_t, bool), f"inverse_t must be true or false, got {self.inverse_t!r}")
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: ESPONoise) -> Estimate:
+        sums, weights = self.pass_sums(model, batch, noise)
+        samples = (sums * weights if self.inverse_t else sums).mean(-1)  # [B, K]
+        return Estimate(elbo=samples.mean(-1), elbo_samples=samples)
+
+
+@ESTIMATORS.register("stratified_elbo")
+@dataclass(frozen=True, kw_only=True)
+class StratifiedElbo(Estimator):
+    """BGPO's per-sample ELBOs (docs/estimators.md#stratified_elbo), counts stratified over one sequence's samples.
+
+    ``yjyddq/DARE: verl/trainer/ppo/dllm_core_algos.py: _forward_process_bgpo`` (lines 593-631) with the sums of
+    ``verl/workers/actor/llada_dp_actor_bgpo.py: _forward_micro_batch`` (lines 93-124). For sequence i with l_i
+    valid tokens (the completion mask) and its K = ``num_mc`` samples: kappa_i ~ U{1..l_i},
+    n_ij = ((round(kappa_i + j l_i / K) - 1) mod l_i) + 1 for j = 0..K-1, a uniform n_ij-subset M_ij of the valid
+    positions is masked (t_ij = n_ij / l_i), and
+
+        E_ij = (1 / t_ij) sum_{k in M_ij} log p(y^k | z_ij)           (``elbo_samples`` [B, K]; ``elbo`` = mean)
+
+    No prompt token is masked; positions after the first EOS stay clean and visible, where verl has cut the response
+    at its stop token. One forward pass over B K rows.
+    """
+
+    num_mc: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.num_mc, 1), f"num_mc must be a positive integer, got {self.num_mc!r}")
+
+    def for_attention(self, attention: str) -> Estimator:
+        """Block attention: the staircase ELBO on the 1/t-weighted sum scale with as many samples."""
+        if attention != "block":
+            return self
+        return StaircaseElbo(num_mc=self.num_mc, scale="sum", micro_batch_size=self.micro_batch_size)
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> StratifiedNoise:
+        valid = batch.completion_mask.bool()
+        n_seq, length = valid.shape
+        lengths = valid.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+        kappa = _uniform_int(generator, torch.ones_like(lengths), lengths)
+        steps = torch.arange(self.num_mc, device=valid.device, dtype=torch.float64) * (lengths / self.num_mc)
+        count = (torch.round(kappa + steps).long() - 1) % lengths + 1  # [B, K]
+        allowed = valid.unsqueeze(1).expand(n_seq, self.num_mc, length)
+        return StratifiedNoise(masked=_random_subsets(generator, allowed, count.unsqueeze(-1)), count=count)
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: StratifiedNoise) -> Estimate:
+        logp = self._masked_copies_logps(model, batch, noise.masked)
+        lengths = batch.completion_mask.sum(-1, keepdim=True).to(logp.dtype)
+        inv_t = lengths / noise.count.to(logp.dtype)  # [B, K]
+        samples = torch.where(noise.masked, logp, torch.zeros_like(logp)).sum(-1) * inv_t
+        return Estimate(elbo=samples.mean(-1), elbo_samples=samples)
 
 
 # ====================================================================================== TraceRL
@@ -671,20 +792,35 @@ class TracePlan:
     masked: torch.Tensor  # [R, L] bool, positions shown as the mask token in the (noisy) state
     targets: torch.Tensor  # [R, L] bool, positions whose log-prob is an action of this row
 
+    def select(self, rows: torch.Tensor) -> TracePlan:
+        """The plan of the given rows only (in that order, repeats allowed)."""
+        return TracePlan(row_to_seq=self.row_to_seq[rows], masked=self.masked[rows], targets=self.targets[rows])
+
+
+def replay_rounds(row_to_seq: torch.Tensor) -> torch.Tensor:
+    """The round of every row [R] of a full replay plan, from its sequence index.
+
+    :func:`trace_replay_plan` lists rows sequence-major with each sequence's rounds in order, so a row's round is
+    its offset from its sequence's first row (what CJ-GRPO's per-step aggregation and AGRPO's step sampling need).
+    """
+    rows = torch.arange(row_to_seq.shape[0], device=row_to_seq.device)
+    return rows - torch.searchsorted(row_to_seq, row_to_seq)
+
 
 def trace_replay_plan(
     unmask_step: torch.Tensor,
     completion_mask: torch.Tensor,
     *,
     shrink: int,
-    post_num: int,
+    post_num: int | None,
     block_size: int | None,
 ) -> TracePlan:
     """TraceRL's replay rows (docs/estimators.md#trace_replay) from the step that committed each completion token.
 
-    Eligible targets are the positions up to the first EOS plus ``post_num`` more. Inside each block (the whole
-    completion when ``block_size`` is None), the unique steps of eligible positions are sorted and grouped
-    every ``shrink`` consecutive values. Round r takes, in every block at once, the block's r-th group g:
+    Eligible targets are the positions up to the first EOS plus ``post_num`` more (``post_num=None``: every
+    decoded position of the canvas, EOS padding included, as CJ-GRPO, AGRPO and JustGRPO train). Inside each
+    block (the whole completion when ``block_size`` is None), the unique steps of eligible positions are sorted
+    and grouped every ``shrink`` consecutive values. Round r takes, in every block at once, the block's r-th group g:
 
     * state: every position of the block whose step >= the first step of g is masked (the sampler's state just
       before g started); blocks without an r-th group are left clean;
@@ -700,7 +836,10 @@ def trace_replay_plan(
     span = int(steps.max()) + 1
     block = _block_ids(length, block_size, dev)
     n_blocks = int(block.max()) + 1
-    eligible = decoded & (torch.arange(length, device=dev) < (completion_mask.long().sum(-1, keepdim=True) + post_num))
+    eligible = decoded
+    if post_num is not None:
+        cut = completion_mask.long().sum(-1, keepdim=True) + post_num
+        eligible = eligible & (torch.arange(length, device=dev) < cut)
     # rank of a step among the unique eligible steps of its (sequence, block): searchsorted over sorted keys
     cell = torch.arange(n_seq, device=dev).unsqueeze(1) * n_blocks + block  # [B, L]
     keys = cell * span + steps
@@ -729,17 +868,20 @@ class TraceReplay(Estimator):
     ``[prompt | clean | noisy_r]`` per round, where round r replays every block's r-th group at once (TraDo).
     The noise is deterministic (``draw`` returns an empty :class:`TraceNoise`), so old and new are always coupled.
 
-    Deviation: targets beyond the first EOS are cut by position (first EOS + ``post_num``) rather than by
-    counting pad tokens, and only eligible positions define the step groups.
+    Deviation: targets beyond the first EOS are cut by position (first EOS + ``post_num``; None: no cut) rather
+    than by counting pad tokens, and only eligible positions define the step groups.
     """
 
     shrink: int = 1
-    post_num: int = 0
+    post_num: int | None = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(_is_int(self.shrink, 1), f"shrink must be a positive integer, got {self.shrink!r}")
-        _require(_is_int(self.post_num, 0), f"post_num must be a non-negative integer, got {self.post_num!r}")
+        _require(
+            self.post_num is None or _is_int(self.post_num, 0),
+            f"post_num must be a non-negative integer or null (every position), got {self.post_num!r}",
+        )
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> TraceNoise:
         del batch, generator
@@ -755,7 +897,10 @@ class TraceReplay(Estimator):
 
     def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: TraceNoise) -> Estimate:
         del noise
-        plan = self.plan(model, batch)
+        return self.replay(model, batch, self.plan(model, batch))
+
+    def replay(self, model: DiffusionLM, batch: SequenceBatch, plan: TracePlan) -> Estimate:
+        """The exact log-probs of the targets of every row of ``plan``, from one batched pass over its rows."""
         seq = plan.row_to_seq
         clean = batch.completion_ids[seq]
         state = torch.where(plan.masked, model.mask_id, clean)
@@ -778,6 +923,84 @@ class TraceReplay(Estimator):
         )
 
 
+@ESTIMATORS.register("trace_sample")
+@dataclass(frozen=True, kw_only=True)
+class TraceSample(TraceReplay):
+    """AGRPO's amortised replay (docs/estimators.md#trace_sample): the trajectory at ``num_mc`` sampled steps.
+
+    ``probablyabot/agrpo: agrpo_trainer.py: compute_loss`` (lines 256-301). Instead of every step of the trajectory
+    (``trace_replay``), each sequence replays K = ``num_mc`` steps drawn uniformly from its steps 0..T_i, where T_i
+    is the last step that committed a token other than a stop token (steps after it only write EOS padding):
+    step = floor(u (T_i + 1)). With ``low_discrepancy`` the S = B K uniforms of the micro-batch are stratified,
+    u = (pi + v) / S with pi a random permutation of 0..S-1 and v ~ U[0, 1) (AGRPO's sampler, arXiv:2409.02908
+    appendix G.2). The same step may be drawn twice; both rows count, as in the official loop. Rows are the replay
+    plan's (``post_num=None``: every token the step committed, EOS included), K per sequence in draw order
+    (``row_to_seq``); steps are rounds of the plan, which on a full-attention model are the sampler's steps and on a
+    block model replay every block's r-th step at once. The official recipe's ``importance_sampling: entropy`` (steps
+    drawn in proportion to the sampler's token entropies) needs those entropies, which the rollout does not record:
+    only the uniform rule (the code's default) is implemented.
+    """
+
+    post_num: int | None = None
+    num_mc: int = 1
+    low_discrepancy: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.num_mc, 1), f"num_mc must be a positive integer, got {self.num_mc!r}")
+        _require(
+            isinstance(self.low_discrepancy, bool),
+            f"low_discrepancy must be true or false, got {self.low_discrepancy!r}",
+        )
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> TraceSampleNoise:
+        n_seq, dev = batch.completion_ids.shape[0], batch.completion_ids.device
+        total = n_seq * self.num_mc
+        u = _uniform(generator, (total,), dev)
+        if self.low_discrepancy:
+            order = torch.randperm(total, generator=generator, device=generator.device).to(dev)
+            u = (order.to(u.dtype) + u) / total
+        return TraceSampleNoise(u=u.view(n_seq, self.num_mc))
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: TraceSampleNoise) -> Estimate:
+        plan = self.plan(model, batch)
+        rounds = replay_rounds(plan.row_to_seq)
+        n_seq = batch.completion_ids.shape[0]
+        clean = batch.completion_ids[plan.row_to_seq]
+        stop = torch.tensor(model.stop_ids, device=clean.device)
+        content = (plan.targets & ~torch.isin(clean, stop)).any(dim=1)  # rows that commit a non-stop token
+        last = torch.zeros(n_seq, dtype=torch.long, device=clean.device)
+        last.scatter_reduce_(0, plan.row_to_seq, torch.where(content, rounds, 0), reduce="amax")
+        chosen = torch.minimum(torch.floor(noise.u * (last[:, None] + 1)).long(), last[:, None])  # [B, K]
+        first_row = torch.searchsorted(plan.row_to_seq, torch.arange(n_seq, device=clean.device))
+        return self.replay(model, batch, plan.select((first_row[:, None] + chosen).flatten()))
+
+
+@ESTIMATORS.register("ar_replay")
+@dataclass(frozen=True, kw_only=True)
+class ARReplay(TraceReplay):
+    """JustGRPO's likelihood (docs/estimators.md#ar_replay): the exact left-to-right factorisation of the completion.
+
+    ``LeapLabTHU/JustGRPO: grpo.py: logprob_loss`` (lines 34-44): for t = 0..L-1 the input is
+    ``[prompt | y_<t | M...M]`` and the row's target is y_t, log pi(y) = sum_t log p(y_t | x, y_<t). This is the
+    trajectory replay of the left-to-right order (step t commits position t, whatever order the sampler used),
+    so it needs no ``unmask_step``: on a full-attention model L rows per sequence; on a block model one staircase row
+    per position in the block, every block's t-th position at once, exactly as that order would be decoded.
+    ``post_num=None`` (the official code scores every position of the canvas, EOS padding included).
+    """
+
+    post_num: int | None = None
+
+    def plan(self, model: DiffusionLM, batch: SequenceBatch) -> TracePlan:
+        """The replay of the left-to-right order: position t is committed at step t."""
+        n_seq, length = batch.completion_ids.shape
+        order = torch.arange(length, device=batch.completion_ids.device).expand(n_seq, length)
+        block_size = int(model.block_size) if model.attention == "block" else None
+        return trace_replay_plan(
+            order, batch.completion_mask, shrink=self.shrink, post_num=self.post_num, block_size=block_size
+        )
+
+
 # ====================================================================================== staircase
 @ESTIMATORS.register("staircase_elbo")
 @dataclass(frozen=True, kw_only=True)
@@ -793,7 +1016,8 @@ class StaircaseElbo(Estimator):
     * ``scale="sum"``:  elbo_i = (1/K) sum_j sum_b (1/t_b) sum_{k in M_b} log p(y^k | ...)  (log-likelihood scale);
     * ``scale="mean"``: elbo_i = (1/K) sum_j (1/|M_ij|) sum_{k in M_ij} log p (SPG-style per-token average, the
       quantity StableDRL's per-token ratio uses);
-    * ``eubo``: SPG's formula (:func:`spg_bounds`) over the same masks.
+    * ``eubo``: SPG's formula (:func:`spg_bounds`) over the same masks;
+    * ``elbo_samples`` [B, K]: on the sum scale, each MC sample's term before the mean over K (GDSD, BGPO).
 
     Also returns ``token_logp`` / ``token_mask`` over M (rows sequence-major, ``row_to_seq``).
     ``block_length=None`` takes ``model.block_size``: call :meth:`bind` before :meth:`draw`.
@@ -856,19 +1080,22 @@ class StaircaseElbo(Estimator):
         comp_mask = batch.completion_mask.bool()
         member = noise.masked & comp_mask.unsqueeze(1)
         elbo, eubo = spg_bounds(logp, member, comp_mask, self.eubo_beta)
+        samples = None  # the per-sample values are kept on the sum scale (the sequence losses that read them)
         if self.scale == "sum":
             block = _block_ids(length, noise.block_size, comp_mask.device)
             valid = torch.zeros(n_seq, noise.count.shape[-1], dtype=logp.dtype, device=logp.device)
             valid.index_add_(1, block, comp_mask.to(logp.dtype))
             inv_t = valid.unsqueeze(1) / noise.count.to(logp.dtype).clamp(min=1)  # 1/t_b = v_b / c_b
             weight = inv_t.gather(-1, block.expand(n_seq, k_mc, length))
-            elbo = (torch.where(member, logp, torch.zeros_like(logp)) * weight).sum(-1).mean(-1)
+            samples = (torch.where(member, logp, torch.zeros_like(logp)) * weight).sum(-1)
+            elbo = samples.mean(-1)
         return Estimate(
             token_logp=torch.where(member, logp, torch.zeros_like(logp)).flatten(0, 1),
             token_mask=member.flatten(0, 1),
             row_to_seq=seq,
             elbo=elbo,
             eubo=eubo,
+            elbo_samples=samples,
         )
 
 

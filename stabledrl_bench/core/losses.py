@@ -9,7 +9,9 @@ by name instead of hiding a ``.sum() / ...`` in the middle of its formula:
 aggregation            L = ...                                             used by
 =====================  ==================================================  ===========================
 ``token_mean``         sum_ik c_ik l_ik / sum_ik c_ik (all valid tokens)    d1/GRPO
-``row_mean``           (1/R) sum_r (1/N_r) sum_k c_rk l_rk                  TraceRL/TraDo (N_r = L or |P_r|)
+``token_mean_per_step`` (1/S) sum_s [sum_{r in s, k} c l / sum_{r in s, k} c] CJ-GRPO (rows of replay step s)
+``row_mean``           (1/R) sum_r (1/N_r) sum_k c_rk l_rk                  TraceRL/TraDo (N_r = L or |P_r|),
+                                                                           AGRPO (N_r = 1)
 ``sequence_mean``      (1/B) sum_i l_i                                      ESPO
 ``length_weighted``    sum_i |y_i| l_i / sum_i |y_i|                         SPG
 ``mean_over_groups``   (1/#groups) sum_i l_i (a sum inside each group)      StableDRL (and its ablations)
@@ -21,6 +23,7 @@ exponentials of log-ratios never overflow into inf x 0 (:func:`scaled_exp`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -129,9 +132,77 @@ def need(estimate: Estimate | None, field: str, baseline: str) -> torch.Tensor:
     return value
 
 
+def samples_of(estimate: Estimate | None, baseline: str) -> torch.Tensor:
+    """The per-Monte-Carlo-sample values [B, K] of a sequence estimate (``elbo_samples``); an estimator that keeps
+    only their mean (``elbo`` [B]) counts as one sample. For the losses that take every sample on its own (GDSD,
+    BGPO)."""
+    if estimate is not None and estimate.elbo_samples is not None:
+        return estimate.elbo_samples
+    return need(estimate, "elbo", baseline)[:, None]
+
+
 def per_row(values: torch.Tensor, row_to_seq: torch.Tensor | None) -> torch.Tensor:
     """Per-sequence values [B] broadcast to estimator rows [R] (trajectory replay has several rows per sequence)."""
     return values if row_to_seq is None else values[row_to_seq]
+
+
+@dataclass
+class TokenPPO:
+    """The per-token terms of d1's token-level PPO loss, before any aggregation (:func:`token_ppo`)."""
+
+    per_token: torch.Tensor  # [R, L] -min(rho A, clip(rho) A) + beta KL3 (0 off the mask)
+    log_ratio: torch.Tensor  # [R, L] log rho (0 off the mask)
+    clipped: torch.Tensor  # [R, L] bool, the clip is active (zero gradient)
+    kl: torch.Tensor | None  # [R, L] the KL term before beta (None when beta = 0)
+    advantages: torch.Tensor  # [R] in the compute dtype
+
+
+def token_ppo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    epsilon: float,
+    beta: float = 0.0,
+    kl_times_ratio: bool = False,
+) -> TokenPPO:
+    """d1's token-level PPO terms on any token-level estimate: rows [R, L], one advantage per row [R].
+
+    l_rk = -min(rho_rk A_r, clip(rho_rk, 1 - eps, 1 + eps) A_r) + beta KL3_rk with rho = exp(logp - old_logp) and
+    KL3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's k3 to the reference). ``kl_times_ratio`` multiplies KL3 by
+    rho (with its gradient), AGRPO's importance-sampling correction of the KL estimate. Off-mask positions are
+    zeroed *before* the exponential so that garbage there cannot reach the gradient. The methods built on it
+    (GRPO, CJ-GRPO, AGRPO, JustGRPO) differ in their rows and in how they aggregate ``per_token``. Computed in
+    ``compute_dtype`` of the inputs; see ``conditional_clip`` for what stays finite when rho overflows.
+    """
+    dtype = compute_dtype(logp, old_logp, ref_logp, advantages)
+    mask = mask.bool()
+    advantages = advantages.to(dtype)
+    log_ratio = torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0)
+    objective, clipped = conditional_clip(log_ratio, advantages[:, None], epsilon)
+    per_token, kl = -objective, None
+    if beta > 0:
+        if ref_logp is None:
+            raise ValueError("a KL term (beta > 0) needs the reference log-probs")
+        kl = k3_kl(torch.where(mask, ref_logp.to(dtype) - logp.to(dtype), 0.0))
+        if kl_times_ratio:
+            kl = scaled_exp(log_ratio, kl)
+        per_token = per_token + beta * kl
+    return TokenPPO(per_token, log_ratio, clipped, kl, advantages)
+
+
+def token_ppo_metrics(loss: torch.Tensor, terms: TokenPPO, mask: torch.Tensor) -> dict[str, float]:
+    """The shared metrics of a :func:`token_ppo` loss over the entries of ``mask``."""
+    mask = mask.bool()
+    metrics = {"kl": terms.kl[mask].mean().item()} if terms.kl is not None else {}
+    return metrics | {
+        "loss": loss.item(),
+        **ratio_metrics(terms.log_ratio[mask]),
+        "clip_ratio": terms.clipped[mask].float().mean().item(),
+        "adv_abs_mean": terms.advantages.abs().mean().item(),
+    }
 
 
 # ====================================================================================== aggregations
@@ -143,6 +214,21 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     mask = mask.bool()
     return torch.where(mask, values, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def token_mean_per_step(values: torch.Tensor, mask: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """(1/S) sum_s [sum_{r: step_r = s} sum_k c_rk l_rk / sum_{r: step_r = s} sum_k c_rk]: a token mean over the
+    micro-batch for each replay step, then the mean over the S steps present (CJ-GRPO).
+
+    ``values`` / ``mask`` [R, L] over replay rows, ``step`` [R] the step of each row (``estimators.replay_rounds``).
+    Every step weighs the same, however many tokens it committed; a step with no counted token is not one of the S.
+    """
+    mask = mask.bool()
+    steps, index = torch.unique(step, return_inverse=True)
+    sums = values.new_zeros(steps.shape[0]).index_add(0, index, torch.where(mask, values, 0.0).sum(dim=1))
+    counts = values.new_zeros(steps.shape[0]).index_add(0, index, mask.sum(dim=1).to(values.dtype))
+    present = counts > 0
+    return (sums[present] / counts[present]).sum() / present.sum().clamp(min=1)
 
 
 def row_mean(values: torch.Tensor, mask: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
