@@ -14,7 +14,8 @@ group       a case and what it records
             registered estimator's values on the same rollouts.
 ``sft``     ``<attention>``: 3 SFT steps (loss, gradient norm, learning rate) and the weights after them.
 ``samplers`` ``<mode>@<attention>``: the exact and fast samplers on four prompts: tokens, unmasking order, NFE.
-``eval``    ``<protocol>@<task>``: a small native evaluation per protocol family: completions' hash and metrics.
+``eval``    ``<protocol>@<task>``: a small native evaluation per protocol family: the rendered prompts' hash, the
+            completions' hash, the verdicts and the metrics.
 ``graders`` ``<task>``: each task's grader and reward profiles on fixed texts (gold, wrong, untagged, empty).
 ==========  =====================================================================================================
 
@@ -352,7 +353,8 @@ def run_eval(workdir: Path, name: str) -> Observation:
     completions = [row["completion"] for row in outcome.samples]
     metrics = {k: _scalar(v) for k, v in outcome.metrics.items() if k not in EVAL_VOLATILE}
     verdicts = "".join("1" if row["correct"] else "0" for row in outcome.samples)
-    return {"eval": {TRAJECTORY_FIELD: text_hash(completions), "verdicts": verdicts, **metrics}}
+    prompts = text_hash([row["prompt"] for row in outcome.samples])  # the protocol's rendering, pinned exactly
+    return {"eval": {"prompts": prompts, TRAJECTORY_FIELD: text_hash(completions), "verdicts": verdicts, **metrics}}
 
 
 # --------------------------------------------------------------------------------------------------- graders
