@@ -10,7 +10,6 @@ older code version (its commit is printed beside this one), which is what the an
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -79,7 +78,7 @@ def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, r
         batch_size=run.preset.eval_batch_size,
         skip_existing=False,
     )
-    return json.loads(recorded.path.read_text())
+    return read_result(recorded.path)
 
 
 def _report(
