@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
 import sys
 from pathlib import Path
 
+from stabledrl_bench.atomic import storage_failure
 from stabledrl_bench.errors import CommandParser, UserError, positive_int, require_folder, seed_int
 
 
@@ -508,10 +508,6 @@ def _quiet_unless_main():
         yield
 
 
-# The machine's storage failing (full, over quota, read-only, refused, broken), not a bug: one line, no traceback.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -530,11 +526,13 @@ def main(argv: list[str] | None = None) -> int:
         _close_progress_bars()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        if exc.errno not in STORAGE_ERRNOS:
+    except Exception as exc:
+        reason = storage_failure(exc)  # whichever library raised it (atomic.storage_failure)
+        if reason is None:
             raise  # a bug, not the machine: keep the traceback
         _close_progress_bars()
-        print(f"error: {exc.filename or 'a file'}: {exc.strerror}", file=sys.stderr)
+        where = getattr(exc, "filename", None) or f"a write ({type(exc).__name__})"
+        print(f"error: {where}: {reason}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: re-run the same command to resume where it stopped", file=sys.stderr)
