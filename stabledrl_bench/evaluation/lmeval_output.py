@@ -71,6 +71,6 @@ def fail_on_storage_errors() -> None:
     from lm_eval.loggers.evaluation_tracker import EvaluationTracker
 
     for name, what in (("save_results_aggregated", "results"), ("save_results_samples", "samples")):
-        method = getattr(EvaluationTracker, name)
-        if not getattr(method, "stabledrl_wrapped", False):
+        method = getattr(EvaluationTracker, name, None)  # None: an lm-eval without it (nothing to wrap)
+        if method is not None and not getattr(method, "stabledrl_wrapped", False):
             setattr(EvaluationTracker, name, _failing_loudly(method, what))
