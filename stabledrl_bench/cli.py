@@ -430,10 +430,13 @@ def _cmd_verify(args) -> int:
         return rerun(Path(args.rerun), Path(args.rerun_runs) if args.rerun_runs else None)
     from stabledrl_bench.evaluation.verify import verify_results
 
-    redecode = {} if args.redecode is None else {"redecode": args.redecode}
-    if args.no_weights:
-        redecode = {"redecode": 0}
-    summary = verify_results(args.results, weights=not args.no_weights, redecode_seed=args.redecode_seed, **redecode)
+    redecode = 0 if args.no_weights else args.redecode  # None: verify's default
+    summary = verify_results(
+        args.results,
+        weights=not args.no_weights,
+        redecode_seed=args.redecode_seed,
+        **({} if redecode is None else {"redecode": redecode}),
+    )
     counted = f"{summary['records']} result records and {summary['stability']} stability records"
     unproven = _consistency_only(summary["consistency_only"])
     if summary["failed"]:

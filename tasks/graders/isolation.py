@@ -216,8 +216,8 @@ class IsolatedPool:
         takes the next answer as soon as its previous one returns, so the whole pool works. Each answer is one
         ordinary call (its own limit, counted from when its request reaches a started worker, and its own retry; a
         kill or a crash costs only that answer), and the results are in the order of ``arg_tuples``. An exception
-        (a closed pool, workers that
-        cannot start) cancels the answers not yet started and is raised, as the first failing call would raise.
+        (a closed pool, workers that cannot start) cancels the answers not yet started and is raised, as the first
+        failing call would raise.
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -234,8 +234,8 @@ class IsolatedPool:
                 raise
 
     def _call_one(self, func: str, args: tuple[Any, ...], timeout_s: float) -> IsolatedResult:
-        """One answer under its hard limit, retried once on a fresh worker after an overrun (the body of
-        :meth:`call`); thread-safe."""
+        """One answer under its hard limit, retried once on a fresh worker after an overrun the machine's load
+        caused (the body of :meth:`call`); thread-safe."""
         worker = self._acquire()
         healthy = False  # unless the call ends normally below: then the worker goes back to the pool as it is
         try:
