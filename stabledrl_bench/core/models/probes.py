@@ -15,9 +15,10 @@ verdict is ``n/a`` (inconclusive), never ``fail``. There are three kinds of test
 
 * **Equalities** (padding invariance, no leakage between blocks, KV cache = recomputation, train mode = eval mode,
   activation checkpointing). A conforming model computes the same numbers both ways in exact arithmetic, so the
-  only difference is float rounding, and the tolerance (:func:`noise_floor`: 1e-4 of the logits' scale in float32,
-  3e-2 in 16-bit floats) is some hundred times the rounding of a forward pass. No statistics: a conforming model
-  fails only if its rounding exceeds that, at any weight scale (the tolerance scales with the logits).
+  only difference is float rounding, and the tolerance (:func:`noise_floor`: 1e-4 of the logits' scale, and at
+  least 1e-4, in float32; 3e-2 in 16-bit floats) is some hundred times the rounding of a forward pass. No
+  statistics: a conforming model fails only if its rounding exceeds that, at any weight scale (the tolerance
+  grows with the logits).
 * **Dependencies** (bidirectional attention, bidirectional inside a block, the attention mask honoured). The
   forbidden direction of a broken model is exactly zero (masked keys get weight exactly 0), while a conforming
   model's dependence is only small when its weights are. So a dependence counts as absent only when it is at the
@@ -25,7 +26,9 @@ verdict is ``n/a`` (inconclusive), never ``fail``. There are three kinds of test
   from a position that may see it in either case, moves the logits at least :data:`REFERENCE_FACTOR` times more
   (:func:`dependence`). Both directions pass through the same attention with the roles of the two tokens swapped,
   so on a conforming model the ratio of the two effects is of order one: a false ``fail`` needs it below
-  1 / :data:`REFERENCE_FACTOR`. Weights so small that neither effect clears rounding give ``n/a``.
+  1 / :data:`REFERENCE_FACTOR`. Weights so small that neither effect clears rounding give ``n/a``; every later
+  token is changed at once, so that saturated attention (large weights: one key takes all the weight) still shows
+  a dependence when the first token attends to any of them.
   ``tests/test_probes.py`` measures the ratio on random native LLaDA, Dream and SDAR networks at two weight
   scales over many seeds.
 * **A statistical test** (logit alignment, :func:`alignment_verdict`): a one-sided binomial test at level
