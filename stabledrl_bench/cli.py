@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
 import sys
 from pathlib import Path
 
-from stabledrl_bench.errors import CommandParser, UserError, positive_int, require_folder, seed_int
+from stabledrl_bench.atomic import storage_failure
+from stabledrl_bench.errors import CommandParser, UserError, count_int, positive_int, require_folder, seed_int
 
 
 def _add_reproduce(sub) -> None:
@@ -182,11 +182,17 @@ def _add_misc(sub) -> None:
         "verify", help="re-check every stored result (samples, grader, metrics, weights, commit) and stability summary"
     )
     p.add_argument("--results", default="results")
-    p.add_argument("--no-weights", action="store_true", help="do not load checkpoints to compare weight hashes")
+    p.add_argument("--no-weights", action="store_true", help="load no checkpoint (no weight hashes, no re-decoding)")
     p.add_argument(
-        "--redecode", type=positive_int, help="decode N random prompts of each greedy result again and compare"
+        "--redecode",
+        type=count_int,
+        metavar="N",
+        help="decode N random prompts of each greedy record whose checkpoint is here again and compare "
+        "(default 3; 0: consistency checks only)",  # verify.DEFAULT_REDECODE (not imported: a slow import)
     )
-    p.add_argument("--redecode-seed", type=seed_int, default=0, help="seed of the prompts --redecode draws (0)")
+    p.add_argument(
+        "--redecode-seed", type=seed_int, help="seed of the prompts --redecode draws (default: random, printed)"
+    )
     p.add_argument(
         "--rerun",
         metavar="RECORD",
@@ -424,14 +430,33 @@ def _cmd_verify(args) -> int:
         return rerun(Path(args.rerun), Path(args.rerun_runs) if args.rerun_runs else None)
     from stabledrl_bench.evaluation.verify import verify_results
 
+    redecode = 0 if args.no_weights else args.redecode  # None: verify's default
     summary = verify_results(
-        args.results, weights=not args.no_weights, redecode=args.redecode or 0, redecode_seed=args.redecode_seed
+        args.results,
+        weights=not args.no_weights,
+        redecode_seed=args.redecode_seed,
+        **({} if redecode is None else {"redecode": redecode}),
     )
     counted = f"{summary['records']} result records and {summary['stability']} stability records"
+    unproven = _consistency_only(summary["consistency_only"])
     if summary["failed"]:
-        raise UserError(f"verify: {summary['failed']} of {counted} do not add up (above)")
-    print(f"verify: all {counted} add up")
+        raise UserError(f"verify: {summary['failed']} of {counted} do not add up (above){unproven}")
+    print(f"verify: all {counted} add up{unproven}")
     return 0
+
+
+def _consistency_only(records: list, shown: int = 10) -> str:
+    """The summary's clause naming the records checked for consistency only (not re-decoded), grouped by why."""
+    if not records:
+        return ""
+    by_reason: dict[str, list[str]] = {}
+    for path, reason in records:
+        by_reason.setdefault(reason, []).append(str(path))
+    groups = []
+    for reason, paths in by_reason.items():
+        more = f" (+{len(paths) - shown} more)" if len(paths) > shown else ""
+        groups.append(f"{len(paths)} {reason}: {', '.join(paths[:shown])}{more}")
+    return f"; checked for consistency only (not re-decoded): {'; '.join(groups)}"
 
 
 def _cmd_grade(args) -> int:
@@ -508,10 +533,6 @@ def _quiet_unless_main():
         yield
 
 
-# The machine's storage failing (full, over quota, read-only, refused, broken), not a bug: one line, no traceback.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -530,11 +551,13 @@ def main(argv: list[str] | None = None) -> int:
         _close_progress_bars()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        if exc.errno not in STORAGE_ERRNOS:
+    except Exception as exc:
+        reason = storage_failure(exc)  # whichever library raised it (atomic.storage_failure)
+        if reason is None:
             raise  # a bug, not the machine: keep the traceback
         _close_progress_bars()
-        print(f"error: {exc.filename or 'a file'}: {exc.strerror}", file=sys.stderr)
+        where = getattr(exc, "filename", None) or f"a write ({type(exc).__name__})"
+        print(f"error: {where}: {reason}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: re-run the same command to resume where it stopped", file=sys.stderr)

@@ -29,12 +29,21 @@ class CommandParser(argparse.ArgumentParser):
 
 def positive_int(text: str) -> int:
     """``type=`` for counts on the command line: a positive integer, checked where it is parsed."""
+    return _int_from(text, 1, "a positive integer")
+
+
+def count_int(text: str) -> int:
+    """``type=`` for counts where 0 means none (``verify --redecode 0``): a non-negative integer."""
+    return _int_from(text, 0, "a non-negative integer")
+
+
+def _int_from(text: str, minimum: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
 
 

@@ -10,6 +10,7 @@ before batching existed.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.tasks.base import Task
 from stabledrl_bench.tasks.graders import mathverify
-from stabledrl_bench.tasks.graders.isolation import IsolatedPool, IsolatedResult
+from stabledrl_bench.tasks.graders.isolation import IsolatedPool, IsolatedResult, _Worker
 from stabledrl_bench.tasks.graders.mathverify import math_verify, math_verify_many, warm_up
 from stabledrl_bench.tasks.gsm8k import GSM8KTask
 from stabledrl_bench.tasks.math500 import Math500Task
@@ -36,10 +37,17 @@ def isolated_warmup():
 
 
 def answer(spec):
-    """"hang", "crash", "sleep SECONDS TEXT", "meet DIR ME OTHER" (wait until OTHER has started) or TEXT."""
+    """"hang", "crash", "sleep SECONDS TEXT", "meet DIR ME OTHER" (wait until OTHER has started), "hang-once FILE
+    TEXT" (hangs the first time, when FILE does not exist yet) or TEXT."""
     if spec == "hang":
         while True:
             time.sleep(1)
+    if spec.startswith("hang-once "):
+        _, marker, spec = spec.split(" ", 2)
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            while True:
+                time.sleep(1)
     if spec == "crash":
         os._exit(3)
     if spec.startswith("sleep "):
@@ -114,9 +122,9 @@ def test_a_batch_runs_on_every_worker_at_once(pool: IsolatedPool, tmp_path: Path
 
 
 def test_a_hanging_answer_costs_only_its_own_limit(registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hanging answer is killed at its limit; its replacement starts slowly (2 s), and the answers after it
-    wait for the busy worker instead of being charged that start-up, so every other verdict is unchanged."""
-    monkeypatch.setenv("BATCH_TEST_WARMUP_S", "2")
+    """The hanging answer is killed at its limit and retried on a fresh worker, which starts slowly (1 s); the
+    answers after it run on the other worker meanwhile, so every other verdict is unchanged."""
+    monkeypatch.setenv("BATCH_TEST_WARMUP_S", "1")
     slow_start = IsolatedPool(REGISTRY, size=2)
     try:
         slow_start.wait_until_ready()
@@ -127,20 +135,35 @@ def test_a_hanging_answer_costs_only_its_own_limit(registry: Path, monkeypatch: 
     assert verdicts(results) == [KILLED, *ok(*(f"B{i}" for i in range(30)))]
 
 
-def test_an_answer_given_a_starting_worker_counts_its_start_up(registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With every worker killed, the next answer gets a replacement that is still starting (2 s): the wait counts
-    against its own limit, in a batch as one by one, and it is a time-out that never ran."""
-    monkeypatch.setenv("BATCH_TEST_WARMUP_S", "2")
-    slow_start = IsolatedPool(REGISTRY, size=2)
-    specs = ["hang", "hang", "c"]
+def test_a_restart_is_never_charged_to_the_next_answer(registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-worker pool: the hanging answer is killed, retried on the replacement once it has started, and killed
+    again; the next answer then waits for another replacement, which starts slowly (0.5 s of warm-up, more than the
+    limit). The wait is not its time, so it is answered (it was a time-out that never ran before)."""
+    monkeypatch.setenv("BATCH_TEST_WARMUP_S", "0.5")
+    slow_start = IsolatedPool(REGISTRY, size=1)
     try:
         slow_start.wait_until_ready()
-        batch = run(slow_start, specs, timeout_s=0.5)
-        slow_start.wait_until_ready()
-        sequential = one_by_one(slow_start, specs, timeout_s=0.5)
+        results = [slow_start.call("answer", spec, timeout_s=0.3) for spec in ("hang", "c")]
     finally:
         slow_start.close()
-    assert verdicts(batch) == verdicts(sequential) == [KILLED, KILLED, ("timeout", None, "no worker ready")]
+    assert verdicts(results) == [KILLED, *ok("C")]
+    assert results[0].error == "no answer within 0.3 s, twice (retried on a fresh worker)"
+
+
+def test_an_overrun_is_retried_once_on_a_fresh_worker(pool: IsolatedPool, tmp_path: Path) -> None:
+    """An answer that overran once (here: it hangs only the first time) gets its verdict from the retry."""
+    specs = [f"hang-once {tmp_path / 'first'} slow", "a", f"hang-once {tmp_path / 'second'} late"]
+    assert verdicts(run(pool, specs, timeout_s=0.5)) == ok("SLOW", "A", "LATE")
+
+
+def test_an_answer_that_had_a_cpu_for_its_whole_limit_is_not_retried(pool, tmp_path, monkeypatch) -> None:
+    """Its time was its own (a retry would compute the same): a time-out after one attempt. Here the worker is
+    reported to have used a CPU all along (its CPU clock is made the wall clock); the same answer is retried, and
+    answered, when the report says it got no CPU (as a sleeping worker does)."""
+    monkeypatch.setattr(_Worker, "cpu_seconds", lambda worker: time.monotonic())
+    assert verdicts(run(pool, [f"hang-once {tmp_path / 'busy'} late"], timeout_s=0.5)) == [KILLED]
+    monkeypatch.setattr(_Worker, "cpu_seconds", lambda worker: 0.0)
+    assert verdicts(run(pool, [f"hang-once {tmp_path / 'starved'} late"], timeout_s=0.5)) == ok("LATE")
 
 
 def test_a_worker_crash_in_a_batch_costs_only_that_answer(pool: IsolatedPool) -> None:

@@ -211,12 +211,15 @@ def test_a_checkpoint_with_its_own_code_runs_none_of_it_unless_the_user_opts_in(
         ["eval", "--model", str(folder), "--task", "sudoku", "--limit", "1", "--results", str(tmp_path / "r")],
         ["train", "--model", str(folder), "--task", "sudoku", "--output-dir", str(tmp_path / "run")],
         ["sft", "--model", str(folder), "--task", "sudoku", "--output-dir", str(tmp_path / "sft")],
+        ["stress", "longrun", "--warm-start", str(folder), "--runs", str(tmp_path / "stress"), "--no-leaderboard"],
     ]
     for argv in commands:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "ships its own Python code (modeling_kernels.py)" in err[0], argv
-        assert "--trust-remote-code" in err[0]
+        assert "--trust-remote-code" in err[0]  # and the command takes that flag:
+        assert main([*argv, "--trust-remote-code", "--no-such-option"]) == 2
+        assert capsys.readouterr().err.strip() == "error: unrecognized arguments: --no-such-option", argv
     with pytest.raises(UserError, match="trust_remote_code=True"):
         DiffusionEvalLM(pretrained=str(folder))
     assert not ran.exists()

@@ -209,3 +209,39 @@ def test_a_relabelled_record_is_caught_and_kept_off_the_board(tmp_path: Path, ed
     assert main(["leaderboard", "--results", str(results), "--out", str(tmp_path / "lb.md")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "python -m stabledrl_bench verify lists every such record" in err[0]
+
+
+def test_verify_re_decodes_by_default_and_names_what_it_only_checked_for_consistency(tmp_path, checkpoint, capsys):
+    """A record whose completions were all replaced and regraded consistently (hashes, metrics) passes every check
+    that reads only the record; with its checkpoint here, the default verify decodes a few random prompts again
+    (seed drawn and printed) and fails it. ``--redecode 0`` is the cheap mode, and the summary says which records
+    were only checked for consistency, also when their checkpoint is not here."""
+    from stabledrl_bench.cli import build_parser
+    from stabledrl_bench.evaluation.verify import DEFAULT_REDECODE
+
+    path = _evaluate(tmp_path / "results", checkpoint).path
+    name = path.relative_to(tmp_path / "results")
+
+    def replace_every_completion(samples):
+        for sample in samples:
+            sample["completion"] += " "  # graded the same: only decoding again can tell
+
+    _rewrite(path, replace_every_completion)
+    assert main(["verify", "--results", str(tmp_path / "results")]) == 2
+    captured = capsys.readouterr()
+    seed = int(captured.out.split("seed ")[1].split(" ")[0])
+    assert f"re-decoding {DEFAULT_REDECODE} random prompts per record, seed {seed}" in captured.out
+    assert captured.out.count("re-decoding gives another completion") == DEFAULT_REDECODE
+    assert captured.err.strip() == "error: verify: 1 of 1 result records and 0 stability records do not add up (above)"
+
+    assert main(["verify", "--results", str(tmp_path / "results"), "--redecode", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (
+        "verify: all 1 result records and 0 stability records add up; checked for consistency only "
+        f"(not re-decoded): 1 (--redecode 0): {name}"
+    )
+    checkpoint.rename(tmp_path / "elsewhere")
+    assert main(["verify", "--results", str(tmp_path / "results")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"1 whose checkpoint is not here: {name}")
+    verify_help = build_parser()._subparsers._group_actions[0].choices["verify"].format_help()
+    assert f"(default {DEFAULT_REDECODE}; 0: consistency checks only)" in " ".join(verify_help.split())

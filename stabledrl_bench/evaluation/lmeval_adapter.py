@@ -52,11 +52,13 @@ from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import INT64_LIMIT, UserError
+from stabledrl_bench.evaluation.lmeval_output import fail_on_storage_errors
 from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.processes import keyed_generator, launched, process_state
 
 # in lm-eval's logger tree: its command line shows these lines with its own (INFO and up)
 log = logging.getLogger("lm_eval.models.stabledrl_dllm")
+fail_on_storage_errors()  # lm-eval's output files: a full or read-only --output_path is one error line (module doc)
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -13,13 +13,18 @@ This goes further, record by record:
 * **identity**: the record's comparison, baseline, task, seed, length and protocol agree with its file name, its
   checkpoint path, its run's ``job.json`` where the run is here, and no other seed holds the very same completions
   (:func:`~stabledrl_bench.reporting.identity.identity_problems`): a record relabelled by editing its fields;
-* **re-decode** (``--redecode N``, greedy protocols only): decode N prompts drawn at random (``--redecode-seed``,
-  printed with the items drawn) again with the recorded settings and compare the completions token for token
-  (forged or edited completions; a forger cannot know which items will be drawn).
+* **re-decode** (by default, :data:`DEFAULT_REDECODE` prompts per record; ``--redecode N``, 0 to skip): where the
+  checkpoint is here and holds the evaluated weights, decode N prompts drawn at random again with the recorded
+  settings and compare the completions token for token. This catches completions that were replaced and regraded
+  consistently, which every check above passes. The draw's seed is random unless ``--redecode-seed`` gives it,
+  and printed either way, so a forger cannot know which items will be drawn and a check can be repeated. Sampled
+  decodes (they need the original batch's random stream) and records evaluated on a GPU (this check decodes on
+  the CPU, whose rounding differs) are not re-decoded.
 
 What cannot be checked after the fact: the hardware and whether the tree was dirty; they are reported as
 recorded. Without the checkpoint, a record that was rewritten consistently everywhere (fields, file name, path,
-completions regraded) proves its completions and grades, not which run made them.
+completions regraded) proves its completions and grades, not which run made them: the summary names every record
+that was checked for consistency only, and why.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +51,9 @@ from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_
 from stabledrl_bench.tasks import get_task
 
 SCORE_TOLERANCE = 1e-9
+DEFAULT_REDECODE = 3  # prompts re-decoded per record by default (``verify --redecode``)
+REDECODED = "re-decoded"  # how a record's note starts when its completions were decoded again
+NOT_REDECODED = "not re-decoded:"  # ... and when they could not be (the reason follows)
 
 
 def _regrade(record: Mapping[str, Any], samples: list[dict[str, Any]]) -> list[str]:
@@ -115,7 +124,10 @@ def _redecode(
     stored = stored_settings(record["settings"])
     settings = recorded_decode(stored, stored["protocol"].get("attention", dlm.attention))
     if settings.draws_noise:
-        return [], ["sampled decodes are not repeated (they need the original batch's random stream)"]
+        return [], [f"{NOT_REDECODED} sampled decodes need the original batch's random stream"]
+    gpus = record.get("environment", {}).get("hardware", {}).get("gpus")
+    if gpus:
+        return [], [f"{NOT_REDECODED} evaluated on {gpus[0]}, whose rounding this CPU check would not reproduce"]
     drawn = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))[:count].sort().values
     chosen = [samples[i] for i in drawn.tolist()]
     problems = []
@@ -125,7 +137,7 @@ def _redecode(
             text = dlm.decode(generate(dlm, ids, mask, settings).completion_ids)[0]
             if text != sample["completion"]:
                 problems.append(f"sample {sample['doc_id']}: re-decoding gives another completion")
-    note = f"re-decoded {len(chosen)} samples drawn with seed {seed}: {', '.join(str(s['doc_id']) for s in chosen)}"
+    note = f"{REDECODED} {len(chosen)} samples drawn with seed {seed}: {', '.join(str(s['doc_id']) for s in chosen)}"
     return problems, [note]
 
 
@@ -164,13 +176,24 @@ def verify_record(
 
 
 def verify_results(
-    results_dir: Path | str, *, weights: bool = True, redecode: int = 0, redecode_seed: int = 0
+    results_dir: Path | str,
+    *,
+    weights: bool = True,
+    redecode: int = DEFAULT_REDECODE,
+    redecode_seed: int | None = None,
 ) -> dict[str, Any]:
     """Verify every result record under ``results_dir`` (:func:`verify_record`) and every stability record
-    (:func:`~stabledrl_bench.experiments.stress.recheck.recheck`); prints as it goes."""
+    (:func:`~stabledrl_bench.experiments.stress.recheck.recheck`); prints as it goes.
+
+    ``redecode_seed`` None draws a seed (printed). The summary's ``consistency_only`` lists the result records that
+    were read, regraded and recomputed but not re-derived from their checkpoint (no re-decode), each with why."""
     root = Path(results_dir)
     if not root.is_dir():
         raise UserError(f"results directory {root} does not exist")
+    if redecode and redecode_seed is None:
+        redecode_seed = secrets.randbelow(2**31)
+    if redecode:
+        print(f"verify: re-decoding {redecode} random prompts per record, seed {redecode_seed} (--redecode-seed)")
     stability = root / STABILITY_DIR
     paths = sorted(p for p in root.rglob("*.json") if stability not in p.parents)
     readable = []
@@ -194,13 +217,37 @@ def verify_results(
     ]
     stability_paths = sorted(stability.glob("*.json"))
     checks += [(path, functools.partial(recheck, path)) for path in stability_paths]
-    failed = 0
+    failed, consistency_only = 0, []
     for path, check in checks:
         problems, notes = check()
         failed += bool(problems)
+        if path not in stability_paths and not problems and not any(n.startswith(REDECODED) for n in notes):
+            consistency_only.append((path.relative_to(root), _why_not_rederived(notes, redecode, weights)))
         print(f"{'FAIL' if problems else 'ok  '} {path}")
         for line in problems[:20] + [f"({len(problems) - 20} more)"] * (len(problems) > 20):
             print(f"       problem: {line}")
         for line in notes:
             print(f"       note: {line}")
-    return {"records": len(paths), "stability": len(stability_paths), "failed": failed}
+    return {
+        "records": len(paths),
+        "stability": len(stability_paths),
+        "failed": failed,
+        "consistency_only": consistency_only,
+    }
+
+
+def _why_not_rederived(notes: list[str], redecode: int, weights: bool) -> str:
+    """Why a record that adds up was not re-decoded, as the phrase after a count in the summary (its notes say it
+    in full)."""
+    if not (redecode and weights):
+        return "(--no-weights)" if not weights else "(--redecode 0)"
+    text = " ".join(notes)
+    if "--trust-remote-code" in text:
+        return "whose checkpoint ships its own code (--trust-remote-code lets verify load it)"
+    if "is not here" in text:
+        return "whose checkpoint is not here"
+    if "no weights hash" in text:
+        return "without a weights hash"
+    if "sampled decodes" in text:
+        return "of sampled decodes"
+    return "evaluated on a GPU"

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from stabledrl_bench.atomic import atomic_folder
+from stabledrl_bench.atomic import atomic_folder, storage_errors
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
 
@@ -102,22 +102,31 @@ def save_checkpoint(
     accelerator, output_dir: str | Path, step: int, state: dict[str, Any], *, keep_last: int = 2
 ) -> Path:
     """Save everything needed to resume at ``step`` (collective: every process calls it); keep the newest
-    ``keep_last`` checkpoints (0: all)."""
+    ``keep_last`` checkpoints (0: all).
+
+    A storage failure (a full disk under safetensors, torch or the file system) removes the half-written folder and
+    is one line naming the checkpoint; the previous checkpoints are untouched."""
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
-    if accelerator.is_main_process:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        (tmp / "accelerate").mkdir(parents=True)  # before any process writes its shard into it
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / "accelerate"))
-    accelerator.wait_for_everyone()  # every process has written its files before the folder is renamed
-    if accelerator.is_main_process:
-        torch.save({"state": state}, tmp / "state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _prune(final.parent, keep_last)
+    try:
+        with storage_errors(final):
+            if accelerator.is_main_process:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                (tmp / "accelerate").mkdir(parents=True)  # before any process writes its shard into it
+            accelerator.wait_for_everyone()
+            accelerator.save_state(str(tmp / "accelerate"))
+            accelerator.wait_for_everyone()  # every process has written its files before the folder is renamed
+            if accelerator.is_main_process:
+                torch.save({"state": state}, tmp / "state.pt")
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+                _prune(final.parent, keep_last)
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     accelerator.wait_for_everyone()
     return final
 

@@ -8,16 +8,21 @@ is SIGKILLed when it overruns its deadline gives a limit that really holds, from
 
 Workers are plain ``python -c`` subprocesses (not ``multiprocessing``), so the caller's ``__main__`` is never
 re-imported and no global start-method or fork-server state is touched. A worker serves one request at a time;
-a pool keeps ``size`` of them warm. After a kill, the replacement is started immediately in the background, so
-the next call normally finds a ready worker and only the overrunning call pays its limit.
+a pool keeps ``size`` of them warm. After a kill, the replacement is started immediately in the background.
 
-The limit holds end to end for each answer: from the moment a call gets its worker, waiting for that worker to
-finish starting (a replacement importing sympy takes seconds on a busy machine) counts against the call's limit.
-Queueing behind other callers' answers for a free worker does not (that is throughput, not this answer's cost),
-nor does the pool's first start in a process, since nothing could be graded before it. A replacement that is
-still starting is handed out only when no other worker is busy: otherwise a busy worker (or the replacement, once
-started) is waited for, so the answer after a hostile one in a concurrent batch is not charged a start-up that
-sequential grading would have avoided by using the other worker.
+**Each answer is charged only its own time.** Its limit runs from the moment its request reaches a started worker
+to the answer. Waiting for a worker is never charged: not queueing behind other answers, and not a replacement's
+start-up after a kill (importing sympy takes seconds on a busy machine, and charging it to the next answer once
+marked plain correct answers as timed out whenever the machine was loaded). A worker that has not started within
+``startup_timeout_s`` is an error, so the wait is bounded too. **An overrun the machine caused is retried once:**
+the worker is killed, and unless it had a CPU to itself for the whole limit (:data:`OWN_TIME_SHARE` of it, read
+from ``/proc``), the answer runs again, with the full limit, on a fresh worker started in its place (waited for,
+uncharged); only a second overrun is a ``timeout``. An answer that did compute for its whole limit is a ``timeout``
+at once: a retry would compute the same again. Where the worker's CPU time cannot be read (not Linux), every
+overrun is retried. A hostile answer therefore costs at most twice its limit plus the kills and one start-up, and
+the pool's other workers stay warm for the answers after it. A replacement that is still starting is handed out
+only when no other worker is busy: otherwise a busy worker (or the replacement, once started) is waited for,
+whichever is free first.
 
 A batch (:meth:`IsolatedPool.call_many`) runs its answers concurrently, one thread per worker, each answer
 exactly as a single call: same limit, same verdict, results in input order. A single call is a batch of one.
@@ -46,6 +51,9 @@ from typing import Any, Literal
 # Extra address space a worker may allocate beyond what it holds after warm-up; a guard against inputs that
 # make sympy build astronomically large objects (the time limit is the main defence).
 MEMORY_HEADROOM_BYTES = 2 << 30
+# An overrun is the answer's own when its worker had at least this share of a CPU for the whole limit; otherwise
+# the machine's load took the time, and the answer is retried once on a fresh worker (module docstring).
+OWN_TIME_SHARE = 0.9
 # How often a call waiting for a worker looks again whether a starting replacement has become ready (a ready
 # message does not wake the pool's condition variable); small against any limit, cheap to poll.
 STARTING_POLL_S = 0.02
@@ -102,6 +110,15 @@ class _Worker:
         self.ready = True
         return True
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the child has used so far, from ``/proc``; None where it cannot be read."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def has_started(self) -> bool:
         """True once the ready message (or an exit) is waiting to be read; never blocks."""
         return self.ready or self._recv.poll(0)
@@ -132,7 +149,8 @@ class IsolatedPool:
     """A fixed-size pool of warm worker processes with a hard per-call wall-clock limit.
 
     ``call(func, *args, timeout_s=...)`` runs ``registry.ISOLATED_FUNCTIONS[func](*args)`` in a worker and
-    returns within ``timeout_s`` (plus the kill) once a worker is ready. Thread-safe: up to ``size`` calls run
+    returns within ``timeout_s`` (plus the kill) of reaching a started worker, or twice that when the first attempt
+    overran and was retried (module docstring). Thread-safe: up to ``size`` calls run
     concurrently, further callers wait for a free worker. Safe across ``fork``: a child process of the owner
     starts its own workers instead of talking to the parent's.
     """
@@ -146,22 +164,19 @@ class IsolatedPool:
         self._cond = threading.Condition()
         self._owner_pid = os.getpid()
         self._idle: list[_Worker] = [_Worker(registry) for _ in range(size)]
-        self._warm = False  # until one worker has started, calls wait for the pool's first start
         self._closed = False
+        self.waited_s = 0.0  # seconds calls waited for their worker to start, charged to no answer (diagnostics)
 
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:  # forked: the inherited workers belong to the parent
             self._owner_pid = os.getpid()
             self._idle = [_Worker(self.registry) for _ in range(self.size)]
-            self._warm = False
 
     def _acquire(self) -> _Worker:
         """A free worker (waiting for one as long as it takes), preferring one that has started.
 
         A worker that is still starting is taken only when every worker is idle, i.e. when no busy one could
-        come back sooner: the taker's limit then counts the start-up (module docstring). While another call
-        runs, the wait for it (or for the replacement to start) is queueing, so an answer graded next to a
-        hostile one gets the verdict it would get alone.
+        come back sooner; the taker then waits for its start-up, uncharged (module docstring).
         """
         with self._cond:
             self._check_owner()
@@ -185,11 +200,12 @@ class IsolatedPool:
             self._cond.notify()
 
     def call(self, func: str, *args: Any, timeout_s: float) -> IsolatedResult:
-        """Run ``func(*args)`` in a worker, killing it if it overruns its ``timeout_s`` limit.
+        """Run ``func(*args)`` in a worker, killing it if it overruns its ``timeout_s`` limit, and once more on a
+        fresh worker if the machine's load may have taken that time; a ``timeout`` when the answer computed for
+        its whole limit or both attempts overran.
 
-        The limit runs from the moment the call has a worker: if that worker is still starting, the wait counts,
-        and a call whose worker is not ready in time is a ``timeout`` that never ran (``error`` says so). Only
-        the pool's first start in this process is waited for in full.
+        The limit runs from the moment the request reaches a started worker: waiting for one (queueing, or a
+        replacement's start-up, at most ``startup_timeout_s``) is not charged.
         """
         return self.call_many(func, [args], timeout_s=timeout_s)[0]
 
@@ -198,9 +214,10 @@ class IsolatedPool:
 
         Why: one caller grading answers one after another keeps a single worker busy. Here one thread per worker
         takes the next answer as soon as its previous one returns, so the whole pool works. Each answer is one
-        ordinary call (its own limit, counted from when it has its worker; a kill or a crash costs only that
-        answer), and the results are in the order of ``arg_tuples``. An exception (a closed pool, workers that
-        cannot start) cancels the answers not yet started and is raised, as the first failing call would raise.
+        ordinary call (its own limit, counted from when its request reaches a started worker, and its own retry; a
+        kill or a crash costs only that answer), and the results are in the order of ``arg_tuples``. An exception
+        (a closed pool, workers that cannot start) cancels the answers not yet started and is raised, as the first
+        failing call would raise.
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -217,32 +234,46 @@ class IsolatedPool:
                 raise
 
     def _call_one(self, func: str, args: tuple[Any, ...], timeout_s: float) -> IsolatedResult:
-        """One answer under its hard limit (the body of :meth:`call`); thread-safe."""
+        """One answer under its hard limit, retried once on a fresh worker after an overrun the machine's load
+        caused (the body of :meth:`call`); thread-safe."""
         worker = self._acquire()
-        deadline = time.monotonic() + timeout_s
-        replace = True  # unless the call ends normally below
+        healthy = False  # unless the call ends normally below: then the worker goes back to the pool as it is
         try:
-            cold = not self._warm
-            wait = self.startup_timeout_s if cold else deadline - time.monotonic()
-            if not worker.wait_ready(wait, startup_timeout_s=self.startup_timeout_s):
-                replace = False  # still starting: it stays in the pool
-                return IsolatedResult("timeout", error=f"no worker ready within {timeout_s:g} s")
-            self._warm = True
-            if cold:
-                deadline = time.monotonic() + timeout_s
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                replace = False
-                return IsolatedResult("timeout", error=f"no time left within {timeout_s:g} s after waiting")
-            result = worker.request(func, args, remaining)
+            result, own_time = self._attempt(worker, func, args, timeout_s)
+            if result.status == "timeout" and not own_time:  # killed; once more on a fresh worker in its place
+                worker.kill()
+                worker = _Worker(self.registry)
+                result, _ = self._attempt(worker, func, args, timeout_s)
+                if result.status == "timeout":
+                    result = IsolatedResult(
+                        "timeout", error=f"no answer within {timeout_s:g} s, twice (retried on a fresh worker)"
+                    )
             # A worker that overran its limit or died is replaced at once; one whose function raised is kept.
-            replace = result.status == "timeout" or worker.broken or worker.proc.poll() is not None
+            healthy = result.status != "timeout" and not worker.broken and worker.proc.poll() is None
             return result
         finally:
-            if replace:
+            if not healthy:
                 worker.kill()
                 worker = _Worker(self.registry)
             self._release(worker)
+
+    def _attempt(
+        self, worker: _Worker, func: str, args: tuple[Any, ...], timeout_s: float
+    ) -> tuple[IsolatedResult, bool]:
+        """Run the answer once on ``worker``, charged from its request: the wait for the worker to start is not
+        (it is added to :attr:`waited_s`), and a worker not started within ``startup_timeout_s`` raises. Also
+        says whether a time-out was the answer's own (the worker had :data:`OWN_TIME_SHARE` of a CPU)."""
+        waiting = time.monotonic()
+        ready = worker.wait_ready(self.startup_timeout_s, startup_timeout_s=self.startup_timeout_s)
+        with self._cond:
+            self.waited_s += time.monotonic() - waiting
+        if not ready:
+            raise RuntimeError(f"isolated worker did not start within {self.startup_timeout_s:.0f} s")
+        before = worker.cpu_seconds()
+        result = worker.request(func, args, timeout_s)
+        after = worker.cpu_seconds() if result.status == "timeout" else None
+        own_time = before is not None and after is not None and after - before >= OWN_TIME_SHARE * timeout_s
+        return result, own_time
 
     def wait_until_ready(self) -> None:
         """Block until every idle worker has started (e.g. before timing calls); replacements included."""
@@ -251,7 +282,6 @@ class IsolatedPool:
             idle = list(self._idle)
         for worker in idle:
             worker.wait_ready(self.startup_timeout_s, startup_timeout_s=self.startup_timeout_s)
-        self._warm = True
 
     def close(self) -> None:
         """Stop all idle workers now; busy ones are stopped when their call returns."""

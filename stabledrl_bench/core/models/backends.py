@@ -48,6 +48,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokeniz
 
 from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models.conventions import CONVENTION_FAMILY
+from stabledrl_bench.core.models.fit import fit_problems, network_shapes, weight_shapes
 from stabledrl_bench.core.models.hf_cache import cache_layers, dynamic_cache
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.models.kernel_stubs import kernel_stubs
@@ -182,17 +183,22 @@ LOADING_PROBLEMS = ("missing_keys", "unexpected_keys", "mismatched_keys")  # tra
 
 @dataclass(frozen=True)
 class NativeFamily:
-    """A published ``model_type`` this package implements: its config and model classes, and its backend."""
+    """A published ``model_type`` this package implements: its config and model classes, its backend, and the
+    ``config.json`` keys it requires (the sizes that the classes would otherwise take from the published 8B shape)."""
 
     config: type
     model: type
     backend: str
+    required: tuple[str, ...]
 
 
+QWEN_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
 NATIVE = {
-    "llada": NativeFamily(LLaDANativeConfig, LLaDANativeModel, "llada-native"),
-    "dream": NativeFamily(DreamNativeConfig, DreamNativeModel, "dream-native"),
-    "sdar": NativeFamily(SDARNativeConfig, SDARNativeModel, "sdar-native"),
+    "llada": NativeFamily(
+        LLaDANativeConfig, LLaDANativeModel, "llada-native", ("d_model", "n_heads", "n_layers", "vocab_size")
+    ),
+    "dream": NativeFamily(DreamNativeConfig, DreamNativeModel, "dream-native", (*QWEN_SIZES, "vocab_size")),
+    "sdar": NativeFamily(SDARNativeConfig, SDARNativeModel, "sdar-native", (*QWEN_SIZES, "vocab_size")),
 }
 
 # Tokenizers published as Python files that are transformers classes under another name: they load with
@@ -403,15 +409,16 @@ def load_diffusion_lm(
     if implementation not in IMPLEMENTATIONS:
         raise UserError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
     source = _resolve_source(path_or_id)
-    native = _native_config(source, family, implementation)
+    trust = remote_code_trusted(trust_remote_code)
+    native = _native_config(source, family, implementation, trust=trust)
     if native is not None:
+        strict = implementation == "native"
         loaded = _load_native(
-            source, *native, strict=implementation == "native", dtype=dtype, device=device, rank0_weights=rank0_weights
+            source, *native, strict=strict, trust=trust, dtype=dtype, device=device, rank0_weights=rank0_weights
         )
         if loaded is not None:
             return loaded
-    trust = remote_code_trusted(trust_remote_code)
-    files = [] if trust else remote_code_files(source, configs=("config.json",)) + _tokenizer_code(source)
+    files = [] if trust else _code_files(source)
     if files:
         raise UserError(
             f"model {source!r} ships its own Python code ({', '.join(files)}), which loading it would run; pass "
@@ -427,6 +434,8 @@ def load_diffusion_lm(
         raise UserError(f"unknown model family for {source!r} (model_type={config.model_type!r}); use one of {known}")
     backend = MODEL_FAMILIES.get(family)
     auto = AutoModel if tiny else getattr(transformers, backend.auto_class)
+    if tiny:
+        _native_fits(source, TinyDLM, config, what="the tiny model", trust=trust)  # False: its own code runs
     tokenizer = _load_tokenizer(source, trust)
     with _loading(source, "model", remote_code=trust), _ram_efficient_loading(rank0_weights):
         model = auto.from_pretrained(source, trust_remote_code=trust, **_dtype_kwargs(dtype))
@@ -463,7 +472,9 @@ def _wrap(
     return detect_pad_free(dlm) if probe else dlm
 
 
-def _native_config(source: str, family: str | None, implementation: str) -> tuple[NativeFamily, Any] | None:
+def _native_config(
+    source: str, family: str | None, implementation: str, *, trust: bool
+) -> tuple[NativeFamily, Any] | None:
     """The native family and configuration of a local folder, or None when the checkpoint's own code runs it."""
     if implementation == "remote":
         return None
@@ -478,13 +489,31 @@ def _native_config(source: str, family: str | None, implementation: str) -> tupl
         if implementation == "native":
             raise UserError(f"{source}: no native implementation of model_type {model_type!r} ({', '.join(NATIVE)})")
         return None
+    strict = implementation == "native"
+    missing = [key for key in native.required if key not in data]
+    if missing:
+        return _not_native(source, f"config.json lacks {', '.join(missing)}", strict=strict, trust=trust)
     settings = {key: value for key, value in data.items() if key not in ("auto_map", "architectures", "model_type")}
     try:
         return native, native.config(**settings)
-    except UserError as exc:
-        if implementation == "native":
-            raise UserError(f"{source}: {exc}") from None
-        return None  # a variant the native code does not build: its own code (with --trust-remote-code)
+    except UserError as exc:  # a variant the native code does not build
+        return _not_native(source, str(exc), strict=strict, trust=trust)
+
+
+def _not_native(source: str, problem: str, *, strict: bool, trust: bool) -> None:
+    """A folder of a native family that the native code cannot run (``problem`` says why): with its own code and
+    the opt-in (``trust``), that code runs it (None); otherwise one line naming the problem and, where the folder
+    ships code, the opt-in. ``strict`` (``implementation="native"``) refuses either way."""
+    files = [] if strict else _code_files(source)
+    if files and trust:
+        return None
+    opt_in = (
+        f"; it ships its own Python code ({', '.join(files)}), which --trust-remote-code (lm-eval: "
+        "trust_remote_code=True) would run instead"
+        if files
+        else ""
+    )
+    raise UserError(f"{source}: {problem}{opt_in}")
 
 
 def _native_tokenizer(source: str) -> Any:
@@ -509,6 +538,11 @@ def _native_tokenizer(source: str) -> Any:
     return None
 
 
+def _code_files(source: str) -> list[str]:
+    """The Python files loading a folder (model and tokenizer) would import without the native implementations."""
+    return remote_code_files(source, configs=("config.json",)) + _tokenizer_code(source)
+
+
 def _tokenizer_code(source: str) -> list[str]:
     """The Python files loading a folder's tokenizer would import: none when transformers has its class."""
     return [] if _native_tokenizer(source) else remote_code_files(source, configs=("tokenizer_config.json",))
@@ -523,15 +557,26 @@ def _load_tokenizer(source: str, trust: bool) -> Any:
 
 
 def _load_native(
-    source: str, native: NativeFamily, config, *, strict: bool, dtype: torch.dtype | None, device, rank0_weights: bool
+    source: str,
+    native: NativeFamily,
+    config,
+    *,
+    strict: bool,
+    trust: bool,
+    dtype: torch.dtype | None,
+    device,
+    rank0_weights: bool,
 ) -> DiffusionLM | None:
     """A published checkpoint on this package's implementation of its family: no code from the folder runs.
 
-    The weights must fit the implementation exactly (every parameter present, none left over, same shapes): a
-    folder that only claims the family's model_type is a variant, run by its own code (None; ``strict``: refused).
+    The weights must fit the implementation exactly (every parameter present, none left over, same shapes), which is
+    checked on the meta device before anything is allocated (:func:`_require_fit`): a folder that only claims the
+    family's model_type is run by its own code when it ships some and the user opted in (None), else refused.
     """
+    if not _native_fits(source, native.model, config, what=native.backend, strict=strict, trust=trust):
+        return None
     files = _tokenizer_code(source)
-    if files and not remote_code_trusted():
+    if files and not trust:
         raise UserError(
             f"model {source!r}: its tokenizer ships its own Python code ({', '.join(files)}); pass "
             "--trust-remote-code if you trust that folder"
@@ -542,12 +587,8 @@ def _load_native(
             source, config=config, output_loading_info=True, **_dtype_kwargs(dtype)
         )
     unfit = [f"{kind}: {', '.join(map(str, list(info[kind])[:3]))}" for kind in LOADING_PROBLEMS if info.get(kind)]
-    if unfit:
-        if strict:
-            raise UserError(
-                f"{source}: the weights do not fit the native {native.backend} network ({'; '.join(unfit)})"
-            )
-        return None
+    if unfit:  # the headers said they fit: transformers read the files otherwise (never half-random weights)
+        raise UserError(f"{source}: the weights do not fit the native {native.backend} network ({'; '.join(unfit)})")
     if device is not None:
         model = model.to(device)
     model.eval()
@@ -556,6 +597,24 @@ def _load_native(
     _check_token_ids(model, tokenizer, source, mask_id)
     block = getattr(config, "block_size", 4)
     return _wrap(backend, model, tokenizer, config, mask_id, block, name=source, probe=not rank0_weights)
+
+
+def _native_fits(source: str, model_class: type, config, *, what: str, trust: bool, strict: bool = False) -> bool:
+    """True when the weights in ``source`` are exactly the network ``model_class(config)`` (names and shapes from
+    the files' headers against a build on the meta device: nothing allocated, no tensor read, :mod:`.fit`); False
+    when they are not and the folder's own code may run it instead (:func:`_not_native`, which otherwise refuses in
+    one line naming the first differing keys). A folder without weight files this reads is left to the load."""
+    with _loading(source, "weights"):
+        found = weight_shapes(source)
+    problems = [] if found is None else fit_problems(*network_shapes(model_class, config), found)
+    if problems:
+        _not_native(
+            source,
+            f"config.json does not describe its weights as {what} ({'; '.join(problems)})",
+            strict=strict,
+            trust=trust,
+        )
+    return not problems
 
 
 def _check_token_ids(model: torch.nn.Module, tokenizer, source: str, mask_id: int | None) -> None:

@@ -8,12 +8,36 @@ that turns the model causal, a train-mode forward without logits), and nothing f
 Each probe here runs a few forward passes of a short text through the *backend* (the same calls the harness
 makes) and reports what it measured, so a failure is visible before any GPU hour is spent.
 
-Tolerances follow the model's dtype (:func:`noise_floor`): "unchanged" means within numerical noise of the
-logits' scale, "changed" means well above it.
+**How each probe decides, and why a conforming model cannot fail it.** A probe that fails stops ``train`` and
+``reproduce``, so every verdict comes with a bound on how often it could be wrong about a model that follows the
+convention, with weights of any scale, random ones included; where the measurement cannot reach that bound the
+verdict is ``n/a`` (inconclusive), never ``fail``. There are three kinds of test:
+
+* **Equalities** (padding invariance, no leakage between blocks, KV cache = recomputation, train mode = eval mode,
+  activation checkpointing). A conforming model computes the same numbers both ways in exact arithmetic, so the
+  only difference is float rounding, and the tolerance (:func:`noise_floor`: 1e-4 of the logits' scale, and at
+  least 1e-4, in float32; 3e-2 in 16-bit floats) is some hundred times the rounding of a forward pass. No
+  statistics: a conforming model fails only if its rounding exceeds that, at any weight scale (the tolerance
+  grows with the logits).
+* **Dependencies** (bidirectional attention, bidirectional inside a block, the attention mask honoured). The
+  forbidden direction of a broken model is exactly zero (masked keys get weight exactly 0), while a conforming
+  model's dependence is only small when its weights are. So a dependence counts as absent only when it is at the
+  level of rounding (:func:`rounding_floor`, 1e-6 of the logits' scale in float32) while the same change, seen
+  from a position that may see it in either case, moves the logits at least :data:`REFERENCE_FACTOR` times more
+  (:func:`dependence`). Both directions pass through the same attention with the roles of the two tokens swapped,
+  so on a conforming model the ratio of the two effects is of order one: a false ``fail`` needs it below
+  1 / :data:`REFERENCE_FACTOR`. Weights so small that neither effect clears rounding give ``n/a``; every later
+  token is changed at once, so that saturated attention (large weights: one key takes all the weight) still shows
+  a dependence when the first token attends to any of them.
+  ``tests/test_probes.py`` measures the ratio on random native LLaDA, Dream and SDAR networks at two weight
+  scales over many seeds.
+* **A statistical test** (logit alignment, :func:`alignment_verdict`): a one-sided binomial test at level
+  :data:`ALIGNMENT_ALPHA`, stated there.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 
@@ -52,9 +76,30 @@ def _status(ok: bool) -> str:
 
 
 def noise_floor(dtype: torch.dtype, scale: float) -> float:
-    """The largest logit difference still counted as numerical noise for logits of magnitude ``scale``."""
+    """The largest logit difference still counted as numerical noise for logits of magnitude ``scale`` (the
+    tolerance of the equality probes: some hundred times a forward pass's rounding)."""
     relative = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
     return relative * max(1.0, scale)
+
+
+def rounding_floor(dtype: torch.dtype, scale: float) -> float:
+    """The largest logit change that is still float rounding for logits of magnitude ``scale`` (a dependence
+    below it counts as absent, :func:`dependence`): about ten times the unit roundoff of ``dtype``."""
+    relative = 1e-6 if dtype in (torch.float32, torch.float64) else 1e-2
+    return relative * scale
+
+
+# A dependence counts as absent only when the reference effect is at least this many times the rounding floor.
+REFERENCE_FACTOR = 100
+
+
+def dependence(effect: float, reference: float, floor: float) -> str:
+    """``present`` when ``effect`` is above rounding (``floor``); ``absent`` when it is at rounding while
+    ``reference``, the same change seen where it is allowed in every case, is :data:`REFERENCE_FACTOR` times above
+    it; ``unknown`` otherwise (the weights are too small for the change to show at all)."""
+    if effect > floor:
+        return "present"
+    return "absent" if reference > REFERENCE_FACTOR * floor else "unknown"
 
 
 def probe_ids(dlm: DiffusionLM, length: int) -> torch.Tensor:
@@ -101,16 +146,27 @@ def mask_effect(dlm: DiffusionLM) -> tuple[float, float]:
     return _max_diff(masked, removed), _max_diff(masked, unmasked)
 
 
+@torch.no_grad()
 def masks_honoured(dlm: DiffusionLM) -> Probe:
-    """Whether the model honours attention masks (full-attention models that do not are run pad-free)."""
+    """Whether the model honours attention masks (full-attention models that do not are run pad-free).
+
+    A dependence test (module docstring): the mask is ignored when blocking the key leaves the logits exactly as
+    without the mask while dropping the token moves them; honoured when blocking equals dropping (to the equality
+    tolerance) and the key does matter."""
     to_removed, to_unmasked = mask_effect(dlm)
-    honoured = to_removed < to_unmasked
+    ids = probe_ids(dlm, 8)
+    scale = float(_pattern_logits(dlm, ids, torch.ones_like(ids, dtype=torch.bool)).abs().max())
+    rounding = rounding_floor(_dtype(dlm), scale)
+    ignored = dependence(to_unmasked, to_removed, rounding) == "absent"
+    honoured = to_removed <= noise_floor(_dtype(dlm), scale) and rounding < to_unmasked and to_removed < to_unmasked
     if honoured:
         status, meaning = "pass", "masks work; padded batches are masked"
-    elif dlm.attention == "full":
+    elif ignored and dlm.attention == "full":
         status, meaning = "n/a", "the model ignores attention masks; the harness runs it pad-free (no pad is ever seen)"
-    else:
+    elif ignored:
         status, meaning = "fail", "a block-diffusion model must honour its block-causal mask"
+    else:
+        status, meaning = "n/a", "inconclusive: the blocked key changes too little to tell at this weight scale"
     measured = f"blocked key: {to_removed:.2g} from dropping the token, {to_unmasked:.2g} from no mask"
     return Probe("attention mask honoured", status, measured, meaning)
 
@@ -139,6 +195,42 @@ def padding_invariance(dlm: DiffusionLM) -> Probe:
     )
 
 
+def _moved(dlm: DiffusionLM, ids, key_valid, base: torch.Tensor, changed: slice, seen: slice) -> float:
+    """How far the logits at ``seen`` move when the tokens at ``changed`` become MASK (``base``: unchanged logits)."""
+    edited = ids.clone()
+    edited[0, changed] = dlm.mask_id
+    return _max_diff(base[0, seen], _pattern_logits(dlm, edited, key_valid)[0, seen])
+
+
+def two_way_effects(dlm: DiffusionLM, ids, key_valid, first: int, end: int) -> tuple[float, float, float]:
+    """(backward, forward, rounding floor) of :func:`_two_way`: how far ``first``'s logits move when every later
+    token up to ``end`` changes, how far the later ones move when ``first`` changes, and the rounding level."""
+    base = _pattern_logits(dlm, ids, key_valid)
+    later = slice(first + 1, end)
+    backward = _moved(dlm, ids, key_valid, base, later, slice(first, first + 1))
+    forward = _moved(dlm, ids, key_valid, base, slice(first, first + 1), later)
+    return backward, forward, rounding_floor(_dtype(dlm), float(base[0, first:end].abs().max()))
+
+
+def _two_way(dlm: DiffusionLM, name: str, ids, key_valid, first: int, end: int, meaning: str) -> Probe:
+    """Whether position ``first`` sees the positions after it up to ``end``: a dependence test (module docstring) of
+    the backward effect (every later token changed at once) against the forward one (the first token changed, seen
+    from every later position), which every attention allows. Changing them all at once matters when attention is
+    saturated (large weights): one later key that the first token attends to is then enough."""
+    backward, forward, floor = two_way_effects(dlm, ids, key_valid, first, end)
+    found = dependence(backward, forward, floor)
+    status, said = {
+        "present": ("pass", meaning),
+        "absent": ("fail", "the model is causal under this call"),
+        "unknown": ("n/a", "inconclusive: tokens barely affect one another at this weight scale"),
+    }[found]
+    measured = f"first token moves by {backward:.2g} when the later ones change, the later ones by {forward:.2g} "
+    measured += (
+        f"when it changes (rounding {floor:.2g}; absent: at rounding while the other way is {REFERENCE_FACTOR}x)"
+    )
+    return Probe(name, status, measured, said)
+
+
 @torch.no_grad()
 def attention_pattern(dlm: DiffusionLM) -> list[Probe]:
     """Full models: bidirectional (also with padding). Block models: no leakage from later blocks, bidirectional
@@ -148,19 +240,8 @@ def attention_pattern(dlm: DiffusionLM) -> list[Probe]:
         batch = torch.cat((torch.full_like(ids[:, :2], dlm.pad_id), ids), dim=1)
         key_valid = torch.ones_like(batch, dtype=torch.bool)
         key_valid[:, :2] = False
-        changed = batch.clone()
-        changed[0, -1] = dlm.mask_id
-        base = _pattern_logits(dlm, batch, key_valid)[0, 2]
-        diff = _max_diff(base, _pattern_logits(dlm, changed, key_valid)[0, 2])
-        floor = noise_floor(_dtype(dlm), float(base.abs().max()))
-        return [
-            Probe(
-                "bidirectional attention",
-                _status(diff > floor),
-                f"first token's logits move by {diff:.2g} when the last token changes (padded batch)",
-                "every position sees the whole canvas" if diff > floor else "the model is causal under this call",
-            )
-        ]
+        meaning = "every position sees the whole canvas"
+        return [_two_way(dlm, "bidirectional attention", batch, key_valid, 2, batch.shape[1], meaning)]
     block = int(dlm.block_size)
     ids = probe_ids(dlm, 3 * block)
     key_valid = torch.ones_like(ids, dtype=torch.bool)
@@ -169,9 +250,7 @@ def attention_pattern(dlm: DiffusionLM) -> list[Probe]:
     later = ids.clone()
     later[0, 2 * block :] = dlm.mask_id
     leak = _max_diff(base[: 2 * block], _pattern_logits(dlm, later, key_valid)[0, : 2 * block])
-    inside = ids.clone()
-    inside[0, 2 * block - 1] = dlm.mask_id
-    within = _max_diff(base[block], _pattern_logits(dlm, inside, key_valid)[0, block])
+    inside = "tokens of one block see each other"
     return [
         Probe(
             "no leakage between blocks",
@@ -179,36 +258,111 @@ def attention_pattern(dlm: DiffusionLM) -> list[Probe]:
             f"blocks 0-1 move by {leak:.2g} when block 2 changes (noise floor {floor:.2g})",
             "a block never sees later blocks",
         ),
-        Probe(
-            "bidirectional inside a block",
-            _status(within > floor),
-            f"a block's first token moves by {within:.2g} when its last token changes",
-            "tokens of one block see each other",
-        ),
+        _two_way(dlm, "bidirectional inside a block", ids, key_valid, block, 2 * block, inside),
     ]
+
+
+# Logit alignment's test: at most this probability of a wrong verdict on a model that does not know the text (random
+# weights of any scale), and the share of the vocabulary a token must rank in at a position to count as predicted.
+ALIGNMENT_ALPHA = 1e-3
+TOP_SHARE = 0.01
+ALIGNMENT_LENGTH = 48  # tokens of the probe text (rounded up to whole blocks)
+
+
+def alignment_targets(ids: list[int]) -> list[int]:
+    """The positions whose token is masked for :func:`logit_alignment`: tokens that occur once in the text (so
+    that no copy of a target is visible anywhere), neither at the ends nor next to another target (so that every
+    target's neighbours are visible tokens), taken left to right."""
+    counts = Counter(ids)
+    targets: list[int] = []
+    for position in range(1, len(ids) - 1):
+        if counts[ids[position]] == 1 and (not targets or position - targets[-1] > 1):
+            targets.append(position)
+    return targets
+
+
+def binomial_threshold(n: int, p: float, alpha: float) -> int:
+    """The smallest count c with P(Binomial(n, p) >= c) <= alpha (n + 1 when no count reaches it)."""
+    tail = 1.0
+    for c in range(n + 1):
+        if tail <= alpha:
+            return c
+        tail -= math.comb(n, c) * p**c * (1 - p) ** (n - c)  # now P(>= c + 1)
+    return n + 1
+
+
+def alignment_hits(logits: torch.Tensor, ids: list[int], targets: list[int]) -> dict[int, torch.Tensor]:
+    """For each reading (offset -1, 0, +1 from the target), how many targets rank among the top
+    ``max(1, round(TOP_SHARE * V))`` of the logits [..., L, V] there (the statistic of :func:`alignment_verdict`;
+    leading dimensions are kept, e.g. many draws at once)."""
+    top = max(1, round(TOP_SHARE * logits.shape[-1]))
+    positions = torch.tensor(targets, device=logits.device, dtype=torch.long)
+    truth = torch.tensor([ids[t] for t in targets], device=logits.device, dtype=torch.long)
+    hits = {}
+    for offset in (-1, 0, 1):
+        rows = logits[..., positions + offset, :].float()
+        target = rows.gather(-1, truth.expand(*rows.shape[:-2], -1)[..., None])
+        above = (rows > target).sum(-1)  # tokens ranked strictly above the target
+        hits[offset] = (above < top).sum(-1)
+    return hits
+
+
+def alignment_decision(hits: dict[int, int], needed: int) -> str:
+    """``fail`` when a one-off reading reaches ``needed`` and beats the aligned one, ``pass`` when the aligned
+    reading reaches it and beats both, else ``n/a`` (:func:`alignment_verdict`)."""
+    off = max(hits[-1], hits[1])
+    if off >= needed and off > hits[0]:
+        return "fail"
+    if hits[0] >= needed and hits[0] > off:
+        return "pass"
+    return "n/a"
+
+
+def alignment_verdict(logits: torch.Tensor, ids: list[int], targets: list[int]) -> Probe:
+    """The logit-alignment verdict from the logits [L, V] of ``ids`` with the ``targets`` masked.
+
+    The statistic: for each reading (the target's own position, one before, one after), the number of targets
+    whose token ranks among the top ``k = max(1, round(TOP_SHARE * V))`` logits there. On a model that does not know
+    the text -- random weights, at any scale -- a target's rank at any position is uniform over the vocabulary: the
+    output rows are exchangeable, and no copy of a target is visible (so tied embeddings cannot favour it either;
+    a visible token's boost only pushes the target down). Each count is then at most Binomial(n, k / V) in its tail
+    (distinct targets in one ranking are drawn without replacement, whose tail the binomial dominates), so a count
+    reaching ``c``, the smallest with ``P(Binomial(n, k/V) >= c) <= ALIGNMENT_ALPHA / 2``, has probability at most
+    ``ALIGNMENT_ALPHA / 2`` under chance. ``fail``: a one-off reading reaches ``c`` and beats the aligned one
+    (false-fail probability at most ``ALIGNMENT_ALPHA``, both neighbours counted); ``pass``: the aligned reading
+    reaches ``c`` and beats both one-off readings; else ``n/a``.
+    """
+    vocab = logits.shape[-1]
+    top = max(1, round(TOP_SHARE * vocab))
+    n = len(targets)
+    needed = binomial_threshold(n, top / vocab, ALIGNMENT_ALPHA / 2)
+    hits = {offset: int(count) for offset, count in alignment_hits(logits, ids, targets).items()}
+    measured = (
+        f"{hits[0]}/{n} masked tokens in their position's top {top} of {vocab} logits, {hits[-1]} / {hits[1]} one "
+        f"off; {needed} needed (chance {top / vocab:.2g} each, false verdict <= {ALIGNMENT_ALPHA:g})"
+    )
+    status = alignment_decision(hits, needed)
+    meaning = {
+        "fail": "logits are read one position off",
+        "pass": "logit t predicts token t",
+        "n/a": "inconclusive: the model does not know this text at any offset",
+    }[status]
+    return Probe("logit alignment", status, measured, meaning)
 
 
 @torch.no_grad()
 def logit_alignment(dlm: DiffusionLM) -> Probe:
-    """Masked tokens of a plain sentence are predicted at their own position, not one off (Dream's shift).
-
-    Fails only when a neighbouring position clearly predicts the token better; inconclusive (``n/a``) when no
-    position does, e.g. with random weights.
-    """
-    length = 4 * (dlm.block_size or 8)
-    ids = probe_ids(dlm, length)
-    targets = torch.arange(2, length - 1, 3, device=ids.device)
+    """Masked tokens of a plain sentence are predicted at their own position, not one off (Dream's shift): a
+    binomial test of how often each reading ranks the masked token near the top (:func:`alignment_verdict`), so that
+    a model that does not know the text (random weights) is ``n/a`` except with probability ``ALIGNMENT_ALPHA``."""
+    block = dlm.block_size or 1
+    ids = probe_ids(dlm, block * math.ceil(ALIGNMENT_LENGTH / block))
+    tokens = ids[0].tolist()
+    targets = alignment_targets(tokens)
     masked = ids.clone()
     masked[0, targets] = dlm.mask_id
-    logp = torch.log_softmax(_pattern_logits(dlm, masked, torch.ones_like(ids, dtype=torch.bool))[0].float(), -1)
-    truth = ids[0, targets]
-    aligned, before, after = (float(logp[targets + d, truth].mean()) for d in (0, -1, 1))
-    measured = f"mean log p(masked token): {aligned:.2f} at its position, {before:.2f} / {after:.2f} one off"
-    if max(before, after) > aligned + 0.5:
-        return Probe("logit alignment", "fail", measured, "logits are read one position off")
-    if aligned > max(before, after) + 0.5:
-        return Probe("logit alignment", "pass", measured, "logit t predicts token t")
-    return Probe("logit alignment", "n/a", measured, "inconclusive: the model does not know this text")
+    logits = _pattern_logits(dlm, masked, torch.ones_like(ids, dtype=torch.bool))[0]
+    return alignment_verdict(logits, tokens, targets)
 
 
 @torch.no_grad()

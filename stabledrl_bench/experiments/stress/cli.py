@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.trust_remote_code:  # as the other commands' flag: this process and the job processes it starts
+        from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV
+
+        os.environ[REMOTE_CODE_ENV] = "1"
     names = in_order() if args.experiment == "all" else [args.experiment]
     for name in names:
         one = _one_of_all(parser, name, args) if args.experiment == "all" else args

@@ -63,6 +63,10 @@ class StressOptions:
     runs: str = option("runs/stress", "cache of the warm start and the training runs")
     leaderboard: str = option("leaderboard.md", "leaderboard file to rebuild afterwards")
     no_leaderboard: bool = option(False, "do not rebuild the leaderboard")
+    trust_remote_code: bool = option(
+        False,
+        "let a --warm-start folder run its own Python code (the published LLaDA/Dream/SDAR files); off by default",
+    )
 
 
 @dataclass(frozen=True)
