@@ -194,6 +194,7 @@ ADVANTAGES.register("leave_one_out", _compares_within_groups(_keeping_every_grou
 
 
 @ADVANTAGES.register("reward_zscore")
+@_compares_within_groups
 def reward_zscore(
     rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None, *, epsilon: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
