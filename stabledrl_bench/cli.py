@@ -1,7 +1,8 @@
 """Command line: ``python -m stabledrl_bench <command>`` (``--help`` lists them).
 
 Every user-fixable problem (bad config, unknown name, missing path, budget mismatch, unreadable result) is
-printed as one ``error: ...`` line with exit status 2; interrupted commands can simply be re-run.
+printed as one ``error: ...`` line with exit status 2. An interrupted command (Ctrl-C) says what re-running it does:
+what it resumes and from where, or that it starts again (:func:`~stabledrl_bench.errors.on_interrupt`).
 """
 
 from __future__ import annotations
@@ -16,19 +17,34 @@ import sys
 from pathlib import Path
 
 from stabledrl_bench.atomic import storage_failure
-from stabledrl_bench.errors import CommandParser, UserError, count_int, positive_int, require_folder, seed_int
+from stabledrl_bench.errors import (
+    CommandParser,
+    UserError,
+    comma_list,
+    count_int,
+    memory_gib,
+    positive_int,
+    require_folder,
+    rerun_notes,
+    seed_int,
+)
 
 
 def _add_reproduce(sub) -> None:
-    p = sub.add_parser("reproduce", help="train every baseline under one budget, evaluate, rebuild leaderboard.md")
-    p.add_argument("table", choices=("table1", "table2"))
+    p = sub.add_parser("reproduce", help="train every baseline under one budget, evaluate, write a leaderboard")
+    p.add_argument("table", choices=("table1", "table2"), help="table1 (full attention) or table2 (block diffusion)")
     p.add_argument("--preset", default="auto", help="auto (default), tiny, smoke or paper")
     p.add_argument("--model", help="local weights for the paper preset (LLaDA-8B-Instruct / SDAR-8B)")
     p.add_argument("--baselines", help="comma-separated subset of baselines (default: all of the table)")
     p.add_argument("--tasks", help="comma-separated subset of the preset's tasks")
-    p.add_argument("--results", default="results", help="results folder (default: results/)")
     p.add_argument("--runs", default="runs", help="training runs folder (default: runs/)")
-    p.add_argument("--leaderboard", default="leaderboard.md")
+    # The repository's committed results/ and leaderboard.md are written only when named: a user's run goes to
+    # its own folder, maintainers regenerate the committed files with `--results results --leaderboard leaderboard.md`.
+    p.add_argument("--results", help="results folder (default: <runs>/results; the committed one: --results results)")
+    p.add_argument(
+        "--leaderboard",
+        help="page written at the end (default: <runs>/leaderboard.md; committed: --leaderboard leaderboard.md)",
+    )
     p.add_argument("--seeds", help="comma-separated training seeds, each a full replicate (default: the preset's)")
     p.add_argument("--limit", type=positive_int, help="evaluate only the first N docs per task (quick checks)")
     p.add_argument("--force", action="store_true", help="redo finished runs and evaluations instead of skipping")
@@ -72,11 +88,11 @@ def _add_set(p) -> None:
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="RL-train one baseline on one task (config file + overrides)")
     p.add_argument("--config", help="YAML/JSON TrainConfig (see configs/)")
-    p.add_argument("--baseline")
-    p.add_argument("--task")
+    p.add_argument("--baseline", help="the method to train (`list baselines`; default stabledrl)")
+    p.add_argument("--task", help="the task to train on (`list tasks`; default countdown)")
     p.add_argument("--model", help="tiny, tiny-block, or a checkpoint folder")
-    p.add_argument("--output-dir")
-    p.add_argument("--seed", type=seed_int)
+    p.add_argument("--output-dir", help="run folder: log, checkpoints, final model (default runs/train)")
+    p.add_argument("--seed", type=seed_int, help="seed of the data order, rollouts and masks (default 0)")
     p.add_argument("--max-steps", type=positive_int, help="override budget.max_steps")
     p.add_argument(
         "--resume",
@@ -84,6 +100,11 @@ def _add_train(sub) -> None:
         help="require a checkpoint to continue from (without it, a run with checkpoints resumes, a new one starts)",
     )
     p.add_argument("--stop-after", type=positive_int, help="stop (with a checkpoint) after this many optimizer steps")
+    p.add_argument(
+        "--log-with",
+        metavar="TRACKERS",
+        help="also log every step to these comma-separated trackers: tensorboard, wandb (config key log_with)",
+    )
     _add_set(p)
     _add_skip_check(p)
     _add_trust(p)
@@ -91,12 +112,12 @@ def _add_train(sub) -> None:
 
 def _add_sft(sub) -> None:
     p = sub.add_parser("sft", help="masked-diffusion SFT warm start")
-    p.add_argument("--config")
-    p.add_argument("--task")
-    p.add_argument("--model")
-    p.add_argument("--output-dir")
-    p.add_argument("--max-steps", type=positive_int)
-    p.add_argument("--seed", type=seed_int)
+    p.add_argument("--config", help="YAML/JSON SFTConfig")
+    p.add_argument("--task", help="the task whose gold completions are learned (`list tasks`; default countdown)")
+    p.add_argument("--model", help="tiny, tiny-block, or a checkpoint folder to start from (default tiny)")
+    p.add_argument("--output-dir", help="run folder: log, checkpoints, final model (default runs/sft)")
+    p.add_argument("--max-steps", type=positive_int, help="optimizer steps (default 400)")
+    p.add_argument("--seed", type=seed_int, help="seed of the data order and masks (default 0)")
     _add_set(p)
     _add_trust(p)
 
@@ -104,7 +125,7 @@ def _add_sft(sub) -> None:
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a checkpoint on a task and write a result record")
     p.add_argument("--model", required=True, help="checkpoint folder (or tiny / tiny-block)")
-    p.add_argument("--task", required=True)
+    p.add_argument("--task", required=True, help="the task whose test set is decoded (`list tasks`)")
     p.add_argument(
         "--protocol",
         default="d1",
@@ -113,29 +134,40 @@ def _add_eval(sub) -> None:
     )
     p.add_argument("--length", type=positive_int, default=256, help="nominal generation length (128/256/512)")
     p.add_argument("--max-completion-length", type=positive_int, help="tokens actually decoded (default: --length)")
-    p.add_argument("--limit", type=positive_int)
-    p.add_argument("--batch-size", type=positive_int, default=16)
-    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--limit", type=positive_int, help="evaluate only the first N problems (quick checks)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="prompts decoded together (default 16)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of sampled decoding (default 0)")
     p.add_argument("--baseline", default="base", help="what trained this checkpoint (base, sft or a baseline)")
     p.add_argument("--run", help="training run folder whose run.json gives the budget (RL checkpoints)")
-    p.add_argument("--results", default="results")
-    p.add_argument("--preset", default="custom")
+    p.add_argument("--results", default="results", help="results folder the record goes to (default results/)")
+    p.add_argument("--preset", default="custom", help="preset name the record is filed under (default custom)")
     p.add_argument("--comparison", help="group of runs sharing a budget (default: <table>-<preset>)")
-    p.add_argument("--table", default="table1", choices=("table1", "table2"))
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--table", default="table1", choices=("table1", "table2"), help="the table the record is a row of")
+    p.add_argument("--force", action="store_true", help="measure again even if a record of these weights exists")
     _add_trust(p)
 
 
 def _add_check_model(sub) -> None:
-    p = sub.add_parser("check-model", help="load a checkpoint and measure every convention the harness relies on")
-    p.add_argument("--model", required=True, help="checkpoint folder (or tiny / tiny-block)")
+    p = sub.add_parser(
+        "check-model", help="measure a checkpoint's conventions, and plan a whole table on GPUs (memory, disk, hours)"
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="checkpoint folder (or tiny / tiny-block): its conventions, then the plan")
+    what.add_argument("--config", help="a model's config.json (LLaDA, Dream, SDAR): the plan only, without weights")
+    what.add_argument("--shape", help="a published model by name, e.g. llada-8b or sdar-8b: the plan only")
     p.add_argument("--family", help="backend family instead of the one read from the config: tiny, llada, dream, sdar")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="load the weights in this dtype")
     p.add_argument("--device", help="e.g. cuda:0 (default: where the weights load, the CPU)")
     p.add_argument("--processes", type=positive_int, default=8, help="GPUs the plan is for (default 8)")
     p.add_argument("--preset", default="paper", help="the reproduce preset the plan is for (default paper)")
     p.add_argument("--table", choices=("table1", "table2"), help="default: table2 for block-diffusion models")
-    p.add_argument("--baseline", default="stabledrl", help="the method the plan is for (default stabledrl)")
+    p.add_argument("--baseline", default="stabledrl", help="the method planned in detail (default stabledrl)")
+    p.add_argument(
+        "--gpu-memory",
+        type=memory_gib,
+        metavar="SIZE",
+        help="memory of one GPU, e.g. 80GiB or 141GB: say which launch config fits which run of the table",
+    )
     p.add_argument(
         "--tflops", type=float, default=400.0, help="sustained TFLOP/s per GPU the time estimate assumes (400)"
     )
@@ -175,13 +207,13 @@ def _add_regress(sub) -> None:
 
 def _add_misc(sub) -> None:
     p = sub.add_parser("leaderboard", help="regenerate leaderboard.md from results/")
-    p.add_argument("--results", default="results")
-    p.add_argument("--out", default="leaderboard.md")
+    p.add_argument("--results", default="results", help="results folder to read (default results/)")
+    p.add_argument("--out", default="leaderboard.md", help="markdown page to write (default leaderboard.md)")
     p.add_argument("--plots", default="results/plots", help="folder for the PNG charts linked from the page")
     p = sub.add_parser(
         "verify", help="re-check every stored result (samples, grader, metrics, weights, commit) and stability summary"
     )
-    p.add_argument("--results", default="results")
+    p.add_argument("--results", default="results", help="results folder to check (default results/)")
     p.add_argument("--no-weights", action="store_true", help="load no checkpoint (no weight hashes, no re-decoding)")
     p.add_argument(
         "--redecode",
@@ -201,17 +233,24 @@ def _add_misc(sub) -> None:
     p.add_argument("--rerun-runs", metavar="DIR", help="with --rerun: a runs folder to reuse (default: a fresh one)")
     _add_trust(p)
     p = sub.add_parser("list", help="list the entries of a registry (built-ins and installed plugins)")
-    p.add_argument("what", choices=tuple(REGISTRIES))
+    p.add_argument("what", choices=tuple(REGISTRIES), help="which registry")
     p = sub.add_parser("grade", help="grade a JSONL of predictions with the task's graders")
-    p.add_argument("--task", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--output")
+    p.add_argument("--task", required=True, help="whose graders and gold fields (gsm8k, math500, countdown, ...)")
+    p.add_argument("--input", required=True, help="JSONL with 'prediction' and the task's gold fields")
+    p.add_argument("--output", help="where to write graded JSONL (default: stdout)")
     # listed for --help only: main() hands everything after `stress` to the stress command's own parser
     sub.add_parser("stress", help="stability experiments of the paper on the tiny model (stress --help)")
 
 
+# What ``--help`` says first (plain text: argparse prints descriptions as they are).
+DESCRIPTION = (
+    "Reinforcement learning on diffusion language models, every method under one budget: reproduce the paper's "
+    "tables, train, evaluate, check a checkpoint, verify and show results."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="python -m stabledrl_bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m stabledrl_bench", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_check_model, _add_regress, _add_misc):
         add(sub)
@@ -250,27 +289,60 @@ def _cmd_list(args) -> int:
     return 0
 
 
-def _load_config(cls, args, flags: dict):
-    """``--config`` file (if any), then the flags, then ``--set key.path=value`` items on top; every mistake is a
-    one-line UserError naming the field."""
+def _load_config(cls, args, flags: dict, defaults=None):
+    """``--config`` file (if any; else ``defaults(overrides)``, settings chosen from what the command line names),
+    then the flags, then ``--set key.path=value`` items on top; every mistake is a one-line UserError naming the
+    field."""
     from stabledrl_bench.config import deep_merge, dotted_overrides
 
     given = {k: v for k, v in flags.items() if v is not None}
     overrides = deep_merge(given, dotted_overrides(args.set or []))
     if args.config:
         return cls.from_file(args.config, **overrides)
-    return cls.from_mapping(overrides, where="command line")
+    base = defaults(overrides) if defaults is not None else {}
+    return cls.from_mapping(deep_merge(base, overrides), where="command line")
+
+
+def _train_defaults(overrides: dict) -> dict:
+    """What ``train`` without ``--config`` starts from: a built-in tiny model trains under its tiny preset's settings
+    (the StableDRL recipe's budget would take hours per step on a CPU), any other model under TrainConfig's
+    defaults, whose budget is the StableDRL recipe's."""
+    from stabledrl_bench.config import to_dict
+    from stabledrl_bench.experiments.presets import tiny_model_settings
+    from stabledrl_bench.training.trainer import TrainConfig
+
+    found = tiny_model_settings(overrides.get("model", TrainConfig.model), overrides.get("task", TrainConfig.task))
+    return {} if found is None else to_dict(found)
+
+
+def _say_train_defaults(cfg) -> None:
+    """One line on where a config-less ``train`` took its settings from, and the budget it runs."""
+    from stabledrl_bench.experiments.presets import TINY_MODEL_PRESETS
+
+    table = TINY_MODEL_PRESETS.get(cfg.model)
+    settings = f"the tiny preset of configs/presets/{table}.yaml" if table else "the StableDRL recipe's budget"
+    b = cfg.budget
+    print(
+        f"train: no --config, so {cfg.model} trains under {settings}: {b.max_steps} steps of {b.prompts_per_step} "
+        f"prompts x {b.num_generations} completions on a {b.max_completion_length}-token canvas (--set key=value or "
+        "a --config file changes any setting)"
+    )
 
 
 def _cmd_train(args) -> int:
-    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+    from stabledrl_bench.training.trainer import TRACKERS, RLTrainer, TrainConfig
 
     fields = ("baseline", "task", "model", "output_dir", "seed")
-    cfg = _load_config(TrainConfig, args, {name: getattr(args, name) for name in fields})
+    flags = {name: getattr(args, name) for name in fields}
+    if args.log_with:
+        flags["log_with"] = comma_list(args.log_with, "--log-with", choices=TRACKERS, what="tracker")
+    cfg = _load_config(TrainConfig, args, flags, defaults=_train_defaults)
     if args.skip_model_check:
         cfg.check_model = False
     if args.max_steps is not None:
         cfg.budget = dataclasses.replace(cfg.budget, max_steps=args.max_steps)
+    if not args.config and os.environ.get("RANK", "0") == "0":
+        _say_train_defaults(cfg)
     final = RLTrainer(cfg).train(resume=True if args.resume else None, stop_after=args.stop_after)
     if os.environ.get("RANK", "0") == "0":
         print(f"final model: {final}")
@@ -310,7 +382,7 @@ def _cmd_eval(args) -> int:
             raise UserError(
                 f"--baseline {args.baseline}: RL checkpoints need --run <training run folder> for the budget"
             )
-    budget = _run_budget(Path(args.run)) if args.run else None
+    budget, advantage = _run_training(Path(args.run)) if args.run else (None, None)
     dlm = load_model_spec(args.model, seed=args.seed)
     canvas = args.max_completion_length or args.length
     positions = dlm.max_positions
@@ -334,6 +406,7 @@ def _cmd_eval(args) -> int:
         key=key.to_dict(),
         max_completion_length=args.max_completion_length or args.length,
         budget=budget,
+        advantage=advantage,
         limit=args.limit,
         batch_size=args.batch_size,
         skip_existing=not args.force,
@@ -352,31 +425,42 @@ def _cmd_check_model(args) -> int:
     from stabledrl_bench.core.baseline import BASELINES
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.core.models.probes import model_facts, run_probes
-    from stabledrl_bench.experiments.plan import format_plan, plan
+    from stabledrl_bench.experiments.plan import Shape, format_plan, format_table_plan, plan, table_plan
     from stabledrl_bench.experiments.presets import presets
 
     if not (args.tflops > 0 and math.isfinite(args.tflops)):
         raise UserError(f"--tflops must be a positive number, got {args.tflops}")
     BASELINES.get(args.baseline)  # an unknown name fails before the model loads
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    if args.device and str(args.device).startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: this machine has no CUDA device")
-    dlm = load_model_spec(args.model, family=args.family, dtype=dtype, device=args.device)
-    table = args.table or ("table2" if dlm.attention == "block" else "table1")
+    facts: dict = {}
+    probes: list = []
+    if args.model is None:  # a shape without weights: the plan only
+        shape = Shape.from_config(args.config) if args.config else Shape.named(args.shape)
+        facts = {"parameters": f"{shape.parameters:,}", "layers": shape.layers, "hidden": shape.hidden}
+        facts |= {"vocabulary": shape.vocab, "attention": shape.attention}
+    else:
+        dtype = getattr(torch, args.dtype) if args.dtype else None
+        if args.device and str(args.device).startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: this machine has no CUDA device")
+        dlm = load_model_spec(args.model, family=args.family, dtype=dtype, device=args.device)
+        facts, probes = model_facts(dlm), run_probes(dlm, checkpointing=True)
+        blocks_found = next(p.passed for p in probes if p.name == "decoder blocks")
+        shape = Shape.of(dlm) if blocks_found else None
+    attention = shape.attention if shape is not None else "full"
+    table = args.table or ("table2" if attention == "block" else "table1")
     available = presets(table)
     if args.preset not in available:
         raise UserError(f"--preset {args.preset!r}: {table} has {', '.join(available)}")
-    facts, probes = model_facts(dlm), run_probes(dlm, checkpointing=True)
-    blocks_found = next(p.passed for p in probes if p.name == "decoder blocks")
-    report = None
-    if blocks_found:
-        preset = available[args.preset]
-        report = plan(dlm, preset, processes=args.processes, baseline=args.baseline, tflops=args.tflops)
+    report = whole = None
+    if shape is not None:
+        preset, gpus = available[args.preset], {"processes": args.processes, "tflops": args.tflops}
+        report = plan(shape, preset, baseline=args.baseline, **gpus)
+        whole = table_plan(shape, preset, gpu_memory=args.gpu_memory, **gpus)
+    source = args.model or args.config or args.shape
     if args.json:
-        found = {"model": args.model, "facts": facts, "probes": [p.to_dict() for p in probes], "plan": report}
-        print(json.dumps(found, indent=2))
+        found = {"model": source, "facts": facts, "probes": [p.to_dict() for p in probes], "plan": report}
+        print(json.dumps(found | {"table": whole}, indent=2))
     else:
-        print(f"check-model {args.model}")
+        print(f"check-model {source}" + ("" if args.model else " (no weights: the plan only)"))
         for key, value in facts.items():
             print(f"  {key:20s} {value}")
         for probe in probes:
@@ -385,15 +469,16 @@ def _cmd_check_model(args) -> int:
                 print(f"  {'':6s} {'':30s} -> {probe.meaning}")
         if report is not None:
             print(f"  {table} preset {args.preset!r} on {args.processes} GPU(s):")
-            print("\n".join("  " + line for line in format_plan(report)))
+            print("\n".join("  " + line for line in [*format_plan(report), *format_table_plan(whole)]))
     failed = [p.name for p in probes if not p.passed]
     if failed:
         raise UserError(f"check-model: {len(failed)} convention(s) failed: {', '.join(failed)}")
     return 0
 
 
-def _run_budget(run: Path) -> dict:
-    """The budget recorded in a training run folder's ``run.json``, checked like a recipe's (it goes into records)."""
+def _run_training(run: Path) -> tuple[dict, dict | None]:
+    """The budget recorded in a training run folder's ``run.json``, checked like a recipe's, and its advantage rule
+    (None in run folders written before it was recorded): both go into the records of its checkpoint."""
     from stabledrl_bench.config import from_dict, parse_json
     from stabledrl_bench.training.budget import Budget
 
@@ -406,7 +491,10 @@ def _run_budget(run: Path) -> dict:
         raise UserError(f"--run {run}: run.json is not UTF-8 text ({exc.reason})") from exc
     if not isinstance(info, dict) or not isinstance(info.get("budget"), dict):
         raise UserError(f"--run {run}: run.json records no budget (not written by this harness's trainer?)")
-    return from_dict(Budget, info["budget"], where=f"--run {run}: run.json budget").to_dict()
+    advantage = info.get("advantage")
+    if advantage is not None and not (isinstance(advantage, dict) and isinstance(advantage.get("rule"), str)):
+        raise UserError(f"--run {run}: run.json records no readable advantage rule ({advantage!r})")
+    return from_dict(Budget, info["budget"], where=f"--run {run}: run.json budget").to_dict(), advantage
 
 
 def _cmd_leaderboard(args) -> int:
@@ -476,7 +564,6 @@ def _cmd_reproduce(args) -> int:
     from stabledrl_bench.experiments.comparison import comparison
     from stabledrl_bench.experiments.reproduce import reproduce
 
-    require_folder(args.results, "--results")
     require_folder(args.runs, "--runs")
     run = comparison(
         args.table,
@@ -495,6 +582,7 @@ def _cmd_reproduce(args) -> int:
         temperature=args.temperature,
         pass_k_lengths=args.pass_k_lengths,
     )
+    require_folder(run.results, "--results")
     reproduce(run)
     return 0
 
@@ -559,8 +647,10 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(exc, "filename", None) or f"a write ({type(exc).__name__})"
         print(f"error: {where}: {reason}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: re-run the same command to resume where it stopped", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        _close_progress_bars()
+        notes = rerun_notes(exc) or ["nothing was left half-written; re-running the command starts it again"]
+        print(f"interrupted: {'; '.join(notes)}", file=sys.stderr)
         return 130
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -58,7 +59,8 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         }
     if origin in (list, tuple) or annotation in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise UserError(f"{where}: expected a list, got {type(value).__name__}")
+            hint = f" (a list is written [{value}])" if isinstance(value, str) else ""
+            raise UserError(f"{where}: expected a list, got {type(value).__name__}{hint}")
         args = typing.get_args(annotation)
         item_type = args[0] if args else Any
         items = [_check_type(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
@@ -144,6 +146,16 @@ def stable_hash(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-6`` is the number, not the string (YAML 1.1, which PyYAML
+    follows, wants ``1.0e-6``). Learning rates are written ``1e-6`` in every paper and command line."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
 def configs_dir() -> Path:
     """The shipped ``configs/`` folder (recipes, presets, accelerate files), package ``stabledrl_bench.configs``."""
     from importlib.resources import files
@@ -172,7 +184,7 @@ def read_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, An
     if path.resolve() in _seen:
         raise UserError(f"{path}: 'base' files include each other in a cycle")
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8-sig"))
+        data = yaml.load(path.read_bytes().decode("utf-8-sig"), Loader=_Loader)
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     except yaml.YAMLError as exc:

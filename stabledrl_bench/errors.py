@@ -8,8 +8,9 @@ reports bad input the same way, before doing any work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -25,6 +26,26 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UserError(message)
+
+
+@contextlib.contextmanager
+def on_interrupt(rerun: Callable[[], str]) -> Iterator[None]:
+    """Say what re-running the command does when it is interrupted (Ctrl-C) inside this block.
+
+    Why here and asked at that moment: only the code doing the work knows what it has kept (a trainer, its last
+    checkpoint), and a promise made up front ("re-run to resume") is false for a run that has saved nothing yet. The
+    notes of nested blocks ride on the exception, outermost first (:func:`rerun_notes`); the command line prints them.
+    """
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        exc.rerun_notes = [rerun(), *rerun_notes(exc)]  # type: ignore[attr-defined]
+        raise
+
+
+def rerun_notes(exc: BaseException) -> list[str]:
+    """What the blocks an interrupt left said about re-running the command (:func:`on_interrupt`), outermost first."""
+    return list(getattr(exc, "rerun_notes", []))
 
 
 def positive_int(text: str) -> int:
@@ -44,6 +65,23 @@ def _int_from(text: str, minimum: int, what: str) -> int:
         value = minimum - 1
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def memory_gib(text: str) -> float:
+    """``type=`` for a memory size in GiB: ``80GiB``, ``141GB`` (10**9 bytes), ``1.5TiB``, or a bare number of GiB."""
+    units = {"": 1.0, "gib": 1.0, "gb": 1e9 / 2**30, "tib": 1024.0, "tb": 1e12 / 2**30}
+    number, unit = text.strip(), ""
+    for name in sorted(units, key=len, reverse=True):
+        if name and number.lower().endswith(name):
+            number, unit = number[: -len(name)].strip(), name
+            break
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a size such as 80GiB or 141GB, got {text!r}")
     return value
 
 

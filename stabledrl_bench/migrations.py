@@ -22,9 +22,10 @@ This module imports nothing of the package, so every layer may use it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # annotations only: importing pandas costs every command a second
+    import pandas as pd
 
 CONFIG_KEY_RENAMES = {"completion_length": "max_completion_length", "gen_length": "max_completion_length"}
 BASELINE_OPTION_RENAMES = {"num_t": "num_mc"}

@@ -144,3 +144,34 @@ def test_reward_zscore_against_a_loop() -> None:
             std = math.sqrt(sum((m - mean) ** 2 for m in members) / (len(members) - 1)) if len(members) > 1 else 0
             expected.append((rewards[i].item() - mean) / (std + 1e-4) if len(members) > 1 else 0.0)
         torch.testing.assert_close(reward_zscore_advantage(rewards, ids), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_rules_that_compare_within_a_group_refuse_groups_of_one(monkeypatch) -> None:
+    """Every built-in rule gives a singleton group 0 (checked on values), so it declares min_group_size 2 and a method
+    using it refuses one completion per prompt, in `train` and before `reproduce` builds anything; a plugin rule that
+    declares nothing is not refused on a guess."""
+    import dataclasses
+
+    from stabledrl_bench.core.advantages import ADVANTAGES, min_group_size
+    from stabledrl_bench.core.baseline import build_baseline
+    from stabledrl_bench.errors import UserError
+    from stabledrl_bench.experiments import comparison as comparison_module
+
+    singletons = torch.tensor([0, 1, 2])
+    for rule in ADVANTAGES.values():
+        advantages, _ = rule(torch.tensor([0.0, 1.0, 5.0]), singletons, torch.tensor([0.0, 1.0, 1.0]))
+        assert torch.all(advantages == 0) and min_group_size(rule) == 2
+    assert min_group_size(lambda rewards, group_ids, correct=None: (rewards, group_ids > 0)) == 1
+    with pytest.raises(UserError, match=r"num_generations=1: trado .* rule 'group_zscore'\), which needs at least 2"):
+        build_baseline("trado").require_groups(1)
+    build_baseline("trado").require_groups(2)
+
+    choose = comparison_module.choose_preset
+
+    def one_completion(*args):
+        preset = choose(*args)
+        return dataclasses.replace(preset, budget=dataclasses.replace(preset.budget, num_generations=1))
+
+    monkeypatch.setattr(comparison_module, "choose_preset", one_completion)
+    with pytest.raises(UserError, match=r"budget\.num_generations=1: grpo compares"):
+        comparison_module.comparison("table1", preset="smoke")

@@ -120,6 +120,8 @@ CASES = [
     (["train", "--config", "ZEROSTEPS"], "budget.max_steps must be positive"),
     (["train", "--config", "BUDGETTYPE"], "expected a mapping"),
     (["train", "--config", "ZEROMICRO"], "estimator_micro_batch must be positive"),
+    # a budget under which the method cannot learn: its advantage rule compares the completions of a prompt
+    (["train", "--set", "budget.num_generations=1"], "which needs at least 2 per prompt; with fewer every advantage"),
     # non-finite and out-of-range numbers: refused where they are read, naming the field
     (["train", "--config", "INFLR"], "learning_rate must be a finite number, got inf"),
     (["train", "--config", "NANLR"], "optim.learning_rate: expected a number, got nan"),

@@ -52,6 +52,29 @@ def test_base_files_deep_merge_and_cycles_are_refused(tmp_path):
         read_mapping(tmp_path / "c.yaml")
 
 
+def test_yaml_numbers_are_read_as_yaml_1_2_reads_them(tmp_path):
+    """`1e-6` is a number (PyYAML follows YAML 1.1, which reads it as a string); a name is still a string."""
+    path = tmp_path / "lr.yaml"
+    path.write_text("optim: {learning_rate: 1e-6, weight_decay: 5E-2}\nbudget: {temperature: +9e-1}\ntask: 1e3x\n")
+    assert read_mapping(path) == {
+        "optim": {"learning_rate": 1e-6, "weight_decay": 0.05},
+        "budget": {"temperature": 0.9},
+        "task": "1e3x",
+    }
+
+
+def test_the_small_config_of_the_tiny_preset_page_loads(tmp_path):
+    """docs/tiny-preset.md's small config, as written there."""
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tiny-preset.md").read_text()
+    path = tmp_path / "small.yaml"
+    path.write_text(re.search(r"^```yaml\n(.*?)^```", page, flags=re.M | re.S).group(1))
+    cfg = TrainConfig.from_file(path)
+    assert (cfg.budget.max_steps, cfg.budget.completions_per_step, cfg.optim.learning_rate) == (4, 8, 2e-5)
+    assert cfg.checkpoint_every() == 2  # a tenth of the run, rounded up to whole rollout phases
+
+
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "deepspeed_zero2"])
 def test_accelerate_configs_parse(name):
     data = yaml.safe_load((CONFIGS / "accelerate" / f"{name}.yaml").read_text())

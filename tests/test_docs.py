@@ -218,6 +218,21 @@ def test_docs_index_lists_every_page() -> None:
     assert pages <= linked
 
 
+def test_docs_index_names_every_estimator_and_method() -> None:
+    """The index's rows for estimators.md and methods.md name every registered estimator and every method section
+    of methods.md (it once said "the five methods" of eight, and listed five of seven estimators)."""
+    from stabledrl_bench.core.estimators import ESTIMATORS
+
+    rows = {
+        page: next(line for line in (ROOT / "docs" / "README.md").read_text().splitlines() if f"[{page}]" in line)
+        for page in ("estimators.md", "methods.md")
+    }
+    assert [name for name in ESTIMATORS if f"`{name}`" not in rows["estimators.md"]] == []
+    names = [section.splitlines()[0] for section in (ROOT / "docs" / "methods.md").read_text().split("\n## ")]
+    sections = [name for name in names[names.index("GRPO") : names.index("Reward profiles")] if "ablations" not in name]
+    assert "GDPO" in sections and [name for name in sections if name.lower() not in rows["methods.md"].lower()] == []
+
+
 # ------------------------------------------------------------------------------------------- the checkers fail
 @pytest.mark.parametrize(
     ("heading", "anchor"),

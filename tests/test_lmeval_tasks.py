@@ -70,12 +70,12 @@ def test_yamls_load(manager: TaskManager) -> None:
     assert config.num_fewshot == 0 and config.output_type == "generate_until"
 
 
-def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
-    model = GoldLM()
+def gold_run(manager: TaskManager, tasks: list[str], limit: int = 3, model: GoldLM | None = None) -> dict:
+    """The ``,none`` metrics of each task when every request is answered with its gold completion."""
     results = lm_eval.simple_evaluate(
-        model=model,
-        tasks=TASKS,
-        limit=3,
+        model=model or GoldLM(),
+        tasks=tasks,
+        limit=limit,
         task_manager=manager,
         log_samples=False,
         random_seed=None,
@@ -83,8 +83,14 @@ def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
         torch_random_seed=None,
         fewshot_random_seed=None,
     )["results"]
+    return {name: {k.split(",")[0]: v for k, v in results[name].items() if k.endswith(",none")} for name in tasks}
+
+
+def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
+    model = GoldLM()
+    results = gold_run(manager, TASKS, model=model)
     for name in TASKS:
-        metrics = {k.split(",")[0]: v for k, v in results[name].items() if k.endswith(",none")}
+        metrics = results[name]
         expected = ["acc", "cell_acc", "exact_match"] if "sudoku" in name else ["acc", "acc_d1"]
         assert {m: metrics[m] for m in expected} == dict.fromkeys(expected, 1.0), name
     assert len(model.requests) == 3 * len(TASKS)

@@ -9,8 +9,9 @@ from conftest import SMALL
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.models import build_tiny
-from stabledrl_bench.experiments.plan import GiB, plan
+from stabledrl_bench.experiments.plan import SHAPES, GiB, Shape, plan, table_plan
 from stabledrl_bench.experiments.presets import presets
+from stabledrl_bench.tasks import get_task
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +19,16 @@ def dlm():
     return build_tiny(**SMALL)
 
 
-def test_memory_disk_and_time_by_hand(dlm):
+@pytest.fixture(scope="module")
+def shape(dlm):
+    return Shape.of(dlm)
+
+
+def test_memory_disk_and_time_by_hand(dlm, shape):
     preset = presets("table1")["paper"]  # StableDRL's budget: 32 x 16 completions, canvas 256, mu 2, bf16, ckpt
     b = preset.budget
     p = sum(t.numel() for t in dlm.model.parameters())
-    report = plan(dlm, preset, processes=8, baseline="stabledrl", tflops=100.0)
+    report = plan(shape, preset, processes=8, baseline="stabledrl", tflops=100.0)
     memory = report["memory per GPU (GiB)"]
     assert memory["ddp"]["weights, gradients, AdamW"] == pytest.approx(16 * p / GiB)
     assert memory["fsdp"]["weights, gradients, AdamW"] == pytest.approx(16 * p / 8 / GiB)
@@ -49,9 +55,9 @@ def test_memory_disk_and_time_by_hand(dlm):
     assert report["time (estimate)"]["hours per run"] == pytest.approx(flops / 8e14 * 1000 / 3600)
 
 
-def test_a_baseline_with_a_reference_model_pays_for_it(dlm):
+def test_a_baseline_with_a_reference_model_pays_for_it(dlm, shape):
     p = sum(t.numel() for t in dlm.model.parameters())
-    memory = plan(dlm, presets("table1")["paper"], processes=4, baseline="grpo", tflops=100.0)["memory per GPU (GiB)"]
+    memory = plan(shape, presets("table1")["paper"], processes=4, baseline="grpo", tflops=100.0)["memory per GPU (GiB)"]
     assert memory["fsdp"]["reference model"] == pytest.approx(4 * p / 4 / GiB)  # sharded, as loaded
     assert memory["ddp"]["reference model"] == pytest.approx(2 * p / GiB)  # bf16 on every GPU
 
@@ -63,3 +69,52 @@ def test_check_model_prints_the_new_probes_and_the_plan(capsys):
     assert probes["decoder blocks"] == probes["activation checkpointing"] == "pass"
     assert report["plan"]["assumptions"]["processes"] == 2
     assert set(report["plan"]["memory per GPU (GiB)"]) == {"ddp", "fsdp", "deepspeed_zero2"}
+
+
+def test_the_whole_table_by_hand(shape):
+    """Every baseline and the frozen control on every task, each checkpoint evaluated at the three lengths, the disk
+    all runs hold at the end, and which launch config fits a GPU of a given memory."""
+    preset = presets("table1")["paper"]
+    one = {name: plan(shape, preset, processes=8, baseline=name, tflops=100.0) for name in ("grpo", "trado")}
+    report = table_plan(shape, preset, processes=8, tflops=100.0, gpu_memory=1.0)
+    assert list(report["methods"]) == ["grpo", "spg", "espo", "trado", "stabledrl", "frozen control"]
+    assert report["methods"]["frozen control"] == report["methods"]["grpo"]  # GRPO at learning rate 0
+    assert report["methods"]["trado"]["hours per run"] == one["trado"]["time (estimate)"]["hours per run"]
+    p, tasks = shape.parameters, ("gsm8k", "math500", "countdown", "sudoku")
+    # 24 runs (5 baselines and the control on 4 tasks), each keeping 2 fp32 checkpoints (12 p bytes) and a bf16 final
+    disk = report["disk at the peak (GiB)"]
+    assert disk["runs"] == 24 and disk["total"] == pytest.approx(24 * (2 * 12 * p + 2 * p) / GiB)
+    assert disk["total with keep_checkpoints 1"] == pytest.approx(24 * (12 * p + 2 * p) / GiB)
+    # evaluation: each problem decoded at 128/256/512 tokens in length/2 steps (d1), a forward over prompt + canvas each
+    problems = len(get_task("gsm8k").eval_docs())
+    forwards = sum(problems * (n // 2) * (256 + n) for n in (128, 256, 512))
+    assert report["evaluation hours per checkpoint"]["gsm8k"] == pytest.approx(forwards * 2 * p / 8e14 / 3600)
+    assert report["evaluation"]["test problems"] == {task: len(get_task(task).eval_docs()) for task in tasks}
+    assert report["hours (all runs and evaluations, one after another)"] == pytest.approx(
+        4 * sum(m["hours per run"] for m in report["methods"].values())
+        + 6 * sum(report["evaluation hours per checkpoint"].values())
+    )
+    grpo_ddp = one["grpo"]["memory per GPU (GiB)"]["ddp"]["total with the preset's checkpointing"]
+    assert report["methods"]["grpo"]["memory per GPU (GiB)"]["ddp"] == grpo_ddp
+    fits = report["fits (GiB per GPU)"]
+    assert fits["ddp"]["grpo"] is (grpo_ddp <= 1.0) and fits["gpu memory"] == 1.0
+
+
+def test_check_model_plans_a_published_shape_without_weights(tmp_path, capsys):
+    """`--shape` (and `--config`, the same fields in a config.json) build LLaDA-8B on the meta device: 8.0B
+    parameters; the whole table, the peak disk docs/gpu.md quotes, and a fit verdict for 80 GiB GPUs."""
+    assert main(["check-model", "--shape", "llada-8b", "--gpu-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "disk at the peak: 24 runs keeping 2 checkpoints and a final model each need 4.5 TiB, or 2.4 TiB" in out
+    assert "ddp.yaml on 80 GiB GPUs: does not fit: grpo, spg, espo, trado, stabledrl, frozen control" in out
+    assert "fsdp.yaml on 80 GiB GPUs: does not fit: trado" in out
+    family, fields = SHAPES["llada-8b"]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": family, "architectures": ["LLaDAModelLM"], **fields}))
+    assert main(["check-model", "--config", str(config), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 8.0e9 < report["plan"]["shape"]["parameters"] < 8.05e9 and report["plan"]["shape"]["layers"] == 32
+    assert report["table"]["disk at the peak (GiB)"]["runs"] == 24 and report["probes"] == []
+    config.write_text(json.dumps({"model_type": "gpt2"}))
+    assert main(["check-model", "--config", str(config)]) == 2
+    assert "model_type 'gpt2'; the plan knows llada, dream, sdar" in capsys.readouterr().err

@@ -4,6 +4,7 @@ through real entry points (a ``*.dist-info`` folder on ``sys.path``, as ``pip in
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,7 @@ def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
 ) -> None:
     """An installed task needs no edit to this repository: RL, a result record, verify, its own board column."""
     from stabledrl_bench.reporting.leaderboard import build_leaderboard
+    from stabledrl_bench.reporting.results import load_results
     from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 
     source, target = PLUGINS["tasks"]
@@ -281,11 +283,46 @@ def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
         main(["eval", "--model", str(small_checkpoint), "--baseline", "sft", "--results", str(results), *common]) == 0
     )
     assert main(["verify", "--results", str(results)]) == 0
+    recorded = {r["baseline"]: r.get("advantage") for r in load_results(results)}  # the run's rule, from its run.json
+    assert recorded == {"grpo": {"rule": "group_mean", "options": {}}, "sft": None}
     markdown = build_leaderboard(results, {"schema": "stabledrl-bench/published/v1"})
     header = next(line for line in markdown.splitlines() if line.startswith("| Baseline | Model"))
     assert "| hard_sudoku 256 |" in header and "| Sudoku 256 |" in header  # its own column beside the paper's
     assert "hard_sudoku is not a column of the paper. It is not in the overall average." in markdown
     assert "| grpo |" in markdown and "**Change from the starting point**" in markdown
+
+
+def _fenced(page: str, language: str) -> list[str]:
+    """The ``language`` code blocks of a markdown page, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```", page, flags=re.M | re.S)
+
+
+def test_the_task_page_example_is_listed_evaluated_and_run_by_lm_eval(
+    plugin_dir: Path, small_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """docs/tasks.md's example, exactly as written there, installed as a package would be: `list tasks` shows it,
+    its gold completions grade as correct, `eval` records it, and lm-eval runs it through the generic dllm_task."""
+    from lm_eval.tasks import TaskManager
+    from test_lmeval_tasks import LMEVAL_DIR, gold_run
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    source, entry = _fenced(page, "python")[0], _fenced(page, "toml")[0]
+    name, target = re.search(r'^(\w+) = "[\w.]+(:\w+)"$', entry, flags=re.M).groups()
+    module = "sdrl_test_plugin_doc_task"
+    install_plugin(plugin_dir, TASKS.group, name, module + target, module, source)
+    assert main(["list", "tasks"]) == 0
+    assert re.search(rf"^{name} +Add two numbers below 100", capsys.readouterr().out, flags=re.M)
+    task = get_task(name)
+    docs = task.eval_docs()
+    assert len(docs) == 64 and not {(d["a"], d["b"]) for d in docs} & {(d["a"], d["b"]) for d in task.load("train")}
+    assert all(task.grade(task.target_completion(doc, p), doc).correct for doc in docs[:4] for p in task.protocols)
+    results = tmp_path / "results"
+    argv = ["eval", "--model", str(small_checkpoint), "--task", name, "--protocol", "tiny", "--limit", "2"]
+    assert main([*argv, "--max-completion-length", "8", "--results", str(results)]) == 0
+    assert len(list(results.rglob("*.json"))) == 1
+    manager = TaskManager(include_path=str(LMEVAL_DIR), include_defaults=False, metadata={"harness_task": name})
+    metrics = gold_run(manager, ["dllm_task"])["dllm_task"]
+    assert (metrics["acc"], metrics["score"]) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize("what", sorted(PLUGINS))

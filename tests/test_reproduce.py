@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     assert len(records) == per_row * (len(TABLE_BASELINES) + 1)
     rl = [r for r in records if r["baseline"] != "sft"]
     assert {r["budget_hash"] for r in rl} == {preset.budget.hash()}
+    rules = {r["baseline"]: r["advantage"]["rule"] for r in rl}  # each method's advantage rule is on its rows
+    assert rules == {**dict.fromkeys(TABLE_BASELINES, "group_mean"), "espo": "leave_one_out", "trado": "group_zscore"}
     assert all(r["metrics"]["n"] == preset.eval_limit * _repeats(r) for r in records)
     board = (tmp_path / "leaderboard.md").read_text()
     assert f"comparison `{table}-smoke`" in board
@@ -47,7 +50,9 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     assert "preset 'smoke'" in out and "the paper preset needs" in out
     assert "vs the frozen start on the same ones" in out
     stages = 3 + 2 * len(TABLE_BASELINES)  # warm start, start eval, each baseline's run and eval, control
-    assert f"[stage 1/{stages} | " in out and "estimate after the first stage of each kind] sudoku seed 0" in out
+    assert f"[stage 1/{stages} | " in out and "estimate after the first stage] sudoku seed 0" in out
+    assert re.search(rf"\[stage 2/{stages} \| \S+ elapsed, ~\S+ left\] sudoku seed 0", out)  # from the first stage on
+    assert "results: " in out and "rewritten only when named: --results results --leaderboard leaderboard.md" in out
     assert f"[stage {stages}/{stages} | " in out and "left] sudoku seed 0: frozen control" in out
     _check_frozen_control(tmp_path, table, preset)
     assert "**Training reward, " in board

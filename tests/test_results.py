@@ -176,6 +176,11 @@ def test_budget_hash_is_canonical_sha256_prefix() -> None:
         ({"budget": {"max_steps": 1}, "budget_hash": budget_hash({"max_steps": 1})}, r"'budget': missing key"),
         ({"budget": {**BUDGET, "x": 1}, "budget_hash": budget_hash({**BUDGET, "x": 1})}, r"unknown key\(s\) x"),
         ({"budget": {**BUDGET, "max_steps": 0}, "budget_hash": budget_hash({**BUDGET, "max_steps": 0})}, "positive"),
+        ({"advantage": {"rule": "group_mean"}}, "'advantage' must be"),  # the rule and its options, both
+        (
+            {"baseline": "sft", "budget": None, "budget_hash": None, "advantage": {"rule": "r", "options": {}}},
+            "a sft row has no 'advantage'",
+        ),
     ],
 )
 def test_write_rejects_invalid_records(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:

@@ -531,7 +531,8 @@ def test_a_run_whose_weights_turn_non_finite_stops_and_saves_none_of_them(small_
     with pytest.raises(TrainingDiverged, match="the weights became non-finite at step 3"):
         trainer.train(resume=False)
     assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [1, 2, 3]
-    assert not (tmp_path / "final").exists() and not (tmp_path / "checkpoints").exists()
+    assert not (tmp_path / "final").exists()  # the default checkpoint of step 2 holds the weights before step 3
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]
 
 
 # ----------------------------------------------------------------------------------------------- shared anchor

@@ -22,7 +22,9 @@ A baseline names its rule (``Baseline.advantage``); the rules share one signatur
 verl's ``core_algos.py`` registers its advantage estimators by name.
 
 A singleton group has advantage 0 under every rule: there is nothing to compare against (for leave-one-out
-the mean over the empty set is undefined; 0 is the value that makes the sample contribute no gradient).
+the mean over the empty set is undefined; 0 is the value that makes the sample contribute no gradient). So every
+rule here declares ``min_group_size = 2`` (:func:`min_group_size`), and a run whose groups are smaller is refused
+before it starts: it would train for hours on advantages that are all 0. A registered rule may declare its own.
 
 ``compute_dtype`` is the one precision rule of every advantage rule here and of every loss in ``baselines/``
 (which import it from this module, the lowest one they all share).
@@ -162,6 +164,18 @@ def _callable(name: str, rule: AdvantageRule) -> AdvantageRule:
 ADVANTAGES: Registry[AdvantageRule] = Registry("advantage rule", "advantages", check=_callable)
 
 
+def min_group_size(rule: AdvantageRule) -> int:
+    """The fewest completions per prompt under which ``rule`` gives any non-zero advantage: its ``min_group_size``
+    attribute (1 when it declares none, so a plugin rule is never refused on a guess)."""
+    return int(getattr(rule, "min_group_size", 1))
+
+
+def _compares_within_groups(rule: AdvantageRule) -> AdvantageRule:
+    """Declare that ``rule`` compares the completions of a group: a singleton group's advantage is always 0."""
+    rule.min_group_size = 2  # type: ignore[attr-defined]
+    return rule
+
+
 def _keeping_every_group(advantage: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> AdvantageRule:
     """The rule of a reward-based ``advantage`` function that keeps every group (all but TraceRL's)."""
 
@@ -175,11 +189,12 @@ def _keeping_every_group(advantage: Callable[[torch.Tensor, torch.Tensor], torch
     return rule
 
 
-ADVANTAGES.register("group_mean", _keeping_every_group(group_mean_advantage))
-ADVANTAGES.register("leave_one_out", _keeping_every_group(leave_one_out_advantage))
+ADVANTAGES.register("group_mean", _compares_within_groups(_keeping_every_group(group_mean_advantage)))
+ADVANTAGES.register("leave_one_out", _compares_within_groups(_keeping_every_group(leave_one_out_advantage)))
 
 
 @ADVANTAGES.register("reward_zscore")
+@_compares_within_groups
 def reward_zscore(
     rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None, *, epsilon: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,6 +204,7 @@ def reward_zscore(
 
 
 @ADVANTAGES.register("group_zscore")
+@_compares_within_groups
 def group_zscore(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,

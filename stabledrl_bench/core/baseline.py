@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from stabledrl_bench.core.advantages import ADVANTAGES
+from stabledrl_bench.core.advantages import ADVANTAGES, min_group_size
 from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.losses import need, per_row
 from stabledrl_bench.core.registry import Registry, subclass_check
@@ -106,6 +106,22 @@ class Baseline:
         counts answers that nearly fill the canvas as wrong)."""
         del response_lengths, canvas
         return correct
+
+    def advantage_record(self) -> dict[str, Any]:
+        """The advantage rule and its options, as run folders and result records store them: two methods that differ
+        only in their rule (a plugin's, say) must not look the same on disk."""
+        return {"rule": self.advantage, "options": self.advantage_options()}
+
+    def require_groups(self, num_generations: int) -> None:
+        """Refuse a group size under which this method cannot learn: its advantage rule then gives 0 to every
+        completion (e.g. ``group_mean`` with one completion per prompt), so training would change nothing."""
+        least = min_group_size(ADVANTAGES.get(self.advantage))
+        if num_generations < least:
+            raise UserError(
+                f"budget.num_generations={num_generations}: {self.name} compares the completions of a prompt with each "
+                f"other (advantage rule {self.advantage!r}), which needs at least {least} per prompt; with fewer every "
+                "advantage is 0 and nothing is learned"
+            )
 
     def advantages(
         self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None

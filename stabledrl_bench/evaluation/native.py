@@ -225,12 +225,16 @@ def evaluate_and_record(
     key: dict[str, Any],
     max_completion_length: int,
     budget: dict[str, Any] | None,
+    advantage: dict[str, Any] | None = None,
     limit: int | None = None,
     batch_size: int = 16,
     skip_existing: bool = True,
     progress: bool = True,
 ) -> Recorded:
     """Evaluate and write one result, or reuse the stored one when it measured the same weights (resumable).
+
+    ``budget`` and ``advantage`` (:meth:`~stabledrl_bench.core.baseline.Baseline.advantage_record`) describe how an RL
+    checkpoint was trained; None for the base and SFT rows.
 
     Reuse needs the same weights hash, decode settings, generated length and number of samples; anything else
     is measured again and replaces the stored result. Under a launch every process decodes its share and the
@@ -256,6 +260,7 @@ def evaluate_and_record(
         **key,
         "max_completion_length": max_completion_length,
         "budget": budget,
+        **({"advantage": advantage} if advantage is not None else {}),
         "settings": {**outcome.settings, "model": dlm.config_summary()},
         "metrics": outcome.metrics,
     }

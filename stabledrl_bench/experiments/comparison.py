@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stabledrl_bench.core.baseline import BASELINES
+from stabledrl_bench.core.baseline import BASELINES, build_baseline
 from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol, sampled_protocol
 from stabledrl_bench.experiments.presets import Preset, choose_preset
@@ -116,8 +116,8 @@ def comparison(
     tasks: str | None = None,
     seeds: str | None = None,
     runs: str = "runs",
-    results: str = "results",
-    leaderboard: str = "leaderboard.md",
+    results: str | None = None,
+    leaderboard: str | None = None,
     limit: int | None = None,
     force: bool = False,
     check_model: bool = True,
@@ -126,7 +126,11 @@ def comparison(
     pass_k_lengths: str | None = None,
 ) -> Comparison:
     """The :class:`Comparison` the ``reproduce`` options ask for (the command line's text, checked here): every
-    bad option is one line before anything runs, not after the first warm start."""
+    bad option is one line before anything runs, not after the first warm start.
+
+    Results and the leaderboard go under ``runs`` unless named: the repository's committed ``results/`` and
+    ``leaderboard.md`` are what this very command wrote for the maintainers, and a user's run (whose weights may
+    differ in the last bit) must not rewrite them unasked."""
     chosen = choose_preset(table, preset, model)
     sampled = None
     if pass_k:
@@ -149,14 +153,16 @@ def comparison(
         ),
         seeds=_seeds(seeds, chosen.seeds),
         runs_root=Path(runs),
-        results=Path(results),
-        leaderboard=Path(leaderboard),
+        results=Path(results) if results else Path(runs) / "results",
+        leaderboard=Path(leaderboard) if leaderboard else Path(runs) / "leaderboard.md",
         limit=limit,
         force=force,
         check_model=check_model,
         sampled=sampled,
     )
     built.evaluations()  # a sampled protocol that cannot be built (e.g. --pass-k 1) fails now
+    for baseline in built.baselines:  # a method that cannot learn under the budget fails before any warm start
+        build_baseline(baseline).require_groups(chosen.budget.num_generations)
     return built
 
 

@@ -1,4 +1,5 @@
-"""What a preset would cost on a cluster, by arithmetic: memory per GPU, disk per checkpoint, hours (``check-model``).
+"""What a preset would cost on a cluster, by arithmetic: memory per GPU, disk, hours (``check-model``); and the
+relative cost of each stage of ``reproduce`` (its progress estimate). The one cost model of the package.
 
 Estimates, not measurements: parameter, gradient and optimizer bytes follow from the parameter count and each
 launch config's sharding; activations use the standard per-layer count for transformer training with fused
@@ -7,20 +8,88 @@ attention (about 34 bytes x tokens x hidden size per layer in 16-bit, Korthikant
 per token forward, twice that backward, once more when recomputing) divided by an assumed sustained throughput
 per GPU (``--tflops``, default 400 TFLOP/s, about 40% of an H100's dense bf16 peak). What each number assumes is
 printed beside it.
+
+Work is counted in *token-forwards* (one token through one forward pass; a backward pass counts two): sampling,
+likelihood estimates, optimizer steps and evaluation decoding are all multiples of it, so the same counts give
+a cluster's hours (x 2 x parameters FLOPs each) and ``reproduce``'s estimate of the stages it has not run yet
+(x the seconds per token-forward it measured on the stages it has run).
+
+A model's shape comes from loaded weights (:meth:`Shape.of`), from a ``config.json`` of a family implemented here
+(:meth:`Shape.from_config`), or from a published model's name (:data:`SHAPES`), so a cluster can be planned before
+the weights are downloaded.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
-from stabledrl_bench.core.baseline import build_baseline, training_estimator
+from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.estimators import Estimator, TraceReplay
 from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
+from stabledrl_bench.experiments.comparison import TABLE_BASELINES
+from stabledrl_bench.tasks import get_task
+from stabledrl_bench.training.budget import Budget
+from stabledrl_bench.training.trainer import TrainConfig
 
 GiB = 2**30
 CONFIGS = ("ddp", "fsdp", "deepspeed_zero2")
 ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = 34  # 16-bit activations of one transformer layer, fused attention
+CONTROL = "frozen control"  # the table's extra run per task: GRPO at learning rate 0 (experiments/runner.py)
+
+# Published models planned by name (``check-model --shape NAME``, no weights needed): the structural fields of their
+# config.json files, built on the meta device, so the parameter count is exact (tests/test_native_models.py checks
+# the same shapes against the published parameter names and totals).
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llada-8b": (  # GSAI-ML/LLaDA-8B-Instruct (and -Base, LLaDA-1.5): Table 1's model
+        "llada",
+        {
+            "d_model": 4096,
+            "n_heads": 32,
+            "n_kv_heads": 32,
+            "n_layers": 32,
+            "mlp_hidden_size": 12288,
+            "vocab_size": 126464,
+            "embedding_size": 126464,
+            "rope_theta": 500000.0,
+            "block_type": "llama",
+            "layer_norm_type": "rms",
+            "activation_type": "silu",
+        },
+    ),
+    "dream-7b": (  # Dream-org/Dream-v0-Instruct-7B (Qwen2.5-7B's shape)
+        "dream",
+        {
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "vocab_size": 152064,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "sdar-8b": (  # JetAstra/SDAR-8B-Chat (Qwen3-8B's shape, block 4): Table 2's model
+        "sdar",
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+            "block_size": 4,
+        },
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +100,7 @@ class Shape:
     layers: int
     hidden: int
     vocab: int
+    attention: str = "full"  # "full" (LLaDA, Dream) or "block" (SDAR): which estimators and protocols apply
 
     @classmethod
     def of(cls, dlm: DiffusionLM) -> Shape:
@@ -40,9 +110,58 @@ class Shape:
             layers=len(dlm.decoder_blocks()),
             hidden=int(embedding.shape[1]),
             vocab=dlm.vocab_size,
+            attention=dlm.attention,
         )
 
+    @classmethod
+    def from_config(cls, path: str | Path) -> Shape:
+        """The shape a ``config.json`` of a family implemented here describes (LLaDA, Dream, SDAR), built on the
+        meta device: no weights are read or allocated."""
+        where = f"--config {path}"
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise UserError(f"{where}: not a readable config.json ({type(exc).__name__}: {exc})") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{where}: expected a JSON object")
+        settings = {key: value for key, value in data.items() if key not in ("auto_map", "architectures")}
+        return _built(str(settings.pop("model_type", "")).lower(), settings, where)
 
+    @classmethod
+    def named(cls, name: str) -> Shape:
+        if name not in SHAPES:
+            raise UserError(f"--shape {name}: unknown; known: {', '.join(SHAPES)}")
+        family, settings = SHAPES[name]
+        return _built(family, settings, f"--shape {name}")
+
+
+def _built(family: str, settings: Mapping[str, Any], where: str) -> Shape:
+    """The shape of a native ``family`` network with these config fields, counted on the meta device."""
+    import torch
+
+    from stabledrl_bench.core.models.backends import MODEL_FAMILIES, NATIVE
+
+    native = NATIVE.get(family)
+    if native is None:
+        raise UserError(f"{where}: model_type {family or 'missing'!r}; the plan knows {', '.join(NATIVE)}")
+    try:
+        config = native.config(**settings)
+        with torch.device("meta"):
+            model = native.model(config)
+    except (UserError, TypeError, ValueError) as exc:
+        raise UserError(f"{where}: not a config this package builds ({exc})") from None
+    backend = MODEL_FAMILIES.get(native.backend)
+    wanted = set(backend.block_classes)
+    return Shape(
+        parameters=sum(p.numel() for p in model.parameters()),
+        layers=sum(1 for m in model.modules() if type(m).__name__ in wanted),
+        hidden=int(model.get_input_embeddings().weight.shape[1]),
+        vocab=int(config.vocab_size),
+        attention=backend.default_attention,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ work counts
 def rows_per_sequence(estimator: Estimator, diffusion_steps: int) -> int:
     """Forward rows a likelihood estimate makes per completion (Monte-Carlo samples, replayed steps)."""
     if isinstance(estimator, TraceReplay):
@@ -50,18 +169,73 @@ def rows_per_sequence(estimator: Estimator, diffusion_steps: int) -> int:
     return int(getattr(estimator, "num_mc", 1)) * (2 if getattr(estimator, "reduce_var", False) else 1)
 
 
-def plan(dlm: DiffusionLM, preset, *, processes: int, baseline: str, tflops: float) -> dict:
+@dataclass(frozen=True)
+class Method:
+    """What one baseline's run costs beyond the budget: its likelihood rows per completion and reference model."""
+
+    name: str
+    estimator: str
+    rows: int
+    needs_ref: bool
+
+    @classmethod
+    def of(cls, baseline: str, budget: Budget, attention: str) -> Method:
+        method = build_baseline(baseline)
+        estimator = method.estimator().for_attention(attention)
+        return cls(baseline, estimator.name, rows_per_sequence(estimator, budget.diffusion_steps), method.needs_ref)
+
+
+def phase_forwards(budget: Budget, method: Method, *, recompute: bool) -> float:
+    """Forward passes per completion in one rollout phase (a backward pass counts two, recomputation one more):
+    sampling, the rollout policy's likelihood estimate, then ``num_iterations`` optimizer steps, each a forward and a
+    backward over the estimator's rows (plus the reference model's forward when the method has one)."""
+    likelihood = method.rows
+    per_step = likelihood + (2 + int(recompute)) * likelihood + (likelihood if method.needs_ref else 0)
+    return budget.diffusion_steps + likelihood + budget.num_iterations * per_step
+
+
+def train_work(budget: Budget, method: Method, *, recompute: bool) -> float:
+    """Token-forwards of one RL run (every row at the budget's longest: prompt + canvas)."""
+    tokens = budget.max_prompt_length + budget.max_completion_length
+    per_phase = budget.completions_per_step * tokens * phase_forwards(budget, method, recompute=recompute)
+    return budget.rollout_phases * per_phase
+
+
+def sft_work(steps: int, batch_size: int, tokens: int) -> float:
+    """Token-forwards of an SFT warm start: one forward and one backward of every row."""
+    return 3.0 * steps * batch_size * tokens
+
+
+def decode_forwards(protocol: EvalProtocol, length: int) -> int:
+    """Forward passes that decode one problem on a ``length``-token canvas (its denoising steps; a block model's
+    count when its block is a multiple of the protocol's tokens per step), times the protocol's repeats. An upper
+    bound for confidence-threshold decoding, which may unmask several tokens in one step."""
+    return max(1, length // protocol.tokens_per_step) * protocol.repeats
+
+
+def eval_work(
+    evaluations: Iterable[tuple[EvalProtocol, Mapping[int, int]]], problems: int, prompt_tokens: int
+) -> float:
+    """Token-forwards of evaluating one checkpoint on ``problems`` test problems under each (protocol, nominal ->
+    decoded length) pair; every forward is over the prompt and the whole canvas."""
+    return float(
+        sum(
+            problems * decode_forwards(protocol, decoded) * (prompt_tokens + decoded)
+            for protocol, lengths in evaluations
+            for decoded in lengths.values()
+        )
+    )
+
+
+# ------------------------------------------------------------------------------------------------- the plans
+def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) -> dict:
     """Memory per GPU under each shipped config, disk, and time of one ``baseline`` run of ``preset`` on
     ``processes`` GPUs (the baselines differ in their likelihood passes and reference model)."""
-    shape, budget = Shape.of(dlm), preset.budget
-    p = shape.parameters
-    completions = budget.prompts_per_step * budget.num_generations
+    p, budget = shape.parameters, preset.budget
     tokens = budget.max_prompt_length + budget.max_completion_length  # a row's length at most
     micro_rows = preset.per_device_prompts * budget.num_generations
-    method = build_baseline(baseline)
-    estimator = training_estimator(method, dlm, block_length=budget.block_length)
-    rows = rows_per_sequence(estimator, budget.diffusion_steps)
-    needs_ref = method.needs_ref
+    method = Method.of(baseline, budget, shape.attention)
+    rows = method.rows
     compute_bytes = 2 if preset.bf16 else 4
 
     def activations(checkpointing: bool) -> float:
@@ -80,7 +254,9 @@ def plan(dlm: DiffusionLM, preset, *, processes: int, baseline: str, tflops: flo
         }[config]
         extra = {
             "rollout replica (unsharded)": compute_bytes * p if config == "fsdp" else 0,
-            "reference model": 0 if not needs_ref else (4 * p / processes if config == "fsdp" else compute_bytes * p),
+            "reference model": 0
+            if not method.needs_ref
+            else (4 * p / processes if config == "fsdp" else compute_bytes * p),
         }
         rows_of_config = {"weights, gradients, AdamW": state, **extra}
         rows_of_config["activations, checkpointing on"] = activations(True)
@@ -90,19 +266,13 @@ def plan(dlm: DiffusionLM, preset, *, processes: int, baseline: str, tflops: flo
         rows_of_config["total with the preset's checkpointing"] = total
         configs[config] = {name: value / GiB for name, value in rows_of_config.items()}
 
-    forward = 2 * p * tokens * completions  # FLOPs of one forward row per completion
-    rollout = forward * budget.diffusion_steps
-    likelihood = forward * rows
-    backward = (2 + (1 if preset.gradient_checkpointing else 0)) * likelihood  # backward (+ recomputation)
-    per_phase = rollout + likelihood + budget.num_iterations * (likelihood + backward)
-    if needs_ref:
-        per_phase += budget.num_iterations * likelihood  # the reference policy's estimates
-    seconds_per_phase = per_phase / (processes * tflops * 1e12)
-    phases = budget.max_steps // budget.num_iterations
+    recompute = preset.gradient_checkpointing
+    seconds_per_phase = _seconds(train_work(budget, method, recompute=recompute), p, processes, tflops)
+    seconds_per_phase /= budget.rollout_phases
     return {
-        "shape": shape.__dict__,
+        "shape": asdict(shape),
         "assumptions": {
-            "baseline": f"{baseline} ({estimator.name} estimator)",
+            "baseline": f"{baseline} ({method.estimator} estimator)",
             "processes": processes,
             "rows per micro-batch": micro_rows,
             "forward rows per completion (estimator)": rows,
@@ -117,15 +287,86 @@ def plan(dlm: DiffusionLM, preset, *, processes: int, baseline: str, tflops: flo
         },
         "time (estimate)": {
             "seconds per rollout phase": seconds_per_phase,
-            "sampling share": rollout / per_phase,
-            "hours per run": seconds_per_phase * phases / 3600,
-            "tasks": len(preset.tasks),
+            "sampling share": budget.diffusion_steps / phase_forwards(budget, method, recompute=recompute),
+            "hours per run": seconds_per_phase * budget.rollout_phases / 3600,
         },
     }
 
 
+def _seconds(work: float, parameters: int, processes: int, tflops: float) -> float:
+    """Seconds ``work`` token-forwards take at 2 x ``parameters`` FLOPs each on ``processes`` GPUs."""
+    return work * 2 * parameters / (processes * tflops * 1e12)
+
+
+def table_plan(
+    shape: Shape,
+    preset,
+    *,
+    processes: int,
+    tflops: float,
+    gpu_memory: float | None = None,
+    baselines: Sequence[str] = TABLE_BASELINES,
+) -> dict:
+    """The whole table ``reproduce`` runs with ``preset`` on ``processes`` GPUs: every baseline's run and the frozen
+    control on each of the preset's tasks and seeds, each checkpoint evaluated under the preset's protocols and
+    lengths, the disk all runs hold at the end (``keep_checkpoints`` each, as TrainConfig keeps them, plus the final
+    model), and, given ``gpu_memory`` (GiB), which launch config fits which run."""
+    evaluations = [(get_protocol(name), preset.lengths) for name in preset.protocols]
+    problems = {task: len(get_task(task).eval_docs(limit=preset.eval_limit)) for task in preset.default_tasks()}
+    seeds, keep_checkpoints = len(preset.seeds), TrainConfig.keep_checkpoints
+    runs = {name: plan(shape, preset, processes=processes, baseline=name, tflops=tflops) for name in baselines}
+    runs[CONTROL] = plan(shape, preset, processes=processes, baseline="grpo", tflops=tflops)  # GRPO at lr 0
+    methods = {
+        name: {
+            "hours per run": report["time (estimate)"]["hours per run"],
+            "memory per GPU (GiB)": {
+                config: rows["total with the preset's checkpointing"]
+                for config, rows in report["memory per GPU (GiB)"].items()
+            },
+        }
+        for name, report in runs.items()
+    }
+    prompt = preset.budget.max_prompt_length
+    evaluation = {
+        task: _seconds(eval_work(evaluations, n, prompt), shape.parameters, processes, tflops) / 3600
+        for task, n in problems.items()
+    }
+    disk = runs[CONTROL]["disk (GiB)"]
+    checkpoint, final = disk["checkpoint (fp32 weights + AdamW, all shards)"], disk["final export (compute dtype)"]
+    count = len(runs) * len(problems) * seeds
+    checkpoints_evaluated = (len(baselines) + 1) * seeds  # every baseline and the start, per task
+    hours = sum(m["hours per run"] for m in methods.values()) * len(problems) * seeds
+    hours += sum(evaluation.values()) * checkpoints_evaluated
+    report: dict[str, Any] = {
+        "methods": methods,
+        "evaluation hours per checkpoint": evaluation,
+        "evaluation": {
+            "protocols": [protocol.name for protocol, _ in evaluations],
+            "lengths": sorted({n for _, lengths in evaluations for n in lengths}),
+            "test problems": dict(problems),
+            "checkpoints per task": checkpoints_evaluated,
+        },
+        "disk at the peak (GiB)": {
+            "runs": count,
+            "keep_checkpoints": keep_checkpoints,
+            "total": count * (keep_checkpoints * checkpoint + final),
+            "total with keep_checkpoints 1": count * (checkpoint + final),
+        },
+        "hours (all runs and evaluations, one after another)": hours,
+    }
+    if gpu_memory is not None:
+        report["fits (GiB per GPU)"] = {
+            "gpu memory": gpu_memory,
+            **{
+                config: {name: m["memory per GPU (GiB)"][config] <= gpu_memory for name, m in methods.items()}
+                for config in CONFIGS
+            },
+        }
+    return report
+
+
 def format_plan(report: dict) -> list[str]:
-    """The plan as printable lines (numbers rounded; every one is an estimate)."""
+    """One method's plan as printable lines (numbers rounded; every one is an estimate)."""
     lines = ["plan (estimates by arithmetic, see stabledrl_bench/experiments/plan.py):"]
     lines.append("  " + ", ".join(f"{k}: {v}" for k, v in report["assumptions"].items()))
     for config, rows in report["memory per GPU (GiB)"].items():
@@ -136,7 +377,45 @@ def format_plan(report: dict) -> list[str]:
     time = report["time (estimate)"]
     lines.append(
         f"  time: {time['seconds per rollout phase']:.0f} s per rollout phase ({100 * time['sampling share']:.0f}% "
-        f"sampling), {time['hours per run']:.1f} h per run of this baseline; the table trains every baseline and a "
-        f"frozen control on each of {time['tasks']} tasks (check the others with --baseline)"
+        f"sampling), {time['hours per run']:.1f} h per run of this baseline"
     )
     return lines
+
+
+def format_table_plan(report: dict) -> list[str]:
+    """The whole table's plan as printable lines: per method, evaluation, disk at the peak, the fit verdicts."""
+    fits = report.get("fits (GiB per GPU)")
+    head = f"  {'':22s} {'hours/run':>9s}   GiB per GPU: " + " / ".join(CONFIGS)
+    lines = ["the whole table (every baseline, the frozen control, evaluation; estimates):", head]
+    for name, method in report["methods"].items():
+        memory = method["memory per GPU (GiB)"]
+        cells = " / ".join(f"{memory[config]:.0f}" + _fit_mark(fits, config, name) for config in CONFIGS)
+        lines.append(f"  {name:22s} {method['hours per run']:9.1f}   {cells}")
+    if fits is not None:
+        lines.append(f"  (* does not fit {fits['gpu memory']:g} GiB per GPU)")
+        for config in CONFIGS:
+            failing = [name for name, ok in fits[config].items() if not ok]
+            verdict = "every run fits" if not failing else f"does not fit: {', '.join(failing)}"
+            lines.append(f"  {config}.yaml on {fits['gpu memory']:g} GiB GPUs: {verdict}")
+    evaluation = report["evaluation"]
+    lines.append(
+        f"  evaluation at {'/'.join(map(str, evaluation['lengths']))} ({', '.join(evaluation['protocols'])}) of "
+        f"{evaluation['checkpoints per task']} checkpoints per task (every baseline and the start), each:"
+    )
+    lines.extend(
+        f"    {task:20s} {evaluation['test problems'][task]:>6,} problems {hours:6.1f} h"
+        for task, hours in report["evaluation hours per checkpoint"].items()
+    )
+    disk = report["disk at the peak (GiB)"]
+    lines.append(
+        f"  disk at the peak: {disk['runs']} runs keeping {disk['keep_checkpoints']} checkpoints and a final model "
+        f"each need {disk['total'] / 1024:.1f} TiB, or {disk['total with keep_checkpoints 1'] / 1024:.1f} TiB with "
+        "keep_checkpoints: 1"
+    )
+    hours = report["hours (all runs and evaluations, one after another)"]
+    lines.append(f"  time: {hours:,.0f} h for the whole table, one run after another ({hours / 24:,.0f} days)")
+    return lines
+
+
+def _fit_mark(fits: dict | None, config: str, name: str) -> str:
+    return "" if fits is None or fits[config][name] else "*"

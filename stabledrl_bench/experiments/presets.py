@@ -21,6 +21,7 @@ from stabledrl_bench.experiments.runner import WarmStart
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.sft import SFTConfig
+from stabledrl_bench.training.trainer import TrainConfig
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Preset:
     gradient_checkpointing: bool = False
     eval_limit: int | None = None
     eval_batch_size: int = 64
-    save_every: int = 0
+    save_every: int | None = None  # TrainConfig.save_every (None: every tenth of a run)
     seeds: tuple[int, ...] = (0,)
 
     def task_sft(self, task: str) -> SFTConfig | None:
@@ -69,6 +70,26 @@ class Preset:
 
     def default_tasks(self) -> list[str]:
         return [task for task, recipe in self.tasks.items() if recipe.default]
+
+    def train_config(self, task: str, **run: Any) -> TrainConfig:
+        """An RL run of ``task`` under this preset (``run``: the run's own fields, e.g. baseline, model, seed,
+        output_dir). A task the preset does not list trains on its ``train`` split at the preset's learning rate."""
+        recipe = self.tasks.get(task) or TaskRecipe(learning_rate=self.optim.learning_rate)
+        return TrainConfig(
+            task=task,
+            protocol=self.prompt_protocol,
+            reward_profile=self.reward_profile,
+            train_split=recipe.train_split,
+            generator_options=recipe.generator_options,
+            budget=self.budget,
+            optim=dataclasses.replace(self.optim, learning_rate=recipe.learning_rate),
+            per_device_prompts=self.per_device_prompts,
+            dtype=self.dtype,
+            bf16=self.bf16,
+            gradient_checkpointing=self.gradient_checkpointing,
+            save_every=self.save_every,
+            **run,
+        )
 
 
 # What a preset takes from a GPU recipe (recipe key -> preset key). The rest of a recipe (its baseline, seed,
@@ -156,6 +177,17 @@ def choose_preset(table: str, requested: str, model: str | None) -> Preset:
     if preset.model is None and not model:
         raise UserError(f"--preset paper needs --model /path/to/weights ({preset.description})")
     return preset
+
+
+# The preset `train` takes its settings from when it is given no config and a built-in tiny model: the StableDRL
+# recipe's budget (TrainConfig's default) would take hours per step on a CPU.
+TINY_MODEL_PRESETS = {"tiny": "table1", "tiny-block": "table2"}
+
+
+def tiny_model_settings(model: Any, task: Any) -> TrainConfig | None:
+    """The tiny preset's run of ``task`` for a built-in tiny ``model`` (None for any other model)."""
+    table = TINY_MODEL_PRESETS.get(model) if isinstance(model, str) else None
+    return None if table is None else presets(table)["tiny"].train_config(str(task), model=model)
 
 
 def warm_start_spec(preset: Preset, task: str, model: str, seed: int) -> WarmStart:

@@ -24,19 +24,20 @@ resumable: finished trainings and evaluations are skipped, interrupted trainings
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.models.probes import require_conventions
-from stabledrl_bench.errors import UserError
+from stabledrl_bench.errors import UserError, on_interrupt
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
+from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.experiments.comparison import Comparison, Replicate
+from stabledrl_bench.experiments.plan import Method, eval_work, sft_work, train_work
 from stabledrl_bench.experiments.presets import warm_start_spec
 from stabledrl_bench.experiments.runner import (
     CONTROL_BASELINE,
@@ -51,6 +52,7 @@ from stabledrl_bench.experiments.summary import training_summary
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
 from stabledrl_bench.reporting.training import CONTROL_RUN
+from stabledrl_bench.tasks import get_task
 from stabledrl_bench.training.trainer import TrainConfig
 
 
@@ -63,6 +65,10 @@ def _banner(run: Comparison) -> None:
             f"  (the paper preset needs {needs} weights (--model PATH), GPUs, and `accelerate launch`; see docs/gpu.md)"
         )
     print(f"  model: {run.model}; tasks: {', '.join(run.tasks)}; budget {preset.budget.hash()}")
+    print(
+        f"  results: {run.results}, leaderboard: {run.leaderboard} (the repository's committed ones are rewritten "
+        "only when named: --results results --leaderboard leaderboard.md)"
+    )
     extra = [task for task in preset.tasks if task not in run.tasks]
     if extra:
         print(f"  (also in this preset, not run now: {', '.join(extra)}; name them with --tasks)")
@@ -71,11 +77,13 @@ def _banner(run: Comparison) -> None:
 def reproduce(run: Comparison) -> None:
     """Entry point of ``python -m stabledrl_bench reproduce`` (see the module docstring)."""
     _banner(run)
-    stages = Stages(_plan(run))
-    for task in run.tasks:
-        for seed in run.seeds:
-            _replicate(Replicate(run, task, seed), stages)
-        training_summary(run, task)
+    kinds, work = _plan(run)
+    stages = Stages(kinds, work=work)
+    with on_interrupt(lambda: RERUN):
+        for task in run.tasks:
+            for seed in run.seeds:
+                _replicate(Replicate(run, task, seed), stages)
+            training_summary(run, task)
 
     if is_main_process():
         path = write_leaderboard(
@@ -85,10 +93,33 @@ def reproduce(run: Comparison) -> None:
     barrier()
 
 
-def _plan(run: Comparison) -> list[str]:
-    """The stage kinds :func:`_replicate` runs, in order (for the overall progress line)."""
-    one = [*(["sft"] if run.preset.sft is not None else []), "eval", *(["train", "eval"] * len(run.baselines)), "train"]
-    return [f"{task}:{kind}" for task in run.tasks for _ in run.seeds for kind in one]
+# What re-running an interrupted `reproduce` does (every stage is cached; the trainer adds where its run resumes).
+RERUN = "re-run the same command to go on: finished warm starts, trainings and evaluations are reused"
+
+
+def _plan(run: Comparison) -> tuple[list[str], list[float]]:
+    """The stages :func:`_replicate` runs, in order: their kinds and their work in token-forwards, from the budget
+    (:mod:`.plan`; the overall progress line estimates from it after the first stage)."""
+    preset, budget = run.preset, run.preset.budget
+    attention = get_protocol(preset.protocols[0]).attention
+    prompt = budget.max_prompt_length
+
+    def train(baseline: str) -> float:
+        return train_work(budget, Method.of(baseline, budget, attention), recompute=preset.gradient_checkpointing)
+
+    kinds, work = [], []
+    for task in run.tasks:
+        evaluation = eval_work(run.evaluations(), len(get_task(task).eval_docs(limit=run.eval_limit)), prompt)
+        sft = preset.task_sft(task)
+        one = [("sft", sft_work(sft.max_steps, sft.batch_size, prompt + sft.max_completion_length))] if sft else []
+        one += [("eval", evaluation)]
+        for baseline in run.baselines:
+            one += [("train", train(baseline)), ("eval", evaluation)]
+        one += [("train", train(CONTROL_BASELINE))]
+        for _ in run.seeds:
+            kinds += [f"{task}:{kind}" for kind, _ in one]
+            work += [amount for _, amount in one]
+    return kinds, work
 
 
 def _replicate(replicate: Replicate, stages: Stages) -> None:
@@ -102,14 +133,14 @@ def _replicate(replicate: Replicate, stages: Stages) -> None:
         start = str(path)
     reference = "sft" if run.preset.sft is not None else "base"
     stages.begin(f"{where}: evaluate the start")
-    stages.end(reused=_evaluate_all(replicate, reference, start, None))
+    stages.end(reused=_evaluate_all(replicate, reference, start))
     for baseline in run.baselines:
         config = _train_config(replicate, baseline, start)
         stages.begin(f"{where}: train {baseline}")
         final, cached = _train(config, force=run.force)
         stages.end(reused=cached)
         stages.begin(f"{where}: evaluate {baseline}")
-        stages.end(reused=_evaluate_all(replicate, baseline, str(final), run.preset.budget.to_dict()))
+        stages.end(reused=_evaluate_all(replicate, baseline, str(final), trained=True))
     control = _train_config(replicate, CONTROL_BASELINE, start, folder=CONTROL_RUN)
     stages.begin(f"{where}: frozen control (learning rate 0)")
     stages.end(reused=_train(control_config(control, control.output_dir), force=run.force)[1])
@@ -124,26 +155,13 @@ def _warm_start(replicate: Replicate) -> tuple[Path, bool]:
 
 def _train_config(replicate: Replicate, baseline: str, start: str, folder: str | None = None) -> TrainConfig:
     """The RL run of ``baseline`` from ``start`` in ``replicate`` (its folder: ``folder``, else the baseline's)."""
-    preset, task, seed = replicate.comparison.preset, replicate.task, replicate.seed
-    recipe = preset.tasks[task]
     out = replicate.runs / (folder or baseline)
-    return TrainConfig(
+    return replicate.comparison.preset.train_config(
+        replicate.task,
         baseline=baseline,
-        task=task,
         model=start,
-        protocol=preset.prompt_protocol,
-        reward_profile=preset.reward_profile,
-        train_split=recipe.train_split,
-        generator_options=recipe.generator_options,
-        budget=preset.budget,
-        optim=dataclasses.replace(preset.optim, learning_rate=recipe.learning_rate),
-        per_device_prompts=preset.per_device_prompts,
-        seed=seed,
-        dtype=preset.dtype,
-        bf16=preset.bf16,
-        gradient_checkpointing=preset.gradient_checkpointing,
+        seed=replicate.seed,
         output_dir=str(out),
-        save_every=preset.save_every,
         check_model=replicate.comparison.check_model,
     )
 
@@ -168,9 +186,12 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
-def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: dict[str, Any] | None) -> bool:
-    """Evaluate one checkpoint under every protocol and length; True when every result was reused."""
+def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, *, trained: bool = False) -> bool:
+    """Evaluate one checkpoint (``trained``: an RL run of ``baseline`` under the preset's budget, else the start)
+    under every protocol and length; True when every result was reused."""
     run = replicate.comparison
+    budget = run.preset.budget.to_dict() if trained else None
+    advantage = build_baseline(baseline).advantage_record() if trained else None
     reused = True
     device, dtype = _eval_device() if run.preset.bf16 else (None, None)
     dlm = load_model_spec(checkpoint, seed=replicate.seed, device=device, dtype=dtype)
@@ -185,6 +206,7 @@ def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: 
                 key=replicate.result_key(baseline, protocol, length, model).to_dict(),
                 max_completion_length=max_completion_length,
                 budget=budget,
+                advantage=advantage,
                 limit=run.eval_limit,
                 batch_size=run.preset.eval_batch_size,
                 skip_existing=not run.force,

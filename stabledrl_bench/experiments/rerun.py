@@ -74,6 +74,7 @@ def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, r
         key=replicate.result_key(baseline, protocol, int(record["length"]), model_record(dlm, checkpoint)).to_dict(),
         max_completion_length=int(record["max_completion_length"]),
         budget=record.get("budget"),
+        advantage=record.get("advantage"),
         limit=len(samples) // repeats,
         batch_size=run.preset.eval_batch_size,
         skip_existing=False,

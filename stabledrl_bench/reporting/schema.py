@@ -16,7 +16,8 @@ Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, se
 * ``model`` (``family, name, checkpoint, parameters``, and in newer records ``weights_sha256`` -- a hash of the
   evaluated weights, :func:`stabledrl_bench.evaluation.native.weights_sha256` -- and ``dtype``), ``budget`` (a
   complete :class:`~stabledrl_bench.training.budget.Budget` as a dict, required for RL rows) and ``budget_hash``
-  (:func:`budget_hash` of it), ``settings`` (decode settings);
+  (:func:`budget_hash` of it), ``settings`` (decode settings), ``advantage`` (RL rows written since it was added: the
+  method's advantage rule and its options, ``{"rule": ..., "options": {...}}``; null for base/sft rows);
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
   samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy``, ``pass@k`` and
   ``maj@k`` (k >= 1; protocols that decode each problem several times) and no other name (:data:`METRIC_NAMES`);
@@ -145,6 +146,7 @@ class ResultRecord:
     created: str
     samples_file: str
     samples_sha256: str
+    advantage: dict[str, Any] | None = None  # absent from records written before it was recorded
 
     def __post_init__(self) -> None:
         _require(self.schema == SCHEMA, f"schema is {self.schema!r}, expected {SCHEMA!r}")
@@ -180,6 +182,14 @@ class ResultRecord:
             f"'samples_file' must be a plain file name ending in {SAMPLES_SUFFIX}",
         )
         _require(_sha256_hex(self.samples_sha256), "'samples_sha256' must be 64 hex digits")
+        if self.advantage is not None:
+            _require(
+                sorted(self.advantage) == ["options", "rule"]
+                and _nonempty_str(self.advantage["rule"])
+                and isinstance(self.advantage["options"], dict),
+                '\'advantage\' must be {"rule": name, "options": {...}}',
+            )
+            _require(self.baseline not in REFERENCE_BASELINES, f"a {self.baseline} row has no 'advantage'")
 
     def _check_metrics(self) -> None:
         unknown = sorted(m for m in self.metrics if m not in METRIC_NAMES and not METRIC_PATTERN.fullmatch(m))

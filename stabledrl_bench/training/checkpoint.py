@@ -69,6 +69,17 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return max(complete)[1] if complete else None
 
 
+def rerun_note(output_dir: str | Path, what: str, total: int, every: int) -> str:
+    """What running the same command again does for a run interrupted now (said on Ctrl-C): resume from its last
+    checkpoint, or start again when it has saved none (``every``: its steps between checkpoints, 0 = at the end)."""
+    path = latest_checkpoint(output_dir)
+    if path is not None:
+        step = int(_STEP_DIR.match(path.name).group(1))  # type: ignore[union-attr]
+        return f"re-running the same command resumes {what} from step {step} of {total} (its last checkpoint, {path})"
+    interval = f"one every {every} steps" if every else "save_every: 0, a checkpoint at the end only"
+    return f"{what} saved no checkpoint yet ({interval}), so re-running the same command starts it again from step 0"
+
+
 def export_model(
     accelerator, model: torch.nn.Module, dlm: DiffusionLM, path: str | Path, dtype: torch.dtype | None = None
 ) -> None:

@@ -37,7 +37,7 @@ from stabledrl_bench.config import (
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
-from stabledrl_bench.errors import UserError, require_folder
+from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.training.checkpoint import (
     exclusive,
@@ -45,6 +45,7 @@ from stabledrl_bench.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint_state,
+    rerun_note,
     save_checkpoint,
 )
 from stabledrl_bench.training.data import PromptStream, training_docs
@@ -194,7 +195,14 @@ def run_sft(cfg: SFTConfig) -> Path:
     require_folder(cfg.output_dir, "output_dir")
     task = get_task(cfg.task)
     acc = make_accelerator(bf16=cfg.bf16)
-    with exclusive(cfg.output_dir, "SFT run") if acc.is_main_process else contextlib.nullcontext():
+
+    def rerun() -> str:
+        return rerun_note(cfg.output_dir, f"SFT on {cfg.task} ({cfg.output_dir})", cfg.max_steps, cfg.save_every)
+
+    with (
+        on_interrupt(rerun),
+        exclusive(cfg.output_dir, "SFT run") if acc.is_main_process else contextlib.nullcontext(),
+    ):
         return _run_sft(cfg, task, acc)
 
 

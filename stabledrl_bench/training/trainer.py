@@ -45,7 +45,7 @@ from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, lo
 from stabledrl_bench.core.models.checkpointing import enable_activation_checkpointing
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.core.sampling import generate
-from stabledrl_bench.errors import UserError, require_folder
+from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.processes import gather_lists, keyed_generator, process_state
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import Budget, paper_budget
@@ -55,6 +55,7 @@ from stabledrl_bench.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     read_checkpoint_state,
+    rerun_note,
     save_checkpoint,
 )
 from stabledrl_bench.training.data import PromptStream, training_docs
@@ -113,7 +114,9 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute each decoder block in backward (any model file)
     lora: LoraSettings | None = None
     output_dir: str = "runs/train"
-    save_every: int = 0  # optimizer steps between checkpoints (rounded to rollout boundaries); 0 = end only
+    # Optimizer steps between checkpoints (rounded to rollout boundaries), so that an interrupted run resumes.
+    # None: every tenth of the run (:meth:`checkpoint_every`); 0: at the end only.
+    save_every: int | None = None
     keep_checkpoints: int = 2  # the newest checkpoints kept on disk (0 = all)
     log_with: list[str] = field(default_factory=list)  # accelerate trackers: "tensorboard", "wandb" (off: [])
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
@@ -128,7 +131,7 @@ class TrainConfig:
         )
         if not (math.isfinite(self.anchor_beta) and self.anchor_beta >= 0):
             raise UserError(f"anchor_beta must be a finite number >= 0 (0 = no anchor), got {self.anchor_beta}")
-        if self.save_every < 0:
+        if self.save_every is not None and self.save_every < 0:
             raise UserError(f"save_every must be >= 0 (0 = a checkpoint at the end only), got {self.save_every}")
         if self.keep_checkpoints < 0:
             raise UserError(f"keep_checkpoints must be >= 0 (0 = keep all), got {self.keep_checkpoints}")
@@ -137,6 +140,15 @@ class TrainConfig:
         unknown = sorted(set(self.log_with) - set(TRACKERS))
         if unknown:
             raise UserError(f"log_with: unknown tracker(s) {unknown}; use any of {', '.join(TRACKERS)}")
+
+    def checkpoint_every(self) -> int:
+        """Optimizer steps between checkpoints: ``save_every``, or by default a tenth of the run rounded up to whole
+        rollout phases (a 10-step run saves every phase, the paper's 2000 steps every 200): a Ctrl-C or a pre-emption
+        then loses at most a tenth of the work, at ten checkpoint writes per run."""
+        if self.save_every is not None:
+            return self.save_every
+        mu = self.budget.num_iterations
+        return math.ceil(self.budget.max_steps / 10 / mu) * mu
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
@@ -212,6 +224,7 @@ class RLTrainer:
         self.task = get_task(cfg.task)
         REWARD_PROFILES.get(cfg.reward_profile)  # an unknown profile fails here, not at the first reward
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
+        self.baseline.require_groups(cfg.budget.num_generations)
         world = process_state().num_processes
         per_process = cfg.budget.prompts_per_step / world
         if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
@@ -282,6 +295,7 @@ class RLTrainer:
             "budget": self.budget.to_dict(),
             "budget_hash": self.budget.hash(),
             "baseline_config": to_dict(self.baseline.config),
+            "advantage": self.baseline.advantage_record(),
             "estimator": type(self.estimator).name,
             "model": self.dlm.config_summary(),
             "world_size": self.acc.num_processes,
@@ -575,8 +589,15 @@ class RLTrainer:
         second run into it refuses.
         """
         main = self.acc.is_main_process
-        with exclusive(self.output_dir, "training run") if main else contextlib.nullcontext():
+        with (
+            on_interrupt(self._rerun_note),
+            exclusive(self.output_dir, "training run") if main else contextlib.nullcontext(),
+        ):
             return self._train(resume, stop_after)
+
+    def _rerun_note(self) -> str:
+        what = f"{self.cfg.baseline} on {self.cfg.task} ({self.output_dir})"
+        return rerun_note(self.output_dir, what, self.budget.max_steps, self.cfg.checkpoint_every())
 
     def _train(self, resume: bool | None, stop_after: int | None) -> Path:
         cfg, budget = self.cfg, self.budget
@@ -629,8 +650,9 @@ class RLTrainer:
                         f"{self.step}; parameters kept from before them in {path}"
                     )
             at_boundary = self.step % budget.num_iterations == 0
-            if at_boundary and cfg.save_every and self.step % cfg.save_every < budget.num_iterations:
-                self._save()
+            every = cfg.checkpoint_every()
+            if at_boundary and every and self.step % every < budget.num_iterations and self.step < stop:
+                self._save()  # (the last step's checkpoint is the one saved below)
         bar.close()
         self._save()
         final = self.output_dir / "final"
@@ -702,6 +724,9 @@ class RLTrainer:
         self.step = state["step"]
         self.phase = self.step // self.budget.num_iterations
         self.nfe_total = state["nfe_total"]
+        if self.acc.is_main_process:
+            total = self.budget.max_steps
+            print(f"{self.cfg.baseline} on {self.cfg.task}: resuming from step {self.step} of {total} ({path})")
 
 
 # ---------------------------------------------------------------------- helpers

@@ -84,6 +84,17 @@ def load_aime25(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("aime25", metadata)
 
 
+def load_registered(**metadata: Any) -> datasets.DatasetDict:
+    """``dllm_task``: any registered task (a plugin's too), named by ``--metadata '{"harness_task": "<task>"}'``."""
+    name = metadata.get("harness_task")
+    if not isinstance(name, str):
+        raise UserError(
+            'dllm_task: name the task to evaluate with --metadata \'{"harness_task": "<task>"}\' '
+            "(`python -m stabledrl_bench list tasks` lists them)"
+        )
+    return _dataset(name, metadata)
+
+
 def doc_to_text(doc: dict[str, Any]) -> str:
     """The user message of the doc's prompt protocol (d1: the task's d1 system prompt, a blank line, the question)."""
     return _task(doc["task"]).prompt(doc, doc.get("prompt_protocol", PROTOCOL)).messages[0]["content"]
@@ -98,7 +109,16 @@ def doc_to_target(doc: dict[str, Any]) -> str:
         return str(doc["target"])
     if isinstance(_task(name), SudokuTask):
         return doc["solution"]
-    return doc["answer"]
+    if "answer" in doc:
+        return str(doc["answer"])
+    return _task(name).target_completion(doc, PROTOCOL)  # a task with other gold fields: its gold completion
+
+
+def process_registered(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """``dllm_task``'s metrics, which every task has: ``acc`` (the grader's verdict) and ``score`` (its per-item
+    score, e.g. Sudoku's cell accuracy; the verdict again for most tasks)."""
+    grade = _task(doc["task"]).grade(results[0], doc)
+    return {"acc": float(grade.correct), "score": float(grade.score)}
 
 
 def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import PreTrainedTokenizerBase
 
 from stabledrl_bench.core.masks import block_causal_mask, real_positions
 from stabledrl_bench.errors import UserError
+
+if TYPE_CHECKING:  # an annotation only: importing transformers costs seconds that e.g. `stress --help` need not pay
+    from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, str]
 Prompt = str | Sequence[Message]

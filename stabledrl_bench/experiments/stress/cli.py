@@ -1,4 +1,4 @@
-"""``python -m stabledrl_bench stress {exploding,drift,clip,hull,all} [options]``: one command per experiment.
+"""``python -m stabledrl_bench stress <experiment> [options]``: one command per registered experiment, and ``all``.
 
 The commands come from the :data:`~stabledrl_bench.experiments.stress.options.EXPERIMENTS` registry: each
 experiment's options dataclass becomes its ``--options`` here, and the parsed command line becomes typed objects
@@ -20,10 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stabledrl_bench.errors import CommandParser, UserError, positive_int
+from stabledrl_bench.errors import CommandParser, UserError, on_interrupt, positive_int
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS, StressOptions, in_order, option_fields
 from stabledrl_bench.experiments.stress.report import stability_section
-from stabledrl_bench.reporting.leaderboard import write_leaderboard
 
 T = TypeVar("T")
 
@@ -65,20 +64,25 @@ def _typed(options: T, args: argparse.Namespace) -> T:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="python -m stabledrl_bench stress", description=__doc__.splitlines()[0])
+    parser = CommandParser(
+        prog="python -m stabledrl_bench stress",
+        description="The stability experiments of the paper on the tiny model, one command each (listed below); "
+        "`stress <experiment> --help` gives its options.",
+    )
     sub = parser.add_subparsers(dest="experiment", required=True)
     for name, experiment in EXPERIMENTS.items():
         _add_experiment(sub.add_parser(name, help=experiment.help), experiment.options())
     p = sub.add_parser("all", help="every experiment in turn with its default settings")
     _add_arguments(p, option_fields(StressOptions()))
-    p.add_argument("--jobs", type=positive_int, default=2)
-    p.add_argument("--warm-start")
+    p.add_argument("--jobs", type=positive_int, default=2, help="parallel worker processes of the training sweeps")
+    p.add_argument("--warm-start", help="use this model folder instead of the cached stress warm start")
     return parser
 
 
 def _refresh_leaderboard(stress: StressOptions) -> None:
     if stress.no_leaderboard:
         return
+    from stabledrl_bench.reporting.leaderboard import write_leaderboard  # pandas and matplotlib: not for --help
 
     try:
         path = write_leaderboard(
@@ -104,6 +108,13 @@ def _one_of_all(parser: argparse.ArgumentParser, name: str, args: argparse.Names
     return one
 
 
+# What re-running an interrupted `stress` command does (its runs go through the experiment runner's cache).
+RERUN = (
+    "re-run the same command to go on: finished training runs are reused, interrupted ones resume from their last "
+    "checkpoint"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point behind ``python -m stabledrl_bench stress``; user errors raise :class:`UserError`.
 
@@ -121,11 +132,16 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[REMOTE_CODE_ENV] = "1"
     names = in_order() if args.experiment == "all" else [args.experiment]
+    with on_interrupt(lambda: RERUN):
+        _run_all(parser, names, args)
+    _refresh_leaderboard(_typed(StressOptions(), args))
+    return 0
+
+
+def _run_all(parser: argparse.ArgumentParser, names: list[str], args: argparse.Namespace) -> None:
     for name in names:
         one = _one_of_all(parser, name, args) if args.experiment == "all" else args
         experiment = EXPERIMENTS.get(name)
         start = time.perf_counter()
         path = experiment.run(_typed(StressOptions(), one), _typed(experiment.options(), one))
         print(f"stress {name}: {path} ({time.perf_counter() - start:.0f} s)")
-    _refresh_leaderboard(_typed(StressOptions(), args))
-    return 0

@@ -26,7 +26,6 @@ import torch
 
 from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.experiments.presets import presets, warm_start_spec
 from stabledrl_bench.plots import LOG_AXIS_MAX, log_axis_values, new_figure, save_png
 from stabledrl_bench.reporting.results import STABILITY_DIR, read_json_record, write_json_record
 from stabledrl_bench.training.runlog import finite, running_mean
@@ -46,6 +45,7 @@ STRESS_CANVAS = 48  # the tiny Table 1's RL canvas, where the start closes the a
 
 def stress_warm_start(sft_steps: int | None = None) -> WarmStart:
     """The shared starting point (module docstring); ``sft_steps`` overrides the preset's SFT length."""
+    from stabledrl_bench.experiments.presets import presets, warm_start_spec  # the training stack: on call
 
     spec = warm_start_spec(presets("table1")["tiny"], STRESS_TASK, "tiny", seed=0)
     if sft_steps is None:

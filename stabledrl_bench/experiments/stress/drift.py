@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.errors import UserError, comma_list, positive_int
-from stabledrl_bench.experiments.runner import control_config, sample_rollouts
 from stabledrl_bench.experiments.stress.common import (
     CONDITIONS,
     Definitions,
@@ -165,7 +164,7 @@ class DriftOptions:
     model and noise, and the spike threshold."""
 
     variants: str = option(",".join(VARIANTS), f"subset of {', '.join(VARIANTS)}")
-    conditions: str = option(",".join(CONDITIONS))
+    conditions: str = option(",".join(CONDITIONS), f"subset of {', '.join(CONDITIONS)}")
     levels: str = option("0,0.02,0.05,0.1,0.2,0.3", "relative parameter-noise levels sigma")
     repeats: int = option(16, "drift directions and mask draws per level and seed", parse=positive_int)
     rollouts: int = option(4, "rollout batches per seed (cycled over repeats)", parse=positive_int)
@@ -202,6 +201,8 @@ def _run_drift(stress: StressOptions, options: DriftOptions) -> Path:
     if options.model.preset is not None:
         train = on_preset(train, options.model.preset, options.model.task, budget.max_steps)
         budget = train.budget
+    from stabledrl_bench.experiments.runner import control_config, sample_rollouts  # the training stack: on call
+
     records_by_seed = {}
     for seed in seeds:
         control = control_config(train.config("stabledrl", {}, seed), Path(stress.runs) / "drift")

@@ -252,10 +252,10 @@ def plot(records: list[dict[str, Any]], results_dir, clip_threshold: float) -> s
 class HullOptions:
     """``stress hull``: how many random trials at which Cauchy scales, the seed, and StableDRL's clip threshold."""
 
-    trials: int = option(4000, parse=positive_int)
+    trials: int = option(4000, "random trials (inputs of the update rules), cycled over the scales", parse=positive_int)
     scales: str = option("0.1,0.3,1,3,10", "Cauchy scales of the log-ratios, cycled over trials")
-    seed: int = option(0)
-    clip_threshold: float = option(5.0)
+    seed: int = option(0, "seed of the random trials")
+    clip_threshold: float = option(5.0, "StableDRL's clip threshold C")
 
 
 def _rederive(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stabledrl_bench.core.models.backends import load_diffusion_lm
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.experiments.presets import presets, warm_start_spec
-from stabledrl_bench.experiments.runner import ensure_warm_start
 from stabledrl_bench.experiments.stress.common import (
     STRESS_CANVAS,
     STRESS_GENERATOR,
@@ -27,7 +24,12 @@ from stabledrl_bench.experiments.stress.common import (
 from stabledrl_bench.experiments.stress.options import ModelOptions, StressOptions, SweepOptions, check_positive
 from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import TrainConfig
+
+if TYPE_CHECKING:
+    from stabledrl_bench.training.trainer import TrainConfig
+
+# The model and training stack (transformers) is imported where a run needs it, not when the `stress` command line is
+# built: `stress --help` lists every experiment, so it imports every experiment module.
 
 # A checkpoint every 100 steps, so a 500-step run cut short resumes instead of starting again (not part of a run's
 # identity: cached runs stay valid).
@@ -53,6 +55,7 @@ def stress_budget(model: ModelOptions, steps: int, num_iterations: int = 2) -> B
 
 def preset(name: str, task: str | None) -> Any:
     """The Table 1 preset ``name``, checked to have ``task`` (one error line otherwise)."""
+    from stabledrl_bench.experiments.presets import presets
 
     known = presets("table1")
     if name not in known:
@@ -79,6 +82,9 @@ def warm_start(model: ModelOptions, runs: str) -> tuple[Path, dict[str, Any], di
     """Warm-start folder, its description and the model summary (parameter count etc.): ``--warm-start``, else the
     stress warm start, or with ``--preset`` that preset's warm start of ``--task`` (training seed 0), cached under
     ``runs``."""
+    from stabledrl_bench.core.models.backends import load_diffusion_lm
+    from stabledrl_bench.experiments.presets import warm_start_spec
+    from stabledrl_bench.experiments.runner import ensure_warm_start
 
     chosen = chosen_preset(model)
     if chosen is None:
@@ -150,6 +156,8 @@ class TrainSettings:
 
     def config(self, baseline: str, options: dict[str, Any], seed: int, anchor_beta: float = 0.0) -> TrainConfig:
         """The trainer config of one run (its folder is set by the job that runs it)."""
+        from stabledrl_bench.training.trainer import TrainConfig
+
         return TrainConfig(
             baseline=baseline,
             anchor_beta=anchor_beta,

@@ -19,9 +19,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config, run_jobs
 from stabledrl_bench.experiments.stress.common import (
     Definitions,
     Series,
@@ -39,6 +38,9 @@ from stabledrl_bench.experiments.stress.common import (
 from stabledrl_bench.experiments.stress.settings import TrainSettings
 from stabledrl_bench.reporting.provenance import code_counts
 from stabledrl_bench.training.runlog import read_log
+
+if TYPE_CHECKING:  # the runner (the training stack) is imported where jobs are made: see settings.py
+    from stabledrl_bench.experiments.runner import TrainJob
 
 CURVE_KEYS = ("ratio_max", "drift", "clip_ratio", "weight_max", "loss")
 
@@ -73,6 +75,8 @@ def _in_folder(job: TrainJob, parent: Path, name: str) -> TrainJob:
 
 def train_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> TrainJob:
     """The runner job of ``spec``; the exploding condition is the trainer hook :class:`NoiseInjection`."""
+    from stabledrl_bench.experiments.runner import TrainJob
+
     hook = None
     if spec.condition == "exploding":
         hook = settings.noise.injection(spec.baseline, settings.budget.max_completion_length)
@@ -83,6 +87,8 @@ def train_job(spec: RunSpec, settings: TrainSettings, runs_dir: Path) -> TrainJo
 
 def control_job(seed: int, settings: TrainSettings, runs_dir: Path) -> TrainJob:
     """The frozen control of a seed (:func:`~stabledrl_bench.experiments.runner.control_config`)."""
+    from stabledrl_bench.experiments.runner import CONTROL_BASELINE, TrainJob, control_config
+
     job = TrainJob(control_config(settings.config(CONTROL_BASELINE, {}, seed), ""))
     return _in_folder(job, runs_dir / "control", f"s{seed}")
 
@@ -232,6 +238,8 @@ def run_sweep(
 
     ``shared_normal(spec)``: the spec's ``exploding`` row is its ``normal`` run (a method without ratios).
     """
+    from stabledrl_bench.experiments.runner import run_jobs
+
     resolved = [dataclasses.replace(s, condition="normal") if shared_normal(s) else s for s in specs]
     jobs = [train_job(s, settings, runs_dir) for s in resolved]
     seeds = sorted({s.seed for s in specs})

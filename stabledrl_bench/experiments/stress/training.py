@@ -190,7 +190,7 @@ class ExplodingOptions:
     """``stress exploding``: which methods under which conditions, and the training sweep's options."""
 
     methods: str = option(",".join(EXPLODING_METHODS), f"subset of {', '.join(EXPLODING_METHODS)}")
-    conditions: str = option(",".join(CONDITIONS))
+    conditions: str = option(",".join(CONDITIONS), f"subset of {', '.join(CONDITIONS)}")
     sweep: SweepOptions = field(default=SweepOptions())
 
 
@@ -198,8 +198,8 @@ class ExplodingOptions:
 class ClipOptions:
     """``stress clip``: which thresholds C of StableDRL under which conditions, and the training sweep's options."""
 
-    thresholds: str = option(",".join(f"{c:g}" for c in CLIP_THRESHOLDS))
-    conditions: str = option(",".join(CONDITIONS))
+    thresholds: str = option(",".join(f"{c:g}" for c in CLIP_THRESHOLDS), "comma-separated clip thresholds C")
+    conditions: str = option(",".join(CONDITIONS), f"subset of {', '.join(CONDITIONS)}")
     sweep: SweepOptions = field(default=SweepOptions())
 
 

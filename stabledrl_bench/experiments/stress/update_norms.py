@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -34,9 +34,11 @@ from tqdm.auto import tqdm
 from stabledrl_bench.core.advantages import group_index, group_log_softmax, group_reduce
 from stabledrl_bench.core.baseline import Baseline, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import Estimate, Estimator
-from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.experiments.stress.common import ExplodingNoise, NoiseInjection, finite
-from stabledrl_bench.training.trainer import SampledBatch
+
+if TYPE_CHECKING:  # annotations only (the training stack is not imported to build the `stress` command line)
+    from stabledrl_bench.core.models import DiffusionLM
+    from stabledrl_bench.training.trainer import SampledBatch
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {"beta": 0.0}),
