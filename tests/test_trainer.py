@@ -616,3 +616,68 @@ def test_lora_anchors_to_the_adapter_free_model(small_models, tmp_path, monkeypa
     trainer.train()
     log = read_log(tmp_path / "log.jsonl")
     assert log[0]["anchor_kl"] == 0.0 and log[1]["anchor_kl"] > 0
+
+
+# ----------------------------------------------------------------------------------------------- reference sync
+def _synced(model: Path, out: Path, steps: int = 4, **options) -> TrainConfig:
+    """Coupled-GRPO (the official recipe syncs its reference) with a sync every 2 optimizer steps."""
+    return _config(model, out, "coupled_grpo", steps=steps, baseline_options={"ref_model_sync_steps": 2, **options})
+
+
+def test_reference_sync_mixes_the_policy_in_by_hand(small_models, tmp_path, monkeypatch):
+    """After steps 2 and 4 (and only then) ref <- (1 - a) ref + a policy, TRL's mix-up: the reference at the end is
+    (1 - a)^2 ref_0 + a (1 - a) policy_2 + a policy_4, recomputed from the policies the trainer mixed in."""
+    alpha, seen = 0.25, {}
+    original = trainer_module.mix_into
+
+    def spy(target, source, a):
+        seen[len(seen) + 1] = {k: v.detach().clone() for k, v in source.state_dict().items()}
+        return original(target, source, a)
+
+    monkeypatch.setattr(trainer_module, "mix_into", spy)
+    trainer = RLTrainer(_synced(small_models["full"], tmp_path, ref_model_mixup_alpha=alpha))
+    assert trainer.syncs_reference and json.loads(json.dumps(trainer.run_info()))["reference_sync"]["steps"] == 2
+    start = {k: v.detach().clone() for k, v in trainer.ref_dlm.model.state_dict().items()}
+    _varied(trainer, monkeypatch)
+    trainer.train()
+    assert [r.get("reference_synced", False) for r in read_log(tmp_path / "log.jsonl")] == [False, True, False, True]
+    end = trainer.ref_dlm.model.state_dict()
+    moved = 0
+    for name, ref0 in start.items():
+        expected = (1 - alpha) ** 2 * ref0 + alpha * (1 - alpha) * seen[1][name] + alpha * seen[2][name]
+        torch.testing.assert_close(end[name], expected, rtol=0, atol=1e-6)
+        moved += not torch.equal(end[name], ref0)
+    assert moved and not torch.equal(seen[1][name], seen[2][name])
+
+
+def test_a_synced_reference_is_checkpointed_so_resume_is_identical(small_models, tmp_path, monkeypatch):
+    """The reference mixed at step 2 drives the KL of steps 3-4: a resume from step 2 must restore it (it cannot be
+    re-derived from the step-2 weights alone)."""
+    logs = []
+    for name, stop in (("a", None), ("b", 2)):
+        trainer = RLTrainer(_synced(small_models["full"], tmp_path / name))
+        _varied(trainer, monkeypatch)
+        trainer.train(stop_after=stop)
+        if stop:
+            assert (tmp_path / name / "checkpoints" / "step_000002" / "reference" / "rank0.pt").is_file()
+            resumed = RLTrainer(_synced(small_models["full"], tmp_path / name))
+            _varied(resumed, monkeypatch)
+            resumed.train(resume=True)
+        logs.append(read_log(tmp_path / name / "log.jsonl"))
+    a, b = _params(tmp_path / "a" / "final"), _params(tmp_path / "b" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]] and logs[0][2]["kl"] > 0
+
+
+def test_reference_sync_settings_are_checked_and_off_in_a_frozen_runs_identity(small_models, tmp_path):
+    from stabledrl_bench.core.baseline import build_baseline
+    from stabledrl_bench.experiments.runner import TrainJob
+
+    with pytest.raises(UserError, match=r"^ref_model_sync_steps must be a positive integer, got 0$"):
+        build_baseline("coupled_grpo", ref_model_sync_steps=0)
+    with pytest.raises(UserError, match=r"^ref_model_mixup_alpha must be in \(0, 1\], got 1.5$"):
+        build_baseline("grpo", sync_ref_model=True, ref_model_mixup_alpha=1.5)
+    frozen = TrainJob(_config(small_models["full"], tmp_path, "grpo")).identity()["baseline_config"]
+    assert "sync_ref_model" not in frozen and "ref_model_sync_steps" not in frozen  # earlier runs keep their keys
+    synced = TrainJob(_synced(small_models["full"], tmp_path)).identity()["baseline_config"]
+    assert (synced["sync_ref_model"], synced["ref_model_sync_steps"], synced["ref_model_mixup_alpha"]) == (True, 2, 0.6)

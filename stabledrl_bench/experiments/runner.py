@@ -52,6 +52,7 @@ SUMMARY_FILE = "summary.json"  # written when the run has finished (or stopped o
 # The frozen control trains with learning rate 0, so the loss it computes is irrelevant; GRPO is the cheapest
 # estimator-driven loss that every task supports.
 CONTROL_BASELINE = "grpo"
+REF_SYNC_FIELDS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")
 
 
 def _identity(config: Any, *drop: str) -> dict[str, Any]:
@@ -165,6 +166,8 @@ class TrainJob:
         # the effective baseline settings instead of the options given: a changed default must not reuse runs
         # trained with the old one, and an option given at its default value is the same run
         effective = _identity(build_baseline(self.config.baseline, **self.config.baseline_options).config)
+        if not effective["sync_ref_model"]:  # a frozen reference (the default) keeps the keys of earlier runs
+            effective = {k: v for k, v in effective.items() if k not in REF_SYNC_FIELDS}
         # no anchor (the default) is left out, so runs cached before the anchor existed keep their keys
         config = _identity(self.config, "baseline_options", *(() if self.config.anchor_beta else ("anchor_beta",)))
         config["budget"] = _hashable(self.config.budget.to_dict())  # what the budget hash covers, nothing else
