@@ -51,7 +51,8 @@ from stabledrl_bench.experiments.summary import training_summary
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
 from stabledrl_bench.reporting.training import CONTROL_RUN
-from stabledrl_bench.training.trainer import TrainConfig
+from stabledrl_bench.training.trainer import VALIDATION_FILE, TrainConfig
+from stabledrl_bench.training.validation import ValidationConfig
 
 
 def _banner(run: Comparison) -> None:
@@ -87,7 +88,8 @@ def reproduce(run: Comparison) -> None:
 
 def _plan(run: Comparison) -> list[str]:
     """The stage kinds :func:`_replicate` runs, in order (for the overall progress line)."""
-    one = [*(["sft"] if run.preset.sft is not None else []), "eval", *(["train", "eval"] * len(run.baselines)), "train"]
+    per_baseline = ["train", "eval", *(["eval"] if run.eval_every else [])]  # and the best checkpoint's
+    one = [*(["sft"] if run.preset.sft is not None else []), "eval", *(per_baseline * len(run.baselines)), "train"]
     return [f"{task}:{kind}" for task in run.tasks for _ in run.seeds for kind in one]
 
 
@@ -110,6 +112,11 @@ def _replicate(replicate: Replicate, stages: Stages) -> None:
         stages.end(reused=cached)
         stages.begin(f"{where}: evaluate {baseline}")
         stages.end(reused=_evaluate_all(replicate, baseline, str(final), run.preset.budget.to_dict()))
+        if run.eval_every:
+            best, validation = _best_checkpoint(Path(config.output_dir))
+            stages.begin(f"{where}: evaluate {baseline}'s best checkpoint (validation step {validation['step']})")
+            reused = _evaluate_all(replicate, baseline, best, run.preset.budget.to_dict(), validation=validation)
+            stages.end(reused=reused)
     control = _train_config(replicate, CONTROL_BASELINE, start, folder=CONTROL_RUN)
     stages.begin(f"{where}: frozen control (learning rate 0)")
     stages.end(reused=_train(control_config(control, control.output_dir), force=run.force)[1])
@@ -145,7 +152,31 @@ def _train_config(replicate: Replicate, baseline: str, start: str, folder: str |
         output_dir=str(out),
         save_every=preset.save_every,
         check_model=replicate.comparison.check_model,
+        validation=_validation(replicate) if folder is None else ValidationConfig(),
     )
+
+
+def _validation(replicate: Replicate) -> ValidationConfig:
+    """The run's checkpoint selection (off unless ``--eval-every``): its task, at the preset's validation lengths,
+    decoded by the comparison's first evaluation protocol."""
+    run = replicate.comparison
+    preset, chosen = run.preset, run.preset.validation
+    return ValidationConfig(
+        every=run.eval_every,
+        tasks=[replicate.task],
+        lengths=[preset.lengths[n] for n in chosen.lengths or preset.lengths],
+        items=chosen.items,
+        protocol=preset.protocols[0],
+        batch_size=preset.eval_batch_size,
+    )
+
+
+def _best_checkpoint(folder: Path) -> tuple[str, dict[str, Any]]:
+    """A finished run's best checkpoint and its record's ``validation`` field (settings, chosen step and score)."""
+    stored = json.loads((folder / VALIDATION_FILE).read_text())
+    best = stored["best"]
+    settings = {key: stored[key] for key in ("every", "tasks", "lengths", "items", "protocol")}
+    return str(folder / "best"), {**settings, "step": best["step"], "score": best["score"]}
 
 
 def _train(config: TrainConfig, *, force: bool) -> tuple[Path, bool]:
@@ -168,8 +199,15 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
-def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: dict[str, Any] | None) -> bool:
-    """Evaluate one checkpoint under every protocol and length; True when every result was reused."""
+def _evaluate_all(
+    replicate: Replicate,
+    baseline: str,
+    checkpoint: str,
+    budget: dict[str, Any] | None,
+    validation: dict[str, Any] | None = None,
+) -> bool:
+    """Evaluate one checkpoint under every protocol and length (a run's best one when ``validation`` says how it was
+    chosen); True when every result was reused."""
     run = replicate.comparison
     reused = True
     device, dtype = _eval_device() if run.preset.bf16 else (None, None)
@@ -188,12 +226,15 @@ def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, budget: 
                 limit=run.eval_limit,
                 batch_size=run.preset.eval_batch_size,
                 skip_existing=not run.force,
+                selection="final" if validation is None else "best",
+                validation=validation,
             )
             reused = reused and recorded.reused
             acc = json.loads(recorded.path.read_text())["metrics"]
             how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
             print(
-                f"  [{replicate.task}] {baseline} @ {length} ({max_completion_length} tokens, {protocol.name}): "
+                f"  [{replicate.task}] {baseline}{'' if validation is None else ' (best)'} @ {length} "
+                f"({max_completion_length} tokens, {protocol.name}): "
                 f"accuracy {100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
             )
     return reused

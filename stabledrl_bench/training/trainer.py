@@ -71,6 +71,9 @@ from stabledrl_bench.training.distributed import (
 )
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
 from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
+from stabledrl_bench.training.validation import ValidationConfig, Validator
+
+VALIDATION_FILE = "validation.json"  # a run's validation history and its best step (when validation is on)
 
 
 @dataclass
@@ -119,6 +122,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # the newest checkpoints kept on disk (0 = all)
     log_with: list[str] = field(default_factory=list)  # accelerate trackers: "tensorboard", "wandb" (off: [])
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
+    # Checkpoint selection: evaluate on validation docs every N steps, keep the best weights in <output_dir>/best
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     check_model: bool = True  # probe a loaded checkpoint's conventions first (models/probes.py)
     progress: bool = True
 
@@ -283,6 +288,18 @@ class RLTrainer:
             training_docs(self.task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options),
             seed=cfg.seed,
         )
+        self.validator: Validator | None = None
+        if cfg.validation.every:
+            self.validator = Validator(
+                cfg.validation,
+                task=self.task,
+                train_split=cfg.train_split,
+                generator_options=cfg.generator_options,
+                training_docs=self.prompts.docs,
+                canvas=cfg.budget.max_completion_length,
+                seed=cfg.seed,
+            )
+        self.validation: dict[str, Any] = {"history": [], "best": None}
         self.step = 0
         self.phase = 0  # rollout phases drawn so far (the key of their random streams)
         self.nfe_total = 0
@@ -303,6 +320,7 @@ class RLTrainer:
             "mixed_precision": self.acc.mixed_precision,
             "grad_accum": self.grad_accum,
             "old_estimate_hook": None if self.old_estimate_hook is None else repr(self.old_estimate_hook),
+            "validation": None if self.validator is None else self.validator.describe(),
             "reference_sync": (
                 {
                     "steps": self.baseline.config.ref_model_sync_steps,
@@ -655,6 +673,11 @@ class RLTrainer:
                         f"{self.step}; parameters kept from before them in {path}"
                     )
             at_boundary = self.step % budget.num_iterations == 0
+            every = cfg.validation.every
+            if self.validator is not None and (
+                self.step % every < budget.num_iterations or self.step == budget.max_steps
+            ):
+                self._validate()
             if at_boundary and cfg.save_every and self.step % cfg.save_every < budget.num_iterations:
                 self._save()
         bar.close()
@@ -666,9 +689,7 @@ class RLTrainer:
             plot_curves(records, self.output_dir / "curves.png", title=title)
             _warn_if_nothing_to_learn(records, cfg)
         if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
-            if self.replica is not None:
-                self.replica.refresh(self.train_dlm.model)  # the unsharded module a LoRA export merges from
-            export_model(self.acc, self.train_dlm.model, self.dlm, final, dtype=self._export_dtype())
+            self._export(final)
         if cfg.log_with:
             self.acc.end_training()
         self.acc.wait_for_everyone()
@@ -684,6 +705,32 @@ class RLTrainer:
         assert self.ref_dlm is not None
         mix_into(self.ref_dlm.model, self.acc.unwrap_model(self.train_dlm.model), config.ref_model_mixup_alpha)
         return {"reference_synced": True}
+
+    def _export(self, path: Path) -> None:
+        """The current policy as a model folder (collective), in the dtype evaluation runs in."""
+        if self.replica is not None:
+            self.replica.refresh(self.train_dlm.model)  # the unsharded module a LoRA export merges from
+        export_model(self.acc, self.train_dlm.model, self.dlm, path, dtype=self._export_dtype())
+
+    def _validate(self) -> None:
+        """Score the current policy on the validation docs (collective); when it beats every earlier score (ties
+        keep the earlier step), export it to ``best/``. The history and the best step are in ``validation.json``
+        and in every later checkpoint, so a resumed run chooses as an uninterrupted one does."""
+        assert self.validator is not None
+        if self.replica is not None:
+            self.replica.refresh(self.train_dlm.model)
+        was_training = self.dlm.model.training
+        with self.acc.autocast():
+            entry = {"step": self.step, **self.validator.score(self.dlm)}
+        self.dlm.model.train(was_training)
+        self.validation["history"].append(entry)
+        best = self.validation["best"]
+        if best is None or entry["score"] > best["score"]:
+            self.validation["best"] = entry
+            self._export(self.output_dir / "best")
+        if self.acc.is_main_process:
+            record = {**self.validator.describe(), **self.validation}
+            atomic_write_text(self.output_dir / VALIDATION_FILE, _dumps(record))
 
     def _weights_finite(self) -> bool:
         """Whether every trained parameter is finite, on every process (each checks its own shard under FSDP).
@@ -713,6 +760,7 @@ class RLTrainer:
             "budget_hash": self.budget.hash(),
             "world_size": self.acc.num_processes,
             "config": to_dict(self.cfg),
+            "validation": self.validation,
         }
 
     def _save(self) -> Path:
@@ -751,6 +799,7 @@ class RLTrainer:
         self.step = state["step"]
         self.phase = self.step // self.budget.num_iterations
         self.nfe_total = state["nfe_total"]
+        self.validation = state.get("validation", {"history": [], "best": None})
 
 
 # ---------------------------------------------------------------------- helpers
