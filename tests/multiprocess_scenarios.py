@@ -28,7 +28,7 @@ CONVENTIONS = ("native", "llada-hub", "llada", "dream", "sdar-chat", "sdar-trado
 
 # name -> (baseline, convention, prompts_per_step, per_device_prompts)
 SCENARIOS: dict[str, tuple[str, str, int, int]] = {
-    "grpo-native": ("grpo", "native", 2, 1),  # a reference model
+    "grpo-native": ("grpo", "native", 2, 1),  # a reference model, synced with the policy after step 2 (REF_SYNC)
     "trado-sdar": ("trado", "sdar-trado", 2, 1),  # trajectory replay; one process drops every group
     "stabledrl-llada-hub": ("stabledrl", "llada-hub", 4, 2),  # pad-free: per-process counts of forward passes differ
     "espo-dream": ("espo", "dream", 2, 1),  # shifted logits, the Dream backend's dtype read through the wrapper
@@ -40,6 +40,9 @@ SCENARIOS: dict[str, tuple[str, str, int, int]] = {
 # under every wrapper only for it, its staircase ELBO on the block model, and a process whose groups are all dropped.
 ANCHORED = {"spg-llada", "trado-sdar"}
 STEPS = 4  # two rollout phases of mu = 2
+# TRL's reference sync (BaselineConfig.sync_ref_model) after step 2: mixed shard into shard under FSDP2, from the
+# unwrapped policy under DDP and DeepSpeed; the resumed grpo-native run must restore it from its checkpoint.
+REF_SYNC = {"grpo-native": {"sync_ref_model": True, "ref_model_sync_steps": 2}}
 # The log entries that must not depend on the number of processes.
 LOGGED = ("loss", "grad_norm", "reward_mean", "reward_std", "accuracy", "kept_fraction", "nfe_total", "anchor_kl")
 EVAL_DOCS = 6
@@ -102,7 +105,7 @@ def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = S
 
     baseline, convention, prompts, per_device = SCENARIOS[name]
     budget = small_budget(max_steps=steps, prompts_per_step=prompts, max_prompt_length=40)
-    options = {"overlong_margin": None} if baseline == "trado" else {}
+    options = {"overlong_margin": None} if baseline == "trado" else REF_SYNC.get(name, {})
     lora = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=["qkv"]) if name == "grpo-lora" else None
     return TrainConfig(
         baseline=baseline,

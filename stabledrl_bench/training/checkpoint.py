@@ -32,6 +32,7 @@ import torch
 from stabledrl_bench.atomic import atomic_folder
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.training.distributed import local_parameters
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -167,18 +168,9 @@ def load_checkpoint(accelerator, path: str | Path, frozen: Mapping[str, torch.nn
         raise _unreadable(path, exc) from exc
 
 
-def _local_parameters(module: torch.nn.Module) -> tuple[bool, dict[str, torch.Tensor]]:
-    """Whether ``module`` is sharded (FSDP2), and this process's part of each parameter by name."""
-    from torch.distributed.tensor import DTensor
-
-    params = dict(module.named_parameters())
-    sharded = any(isinstance(p, DTensor) for p in params.values())
-    return sharded, {name: p.to_local() if isinstance(p, DTensor) else p for name, p in params.items()}
-
-
 def _save_parameters(accelerator, folder: Path, module: torch.nn.Module) -> None:
     """This process's shards of ``module`` (FSDP2), or rank 0's copy of the whole, as plain tensors."""
-    sharded, local = _local_parameters(module)
+    sharded, local = local_parameters(module)
     if sharded or accelerator.is_main_process:
         rank = accelerator.process_index if sharded else 0
         torch.save({name: t.detach().cpu().clone() for name, t in local.items()}, folder / f"rank{rank}.pt")
@@ -186,7 +178,7 @@ def _save_parameters(accelerator, folder: Path, module: torch.nn.Module) -> None
 
 @torch.no_grad()
 def _load_parameters(accelerator, folder: Path, module: torch.nn.Module) -> None:
-    sharded, local = _local_parameters(module)
+    sharded, local = local_parameters(module)
     rank = accelerator.process_index if sharded else 0
     saved = torch.load(folder / f"rank{rank}.pt", map_location="cpu", weights_only=True)
     for name, tensor in local.items():
