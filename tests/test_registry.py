@@ -309,7 +309,7 @@ def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
     )
     assert main(["verify", "--results", str(results)]) == 0
     markdown = build_leaderboard(results, {"schema": "stabledrl-bench/published/v1"})
-    header = next(line for line in markdown.splitlines() if line.startswith("| Baseline | Model"))
+    header = next(line for line in markdown.splitlines() if line.startswith("| Baseline | Checkpoint | Model"))
     assert "| hard_sudoku 256 |" in header and "| Sudoku 256 |" in header  # its own column beside the paper's
     assert "hard_sudoku is not a column of the paper. It is not in the overall average." in markdown
     assert "| grpo |" in markdown and "**Change from the starting point**" in markdown
