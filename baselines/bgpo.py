@@ -90,6 +90,7 @@ class BGPOConfig(BaselineConfig):
     std_epsilon: float = 1e-6  # added to the group std of the advantage (verl's GRPO estimator)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.beta != 0:
             raise UserError(f"BGPO: beta must be 0 (the recipe has no KL term); got {self.beta}")
         if not (0 < self.epsilon_low < 1 and self.epsilon_high > 0):

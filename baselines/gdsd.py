@@ -20,8 +20,9 @@ group is distilled to stay where it was.
 ``tlc=True`` is GDSD-TLC (``gdsd_trainer_tlc.py``): the same loss on 1/t-weighted passes (ESPO's ELBO per sample);
 its logit centralisation is invisible to a log-softmax (``denoise_pair``). Official settings: eps 4e-4 on both
 sides, psi 1 (10 in the GSM8K / MATH scripts), beta 1e-3, one mask pair per iteration (``num_mc`` 1; 2 for GSM8K),
-mu 8, G 6, lr 3e-6, LoRA r 128. The official recipe syncs its reference to the policy every 64 steps
-(``sync_ref_model``); here the reference stays the starting policy, as for every method.
+mu 8, G 6, lr 3e-6, LoRA r 128, and TRL's reference sync every 64 steps (``train_gdsd.yaml`` lines 15-16), the
+default here too (``BaselineConfig.sync_ref_model``; under the recipe's LoRA TRL has no reference model to mix, and
+neither does the trainer here).
 
 Where it departs from ESPO (``espo.py``), whose estimator it shares: a squared distance to the advantage instead of a
 clipped ratio times the advantage, every Monte-Carlo sample its own term, no 1/t weights (GDSD; TLC keeps them).
@@ -84,8 +85,11 @@ class GDSDConfig(BaselineConfig):
     beta: float = 1e-3  # k2 KL to the reference
     num_mc: int = 1  # mask pairs per iteration (num_mc)
     tlc: bool = False  # GDSD-TLC: 1/t-weighted passes
+    sync_ref_model: bool = True  # train_gdsd.yaml lines 15-16: TRL's reference sync every 64 steps
+    ref_model_sync_steps: int = 64
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.epsilon < 1:
             raise UserError(f"epsilon must be in (0, 1); got {self.epsilon}")
 

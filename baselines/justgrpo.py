@@ -69,6 +69,7 @@ class JustGRPOConfig(BaselineConfig):
     std_epsilon: float = 1e-4  # added to the group std of the advantage (compute_group_advantages)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.beta != 0:
             raise UserError(f"JustGRPO: beta must be 0 (the official loss has no KL term); got {self.beta}")
 

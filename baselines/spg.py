@@ -91,6 +91,7 @@ class SPGConfig(BaselineConfig):
     block_length: int | None = None  # SPG masking block; None = the rollout block (StableDRL's block_size is both)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.logp_estimation not in LOGP_ESTIMATIONS:
             raise UserError(
                 f"logp_estimation must be one of {', '.join(LOGP_ESTIMATIONS)}; got {self.logp_estimation!r}"

@@ -93,6 +93,7 @@ class TraDoConfig(BaselineConfig):
     overlong_margin: int | None = 5  # answers of >= canvas - margin tokens count as wrong (dLLM-RL); None: off
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.normalize not in NORMALIZATIONS:
             raise UserError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {self.normalize!r}")
         if not self.log_ratio_clamp > 0:

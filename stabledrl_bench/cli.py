@@ -56,6 +56,13 @@ def _add_reproduce(sub) -> None:
     )
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of --pass-k (default 1.0)")
     p.add_argument("--pass-k-lengths", help="comma-separated nominal lengths --pass-k decodes (default: every one)")
+    p.add_argument(
+        "--eval-every",
+        type=positive_int,
+        metavar="STEPS",
+        help="checkpoint selection: validate every STEPS steps (never on test items) and evaluate each run's best "
+        "checkpoint beside its final one, labelled in the leaderboard (default: off)",
+    )
     _add_skip_check(p)
     _add_trust(p)
 
@@ -581,6 +588,7 @@ def _cmd_reproduce(args) -> int:
         pass_k=args.pass_k,
         temperature=args.temperature,
         pass_k_lengths=args.pass_k_lengths,
+        eval_every=args.eval_every,
     )
     require_folder(run.results, "--results")
     reproduce(run)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -300,6 +300,49 @@ class Task(ABC):
     def generate(self, n: int, seed: int, **kwargs: Any) -> list[dict[str, Any]]:
         """``n`` new training docs, deterministic in ``seed`` (only procedurally generated tasks)."""
         raise NotImplementedError(f"task {self.name!r} has no procedural generator")
+
+    # -------------------------------------------------------------------------------------- validation
+    def item_key(self, doc: Mapping[str, Any]) -> Any:
+        """What makes two docs the same item: the prompt a model is shown (under the task's first protocol). A
+        task whose items can be worded several ways overrides it (Countdown: numbers in any order, and target)."""
+        return self.user_message(doc, self.protocols[0])
+
+    def validation_docs(
+        self,
+        n: int,
+        seed: int,
+        *,
+        source: str = "train",
+        generator_options: Mapping[str, Any] | None = None,
+        exclude: Collection[Any] = (),
+    ) -> list[dict[str, Any]]:
+        """``n`` docs to select checkpoints on: never an item of a held-out (test) split, nor one whose
+        :meth:`item_key` is in ``exclude`` (e.g. a run's generated training pool).
+
+        ``source`` ``"generated"``: the first fitting puzzles of the task's generator under ``seed``; any other
+        value names a split, from which ``n`` fitting docs are drawn with ``seed`` (a training split: the run may
+        train on those prompts too; the test set it never sees). Held-out items are removed here, by key, whatever
+        the generator or the data files hold, so no validation doc is ever a test item.
+        """
+        if source in self.held_out:
+            raise UserError(f"task {self.name!r}: split {source!r} is held out for testing; validate on another")
+        banned = {self.item_key(doc) for split in self.held_out for doc in self.load(split)} | set(exclude)
+        if source != "generated":
+            fitting = [doc for doc in self.load(source) if self.item_key(doc) not in banned]
+            if len(fitting) < n:
+                raise UserError(f"task {self.name!r}: split {source!r} has {len(fitting)} validation docs, not {n}")
+            chosen = sorted(data_rng(seed).choice(len(fitting), size=n, replace=False).tolist())
+            return [fitting[i] for i in chosen]
+        drawn = n
+        while True:  # the generator's output for a seed is prefix-stable: draw more until n fit
+            fitting = [
+                doc
+                for doc in self.generate(drawn, seed, **(generator_options or {}))
+                if self.item_key(doc) not in banned
+            ]
+            if len(fitting) >= n:
+                return fitting[:n]
+            drawn = 2 * drawn + 16
 
     def _check_protocol(self, protocol: str) -> None:
         if protocol not in self.protocols:

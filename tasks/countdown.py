@@ -203,6 +203,10 @@ class CountdownTask(Task):
         ]
         return train if split == "train" else [d for d in train if len(d["numbers"]) == 3]
 
+    def item_key(self, doc: Mapping[str, Any]) -> tuple[tuple[int, ...], int]:
+        """The puzzle (:func:`puzzle_key`): its numbers in any order, and its target."""
+        return puzzle_key(*self.gold(doc))
+
     @staticmethod
     def gold(doc: Mapping[str, Any]) -> tuple[list[int], int]:
         """The puzzle's ``(numbers, target)``, validated."""

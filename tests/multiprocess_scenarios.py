@@ -28,7 +28,8 @@ CONVENTIONS = ("native", "llada-hub", "llada", "dream", "sdar-chat", "sdar-trado
 
 # name -> (baseline, convention, prompts_per_step, per_device_prompts)
 SCENARIOS: dict[str, tuple[str, str, int, int]] = {
-    "grpo-native": ("grpo", "native", 2, 1),  # a reference model
+    # a reference model, synced with the policy after step 2 (REF_SYNC); checkpoint selection (VALIDATED)
+    "grpo-native": ("grpo", "native", 2, 1),
     "trado-sdar": ("trado", "sdar-trado", 2, 1),  # trajectory replay; one process drops every group
     "stabledrl-llada-hub": ("stabledrl", "llada-hub", 4, 2),  # pad-free: per-process counts of forward passes differ
     "espo-dream": ("espo", "dream", 2, 1),  # shifted logits, the Dream backend's dtype read through the wrapper
@@ -40,6 +41,12 @@ SCENARIOS: dict[str, tuple[str, str, int, int]] = {
 # under every wrapper only for it, its staircase ELBO on the block model, and a process whose groups are all dropped.
 ANCHORED = {"spg-llada", "trado-sdar"}
 STEPS = 4  # two rollout phases of mu = 2
+# TRL's reference sync (BaselineConfig.sync_ref_model) after step 2: mixed shard into shard under FSDP2, from the
+# unwrapped policy under DDP and DeepSpeed; the resumed grpo-native run must restore it from its checkpoint.
+REF_SYNC = {"grpo-native": {"sync_ref_model": True, "ref_model_sync_steps": 2}}
+# Validation after each rollout phase (4 generated puzzles, 16 tokens): each process decodes its share, the best
+# weights are exported collectively, and the resumed run keeps the uninterrupted run's choice.
+VALIDATED = {"grpo-native"}
 # The log entries that must not depend on the number of processes.
 LOGGED = ("loss", "grad_norm", "reward_mean", "reward_std", "accuracy", "kept_fraction", "nfe_total", "anchor_kl")
 EVAL_DOCS = 6
@@ -99,10 +106,11 @@ def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = S
 
     from stabledrl_bench.training.optim import OptimConfig
     from stabledrl_bench.training.trainer import LoraSettings, TrainConfig
+    from stabledrl_bench.training.validation import ValidationConfig
 
     baseline, convention, prompts, per_device = SCENARIOS[name]
     budget = small_budget(max_steps=steps, prompts_per_step=prompts, max_prompt_length=40)
-    options = {"overlong_margin": None} if baseline == "trado" else {}
+    options = {"overlong_margin": None} if baseline == "trado" else REF_SYNC.get(name, {})
     lora = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=["qkv"]) if name == "grpo-lora" else None
     return TrainConfig(
         baseline=baseline,
@@ -118,6 +126,7 @@ def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = S
         estimator_micro_batch=3,  # chunks of 3 rows: the counts differ between processes where rows do
         gradient_checkpointing=True,
         lora=lora,
+        validation=ValidationConfig(every=2, items=4, protocol="tiny") if name in VALIDATED else ValidationConfig(),
         output_dir=str(out),
         progress=False,
     )
@@ -133,12 +142,15 @@ def run_training(name: str, models: dict[str, str], out: Path, *, probe=None, **
     """Train a scenario; returns the per-step log entries that must not depend on the number of processes (and what
     ``probe(trainer)`` returns, called before training)."""
     from stabledrl_bench.training.runlog import read_log
-    from stabledrl_bench.training.trainer import RLTrainer
+    from stabledrl_bench.training.trainer import VALIDATION_FILE, RLTrainer
 
     trainer = RLTrainer(train_config(name, models, out))
     result: dict[str, Any] = {} if probe is None else {"processes": probe(trainer)}
     trainer.train(**train_kwargs)
     result["log"] = [{k: r[k] for k in LOGGED if k in r} for r in read_log(out / "log.jsonl")]
+    if (out / VALIDATION_FILE).is_file():
+        validation = json.loads((out / VALIDATION_FILE).read_text())
+        result["validation"] = {"best": validation["best"]["step"], "history": validation["history"]}
     return result
 
 
@@ -224,6 +236,7 @@ def run_on_two_processes(config: str, models: dict[str, str], out: Path) -> dict
 def assert_same_training(ours: dict[str, Any], theirs: dict[str, Any], scenario: str) -> None:
     """Loss, gradient norm, reward and kept fraction of every step equal within 1e-5 (relative or absolute)."""
     assert len(ours["log"]) == len(theirs["log"]) == STEPS
+    assert ours.get("validation") == theirs.get("validation"), scenario  # greedy decodes of the same weights
     for step, (a, b) in enumerate(zip(ours["log"], theirs["log"], strict=True), start=1):
         for key in LOGGED:
             if key in b:

@@ -30,6 +30,21 @@ def test_leave_one_out_hand_values() -> None:
     torch.testing.assert_close(leave_one_out_advantage(REWARDS, IDS), expected)
 
 
+def test_leave_one_out_is_the_official_lines_to_the_bit() -> None:
+    """``coupled_grpo.py`` lines 557-561 (ESPO's 706-710 are the same), transcribed: baseline = (sum - r) / (G - 1),
+    A = r - baseline. Eighths (Sudoku's cell fractions) keep the group sum exact in any summation order, while
+    (G r - S) / (G - 1), the same number algebraically, rounds differently in 3 of these 10 entries: the check can
+    fail."""
+    rewards = torch.tensor([8, 2, 8, 2, 8, 5, 7, 8, 6, 0], dtype=torch.float32) / 8
+    grouped = rewards.view(-1, 10)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (10 - 1)
+    official = (grouped - baseline).view(-1)
+    ours = leave_one_out_advantage(rewards, torch.zeros(10, dtype=torch.long))
+    assert ours.dtype == torch.float32 and torch.equal(ours, official)
+    algebraic = (10 * rewards - rewards.sum()) / 9
+    assert not torch.equal(algebraic, official)
+
+
 def _loop_advantages(rewards: list[float], ids: list[int]) -> tuple[list[float], list[float]]:
     mean_adv, loo_adv = [], []
     for i, g in enumerate(ids):

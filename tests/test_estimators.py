@@ -20,6 +20,7 @@ from stabledrl_bench.core.estimators import (
     ESPONoise,
     SequenceBatch,
     build_estimator,
+    content_seeds,
     trace_replay_plan,
 )
 from stabledrl_bench.core.masks import block_causal_mask
@@ -369,6 +370,60 @@ def test_sdmc_matches_slow_loop(full_model, nodes, draws):
     assert not (noise.masked & ~batch.completion_mask.unsqueeze(1)).any()
     out = est.evaluate(full_model, batch, noise)
     assert close(out.elbo, slow_sdmc(full_model, batch, noise, nodes, draws))
+
+
+def test_content_seeds_are_the_official_hash_of_the_unpadded_tokens():
+    """sum_p p * token_p mod (2^31 - 1) over the real prompt tokens then the scored completion tokens (positions
+    1, 2, ...): padding on the left and tokens after the first EOS are left out."""
+    batch = SequenceBatch(
+        prompt_ids=torch.tensor([[0, 50_000, 70_000], [11, 12, 13]]),
+        prompt_mask=torch.tensor([[False, True, True], [True, True, True]]),
+        completion_ids=torch.tensor([[3, 2, 9], [4, 5, 6]]),
+        completion_mask=torch.tensor([[True, True, False], [True, True, True]]),
+    )
+    first = (1 * 50_000 + 2 * 70_000 + 3 * 3 + 4 * 2) % (2**31 - 1)
+    second = 1 * 11 + 2 * 12 + 3 * 13 + 4 * 4 + 5 * 5 + 6 * 6
+    assert content_seeds(batch).tolist() == [first, second]
+    big = SequenceBatch(  # the sum passes the modulus (2^31 - 1 = 2147483647)
+        torch.tensor([[126_336] * 200]),
+        torch.ones(1, 200, dtype=torch.bool),
+        torch.tensor([[7]]),
+        torch.ones(1, 1, dtype=torch.bool),
+    )
+    assert content_seeds(big).tolist() == [(126_336 * 200 * 201 // 2 + 201 * 7) % (2**31 - 1)]
+
+
+def _rows(batch: SequenceBatch, rows: list[int], pad: int, pad_id: int) -> SequenceBatch:
+    """``rows`` of ``batch`` in that order, their prompts left-padded by ``pad`` more positions."""
+    extra = torch.full((len(rows), pad), pad_id, dtype=torch.long)
+    return SequenceBatch(
+        torch.cat((extra, batch.prompt_ids[rows]), dim=1),
+        torch.cat((torch.zeros_like(extra, dtype=torch.bool), batch.prompt_mask[rows]), dim=1),
+        batch.completion_ids[rows],
+        batch.completion_mask[rows],
+    )
+
+
+def test_sdmc_content_masks_follow_the_sequence_not_the_batch_or_the_stream(full_model):
+    """``mask_seed="content"`` (GDPO's official masks): the same sequence gets the same masks whatever generator is
+    passed, whichever batch it is in and however it is padded; another sequence gets other masks, still exactly
+    max(1, floor(t l)) scored positions per node. The stream default draws from the generator as before."""
+    batch = make_batch(full_model)
+    content = build_estimator("sdmc_elbo", mask_seed="content")
+    masks = content.draw(batch, gen(1)).masked
+    assert torch.equal(masks, content.draw(batch, gen(2)).masked)
+    moved = content.draw(_rows(batch, [2, 0], pad=3, pad_id=full_model.pad_id), gen(3)).masked
+    assert torch.equal(moved, masks[[2, 0]])
+    lengths = batch.completion_mask.sum(-1)
+    for j, t in enumerate(content.quadrature()[0]):
+        assert torch.equal(masks[:, j].sum(-1), torch.clamp(torch.floor(lengths * t).long(), min=1))
+    other = make_batch(full_model, seed=1)
+    assert not torch.equal(content.draw(other, gen(1)).masked, masks)
+    stream = build_estimator("sdmc_elbo")
+    assert stream.mask_seed == "stream"
+    assert not torch.equal(stream.draw(batch, gen(1)).masked, stream.draw(batch, gen(2)).masked)
+    with pytest.raises(UserError, match="mask_seed must be one of stream, content"):
+        build_estimator("sdmc_elbo", mask_seed="hash")
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 3])

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from test_results import BUDGET, store
+from test_results import BUDGET, TINY, store
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.reporting.leaderboard import ROW_COLUMNS, build_leaderboard, write_leaderboard
@@ -81,14 +81,63 @@ def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
     assert [row["Baseline"] for row in rows] == ["base", "sft", "test_rl_a", "test_rl_b"]
     assert rows[0]["Model"] == "tiny-dlm" and rows[0]["Preset"] == "tiny" and rows[0]["Hardware"] == "CPU ×2"
     assert rows[0]["Budget"] == "–" and rows[2]["Budget"] == f"`{budget_hash(BUDGET)}`"
-    assert list(published_rows[0]) == ["Model", *TABLE1_HEADERS, "Source"]
-    assert [row["Model"] for row in published_rows][:2] == [
-        "LLaDA-8B-Instruct (SPG's evaluation)",
-        "d1 / diffu-GRPO, no SFT (reproduced by SPG)",
+    assert [row["Checkpoint"] for row in rows] == ["start", "start", "final", "final"]  # records without selection
+    assert list(published_rows[0]) == ["Model", "Checkpoint", *TABLE1_HEADERS, "Source"]
+    assert [(row["Model"], row["Checkpoint"]) for row in published_rows][:2] == [
+        ("LLaDA-8B-Instruct (SPG's evaluation)", "start (no RL)"),
+        ("d1 / diffu-GRPO, no SFT (reproduced by SPG)", "best checkpoint, best mean over the lengths"),
     ]
     # Table 2 has no measured rows here: only its published block.
     assert [kind for kind, _ in rest] == ["published"]
-    assert list(rest[0][1][0]) == ["Model", *TABLE2_HEADERS, "Source"]
+    assert list(rest[0][1][0]) == ["Model", "Checkpoint", *TABLE2_HEADERS, "Source"]
+
+
+BEST = {"every": 2, "tasks": ["gsm8k"], "lengths": [32], "items": 8, "protocol": "d1", "step": 4, "score": 0.5}
+
+
+def test_a_runs_best_checkpoint_is_a_row_of_its_own_that_says_so(tmp_path: Path) -> None:
+    """A run's final and best checkpoints (two folders, two records) are two rows, final first, each naming its
+    statistic; seeds of the best row list their chosen steps. A record's selection is checked."""
+    run = "runs/cmp/gsm8k/s{seed}/test_rl_a/{name}"
+    for seed in (0, 1):
+        store(tmp_path, [True, False], seed=seed, model={**TINY, "checkpoint": run.format(seed=seed, name="final")})
+        best = {**TINY, "checkpoint": run.format(seed=seed, name="best")}
+        store(
+            tmp_path, [True, True], seed=seed, model=best, selection="best", validation={**BEST, "step": 4 + 2 * seed}
+        )
+    store(tmp_path, [False], baseline="sft", budget=None)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    rows = measured_tables(markdown)[0]
+    assert [(row["Baseline"], row["Checkpoint"]) for row in rows] == [
+        ("sft", "start"),
+        ("test_rl_a", "final"),
+        ("test_rl_a", "best on validation (steps 4, 6)"),
+    ]
+    assert rows[1]["GSM8K 128"].startswith("50.0 [") and rows[2]["GSM8K 128"].startswith("100.0 [")
+    change = next(rows for kind, rows in parse_tables(markdown) if kind == "change")
+    assert [row["Checkpoint"] for row in change] == ["final", "best on validation (steps 4, 6)"]
+    bad = [
+        ({"selection": "best"}, "'validation' needs exactly"),
+        ({"selection": "final", "validation": BEST}, "'validation' belongs to a 'best' selection only"),
+        ({"selection": "best", "validation": {**BEST, "step": 0}}, "'validation.step' must be a positive integer"),
+        ({"selection": "latest"}, "'selection' must be one of final, best"),
+        ({"selection": "best", "validation": BEST, "baseline": "sft", "budget": None}, "base/sft rows are a starting"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(UserError, match=re.escape(message)):
+            store(tmp_path / "bad", [True], **fields)
+
+
+def test_published_rows_say_which_checkpoint_they_report() -> None:
+    published = load_published()
+    statistic = {row["label"]: row["statistic"] for table in ("table1", "table2") for row in published[table]["rows"]}
+    assert statistic["SPG w/ Mixture"] == "best-average"  # SPG: one checkpoint per model, best mean over lengths
+    assert statistic["d1 / diffu-GRPO, no SFT (reported by d1)"] == "best-per-length"  # d1: best per length
+    assert statistic["StableDRL, full-parameter"] == "unstated" and statistic["SDAR-8B-Chat"] == "start"
+    broken = copy.deepcopy(published)
+    broken["table1"]["rows"][0]["statistic"] = "best"
+    with pytest.raises(UserError, match="statistic must be one of start, best-average, best-per-length, unstated"):
+        load_published(broken)
 
 
 def test_average_columns_from_hand_made_results(tmp_path: Path) -> None:

@@ -696,16 +696,21 @@ def test_wd1_loss_equals_a_loop_implementation_over_replay_rows() -> None:
 
 # ----------------------------------------------------------------------------------------------------------- GDPO
 def test_gdpo_loss_hand_computed() -> None:
-    """rho = exp(dELBO / l): (1) dELBO 4 over 8 tokens, A = 1: rho = e^0.5 > 1.5, so the term is the clipped 1.5
-    (no gradient); (2) dELBO 3 over 2 tokens, A = -2: rho = e^1.5 > 1.5 and A < 0, so min(rho A, 1.5 A) = rho A
-    passes (the conditional clip's bypass); loss = -(1.5 - 2 e^1.5) / 2, and d loss / d E_2 = -(1/2) A rho / l
-    = e^1.5 / 2."""
-    elbo = torch.tensor([-10.0, -3.0], dtype=torch.float64, requires_grad=True)
-    old = torch.tensor([-14.0, -6.0], dtype=torch.float64)
-    loss, metrics = gdpo_loss(elbo, old, torch.tensor([8, 2]), torch.tensor([1.0, -2.0], dtype=torch.float64))
-    assert close(loss.item(), -(1.5 - 2 * math.exp(1.5)) / 2, 1e-12) and metrics["clip_ratio"] == 0.5
+    """NeMo RL's masked means by hand: rho_i = exp(dELBO_i / (l_i + 1e-8)), each row weighted l_i / (l_i + 1e-8),
+    the sum over (B + 1e-8). (1) dELBO 4 over 8 tokens, A = 1: rho ~ e^0.5 > 1.5, the clipped 1.5 (no gradient);
+    (2) dELBO 3 over 2 tokens, A = -2: rho ~ e^1.5 > 1.5 and A < 0, so rho A passes (the conditional clip's
+    bypass); (3) no scored token, A = 5: counts in B and adds 0 (a clamped length of 1 would add -A / B = -5/3)."""
+    elbo = torch.tensor([-10.0, -3.0, 0.0], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([-14.0, -6.0, 0.0], dtype=torch.float64)
+    advantages = torch.tensor([1.0, -2.0, 5.0], dtype=torch.float64)
+    loss, metrics = gdpo_loss(elbo, old, torch.tensor([8, 2, 0]), advantages)
+    rho2 = math.exp(3 / (2 + 1e-8))
+    w1, w2 = 8 / (8 + 1e-8), 2 / (2 + 1e-8)
+    assert close(loss.item(), -(w1 * 1.5 + w2 * (-2 * rho2)) / (3 + 1e-8), 1e-12)
+    assert close(metrics["clip_ratio"], 1 / 3, 1e-7)
     (grad,) = torch.autograd.grad(loss, elbo)
-    torch.testing.assert_close(grad, torch.tensor([0.0, math.exp(1.5) / 2], dtype=torch.float64))
+    expected = [0.0, -(w2 * -2 * rho2 / (2 + 1e-8)) / (3 + 1e-8), 0.0]
+    torch.testing.assert_close(grad, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=0)
 
 
 def test_gdpo_loss_is_espos_when_every_completion_fills_the_canvas() -> None:

@@ -5,12 +5,14 @@ The GPU path is DDP, FSDP2 or DeepSpeed ZeRO-2 over N processes; here each shipp
 ``stabledrl_bench/processes.py``). The same scenarios run once in this process (``multiprocess_scenarios.py``):
 
 * training, with activation checkpointing, for each family's calling convention: the losses and gradient norms
-  of every step equal one process's within 1e-5 -- with a reference model (GRPO), a process that drops every group
+  of every step equal one process's within 1e-5 -- with a reference model mixed with the policy (GRPO with TRL's
+  reference sync) and a validation of its checkpoints after each rollout phase, a process that drops every group
   (TraDo), pad-free batches whose number of forward passes differs between processes (LLaDA's Hub file), Dream's
   shifted logits and two micro-batches per process;
 * every process rolls out with the same weights and makes the same padding decision, also with FSDP's
   RAM-efficient loading, where the processes other than rank 0 start from uninitialised memory;
-* a run stopped after one rollout phase and resumed ends with the uninterrupted run's weights, bit for bit;
+* a run stopped after one rollout phase and resumed ends with the uninterrupted run's weights, bit for bit, and
+  the same validation history and best step;
 * evaluation: each process decodes a share, one record is written, equal to one process's (greedy and sampled);
 * the documented command, ``reproduce table1`` (smoke preset), trains, evaluates, and when run again reuses
   everything.
@@ -110,6 +112,7 @@ def test_ram_efficient_loading_is_exercised_only_under_fsdp(launched):
 def test_a_resumed_run_ends_with_the_uninterrupted_weights(launched):
     _, report, out = launched
     assert report["resume"]["log"] == report["grpo-native"]["log"]
+    assert report["resume"]["validation"] == report["grpo-native"]["validation"]  # the same history and choice
     resumed, uninterrupted = (
         load_file(str(out / run / "final" / "model.safetensors")) for run in ("resume", "grpo-native")
     )

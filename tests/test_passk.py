@@ -263,7 +263,7 @@ def test_sampled_records_get_their_own_block_change_table_and_plot(tmp_path: Pat
     greedy = markdown[: markdown.index("SAMPLED DECODING")]
     assert "d1-n2-t1" not in greedy.split("**Measured by this code — comparison `cmp`**")[-1].split("\n\n")[1]
     block = markdown[markdown.index("SAMPLED DECODING") :]
-    assert "| sft | tiny-dlm | d1-n2-t1 | 0 | 25.0 [0.0, 50.0] | 50.0 [0.0, 100.0] |" in block
+    assert "| sft | start | tiny-dlm | d1-n2-t1 | 0 | 25.0 [0.0, 50.0] | 50.0 [0.0, 100.0] |" in block
     # test_rl_a: pass@1 = (1 + 0) / 2 = 50, pass@2 = 50, maj@2 = 50; change from sft, paired by problem
-    assert "| test_rl_a | +25.0" in block and "GSM8K 128 pass@2" in block
+    assert "| test_rl_a | final | +25.0" in block and "GSM8K 128 pass@2" in block
     assert (tmp_path / "plots" / "table1__cmp__passk.png").stat().st_size > 1000

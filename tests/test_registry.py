@@ -16,8 +16,10 @@ from stabledrl_bench.core.advantages import ADVANTAGES
 from stabledrl_bench.core.baseline import BASELINES, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import (
     ESTIMATORS,
+    CoupledPair,
     D1OneStep,
     ESPOElbo,
+    SDMCElbo,
     SPGBlock,
     StaircaseElbo,
     TraceReplay,
@@ -89,6 +91,31 @@ def test_unknown_option_is_a_user_error() -> None:
         ("espo", ESPOElbo(num_mc=2, reduce_var=True), "leave_one_out", True, True, True, {"beta": 1e-3}),
         ("trado", TraceReplay(shrink=1), "group_zscore", True, False, True, {"beta": 0.01, "normalize": "length"}),
         ("stabledrl", SPGBlock(num_mc=2), "group_mean", True, False, False, {"clip_threshold": 5.0}),
+        ("wd1", D1OneStep(p_mask_prompt=0.15), "group_mean", False, False, True, {"sync_ref_model": False}),
+        (
+            "coupled_grpo",  # apple/ml-diffucoder: leave_one_out = True; recipe lines 11-12; TRL's mix-up alpha
+            CoupledPair(t_min=0.2, t_max=0.8, p_mask_prompt=0.0),
+            "leave_one_out",
+            True,
+            True,
+            True,
+            {
+                "epsilon": 0.5,
+                "beta": 0.01,
+                "sync_ref_model": True,
+                "ref_model_sync_steps": 64,
+                "ref_model_mixup_alpha": 0.6,
+            },
+        ),
+        (
+            "gdpo",
+            SDMCElbo(nodes=3, mc_samples=1, mask_seed="content"),
+            "group_mean",
+            True,
+            False,
+            True,
+            {"epsilon": 0.5},
+        ),
     ],
 )
 def test_official_defaults_estimator_spec_and_advantage_rule(
@@ -286,7 +313,7 @@ def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
     recorded = {r["baseline"]: r.get("advantage") for r in load_results(results)}  # the run's rule, from its run.json
     assert recorded == {"grpo": {"rule": "group_mean", "options": {}}, "sft": None}
     markdown = build_leaderboard(results, {"schema": "stabledrl-bench/published/v1"})
-    header = next(line for line in markdown.splitlines() if line.startswith("| Baseline | Model"))
+    header = next(line for line in markdown.splitlines() if line.startswith("| Baseline | Checkpoint | Model"))
     assert "| hard_sudoku 256 |" in header and "| Sudoku 256 |" in header  # its own column beside the paper's
     assert "hard_sudoku is not a column of the paper. It is not in the overall average." in markdown
     assert "| grpo |" in markdown and "**Change from the starting point**" in markdown

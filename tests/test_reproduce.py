@@ -87,7 +87,9 @@ def _repeats(record: dict) -> int:
 
 
 def test_interrupted_training_resumes(tmp_path, monkeypatch):
-    """A run killed after its checkpoint resumes instead of starting over."""
+    """A run killed after its checkpoint resumes instead of starting over. With checkpoint selection on
+    (``--eval-every``) its best checkpoint on the validation docs is evaluated beside its final one, both records
+    say which they are, the board labels the two rows, and the resumed run keeps its choice."""
     from stabledrl_bench.training.checkpoint import latest_checkpoint
     from stabledrl_bench.training.trainer import RLTrainer
 
@@ -100,15 +102,37 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(RLTrainer, "train", spy)
     run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "s0" / "grpo"
-    assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
+    argv = ("--baselines", "grpo", "--eval-every", "2", "--limit", "4")
+    assert _run(tmp_path, "table1", *argv) == 0
     assert calls == [("grpo", False), ("frozen", False)]
+    _check_selection(tmp_path, run_dir)
     # Simulate a crash after the last checkpoint: no final model, and the runner never wrote the run's summary.
 
     shutil.rmtree(run_dir / "final")
     (run_dir / "summary.json").unlink()
-    assert _run(tmp_path, "table1", "--baselines", "grpo") == 0
+    assert _run(tmp_path, "table1", *argv) == 0
     assert calls == [("grpo", False), ("frozen", False), ("grpo", True)]  # the finished control is not rerun
     assert (run_dir / "final" / "config.json").is_file()
+    _check_selection(tmp_path, run_dir)
+
+
+def _check_selection(tmp_path: Path, run_dir: Path) -> None:
+    """grpo's final and best checkpoints are evaluated at every length (the smoke run validates once, at its last
+    step, on 4 generated puzzles at the 48-token canvas) and labelled; the control selects nothing."""
+    validation = json.loads((run_dir / "validation.json").read_text())
+    assert validation["best"]["step"] == 2 and validation["lengths"] == [48] and validation["items"] == 4
+    records = [r for r in load_results(tmp_path / "results") if r["baseline"] == "grpo"]
+    chosen = {r.get("selection"): r for r in records}
+    assert sorted(r["selection"] for r in records) == ["best"] * 3 + ["final"] * 3
+    assert chosen["best"]["validation"] == {
+        **{k: validation[k] for k in ("every", "tasks", "lengths", "items", "protocol")},
+        "step": 2,
+        "score": validation["best"]["score"],
+    }
+    assert chosen["best"]["model"]["checkpoint"].endswith("grpo/best") and "validation" not in chosen["final"]
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "| grpo | final |" in board and "| grpo | best on validation (step 2) |" in board
+    assert not (run_dir.parent / "frozen" / "best").exists()
 
 
 def test_seeds_are_replicates_and_the_board_shows_their_spread(tmp_path):

@@ -113,3 +113,47 @@ def test_sudoku_generator_flags_multi_solution_puzzles(sudoku_puzzles: list[dict
 def test_other_tasks_have_no_generator() -> None:
     with pytest.raises(NotImplementedError):
         get_task("gsm8k").generate(1, seed=0)
+
+
+# ------------------------------------------------------------------------------------- validation docs
+def _test_keys(task) -> set:
+    return {task.item_key(doc) for split in task.held_out for doc in task.load(split)}
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "options"),
+    [
+        ("sudoku", "generated", {}),
+        ("sudoku_hard", "generated", {"num_blanks": 12}),
+        ("countdown", "generated", {"num_numbers": [3]}),
+        ("countdown_large", "train_cd3", {}),
+        ("gsm8k", "train", {}),
+        ("math500", "train", {}),
+    ],
+)
+def test_validation_docs_are_never_test_items(name: str, source: str, options: dict) -> None:
+    task = get_task(name)
+    docs = task.validation_docs(24, seed=5, source=source, generator_options=options)
+    keys = {task.item_key(doc) for doc in docs}
+    assert len(keys) == 24 and not keys & _test_keys(task)
+    assert docs == task.validation_docs(24, seed=5, source=source, generator_options=options)  # deterministic
+
+
+def test_validation_docs_drop_test_items_whatever_the_source_holds(monkeypatch) -> None:
+    """A generator or a split that hands out test puzzles (and puzzles a run trains on) does not leak them: they are
+    removed by key, a permuted Countdown puzzle included; a held-out split is refused as a source."""
+    task = get_task("countdown")
+    tests = task.load("test")
+    permuted = [{**doc, "numbers": doc["numbers"][::-1]} for doc in tests[:20]]
+    fresh = task.generate(30, seed=1, num_numbers=[3])
+    monkeypatch.setattr(task, "generate", lambda n, seed, **kw: (permuted + fresh)[:n])
+    docs = task.validation_docs(10, seed=0, source="generated", exclude={task.item_key(fresh[0])})
+    assert [doc["doc_id"] for doc in docs] == [doc["doc_id"] for doc in fresh[1:11]]
+    original = task.load
+    monkeypatch.setattr(
+        task, "load", lambda split, limit=None: permuted + fresh if split == "train" else original(split)
+    )
+    drawn = task.validation_docs(30, seed=0, source="train")
+    assert sorted(doc["doc_id"] for doc in drawn) == sorted(doc["doc_id"] for doc in fresh)
+    with pytest.raises(UserError, match="split 'test' is held out for testing"):
+        task.validation_docs(4, seed=0, source="test")

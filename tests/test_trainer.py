@@ -617,3 +617,124 @@ def test_lora_anchors_to_the_adapter_free_model(small_models, tmp_path, monkeypa
     trainer.train()
     log = read_log(tmp_path / "log.jsonl")
     assert log[0]["anchor_kl"] == 0.0 and log[1]["anchor_kl"] > 0
+
+
+# ----------------------------------------------------------------------------------------------- reference sync
+def _cheap(model: Path, out: Path, baseline: str, monkeypatch, **overrides) -> TrainConfig:
+    """Sudoku's 288 training puzzles (no 10,000-puzzle pool to generate) and no curves plot: for tests of what the
+    trainer does between steps."""
+    monkeypatch.setattr(trainer_module, "plot_curves", lambda *args, **kwargs: None)
+    return _config(model, out, baseline, task="sudoku", train_split="train", generator_options={}, **overrides)
+
+
+def test_a_synced_reference_mixes_by_hand_and_resumes_identically(small_models, tmp_path, monkeypatch):
+    """Coupled-GRPO's reference synced every 2 steps with alpha 0.25: after steps 2 and 4 (and only then)
+    ref <- (1 - a) ref + a policy (TRL's mix-up), so the reference at the end is (1 - a)^2 ref_0 + a (1 - a) policy_2
+    + a policy_4, recomputed from the policies the trainer mixed in. The reference mixed at step 2 drives the KL of
+    steps 3-4: a run stopped at step 2 and resumed must restore it from its checkpoint (it cannot be re-derived from
+    the step-2 weights) to end with the same weights and losses."""
+    alpha, mixed = 0.25, []
+    original = trainer_module.mix_into
+
+    def spy(target, source, a):
+        mixed.append({k: v.detach().clone() for k, v in source.state_dict().items()})
+        return original(target, source, a)
+
+    monkeypatch.setattr(trainer_module, "mix_into", spy)
+    options = {"ref_model_sync_steps": 2, "ref_model_mixup_alpha": alpha}
+    logs = []
+    for name, stop in (("a", None), ("b", 2)):
+        config = _cheap(
+            small_models["full"], tmp_path / name, "coupled_grpo", monkeypatch, steps=4, baseline_options=options
+        )
+        trainer = RLTrainer(config)
+        _varied(trainer, monkeypatch)
+        if stop is None:
+            assert trainer.syncs_reference and trainer.run_info()["reference_sync"] == {"steps": 2, "alpha": alpha}
+            start = {k: v.detach().clone() for k, v in trainer.ref_dlm.model.state_dict().items()}
+            trainer.train()
+            end = trainer.ref_dlm.model.state_dict()
+            for key, ref0 in start.items():
+                expected = (1 - alpha) ** 2 * ref0 + alpha * (1 - alpha) * mixed[0][key] + alpha * mixed[1][key]
+                torch.testing.assert_close(end[key], expected, rtol=0, atol=1e-6)
+            assert not torch.equal(mixed[0][key], mixed[1][key]) and not torch.equal(end[key], start[key])
+        else:
+            trainer.train(stop_after=stop)
+            assert (tmp_path / name / "checkpoints" / "step_000002" / "reference" / "rank0.pt").is_file()
+            trainer = RLTrainer(config)
+            _varied(trainer, monkeypatch)
+            trainer.train(resume=True)
+        logs.append(read_log(tmp_path / name / "log.jsonl"))
+    assert [r.get("reference_synced", False) for r in logs[0]] == [False, True, False, True]
+    a, b = _params(tmp_path / "a" / "final"), _params(tmp_path / "b" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]] and logs[0][2]["kl"] > 0
+
+
+def test_reference_sync_settings_are_checked_and_off_in_a_frozen_runs_identity(small_models, tmp_path):
+    from stabledrl_bench.core.baseline import build_baseline
+    from stabledrl_bench.experiments.runner import TrainJob
+
+    with pytest.raises(UserError, match=r"^ref_model_sync_steps must be a positive integer, got 0$"):
+        build_baseline("coupled_grpo", ref_model_sync_steps=0)
+    with pytest.raises(UserError, match=r"^ref_model_mixup_alpha must be in \(0, 1\], got 1.5$"):
+        build_baseline("grpo", sync_ref_model=True, ref_model_mixup_alpha=1.5)
+    frozen = TrainJob(_config(small_models["full"], tmp_path, "grpo")).identity()["baseline_config"]
+    assert "sync_ref_model" not in frozen and "ref_model_sync_steps" not in frozen  # earlier runs keep their keys
+    synced = TrainJob(_config(small_models["full"], tmp_path, "coupled_grpo")).identity()["baseline_config"]
+    assert (synced["sync_ref_model"], synced["ref_model_sync_steps"], synced["ref_model_mixup_alpha"]) == (
+        True,
+        64,
+        0.6,
+    )
+
+
+# ----------------------------------------------------------------------------------------- checkpoint selection
+def test_validation_keeps_the_best_checkpoint_resumes_and_leaves_training_alone(small_models, tmp_path, monkeypatch):
+    """Validation after steps 1 and 2 scores 0.5 then 0.25 (scripted), so ``best/`` holds the step-1 weights, which
+    the scorer was shown; the run trains exactly as one without validation, and stopped after step 1 and resumed
+    it chooses the same."""
+    from stabledrl_bench.training.trainer import VALIDATION_FILE
+    from stabledrl_bench.training.validation import ValidationConfig, Validator
+
+    shown: list[dict[str, torch.Tensor]] = []
+
+    def scripted(self, dlm):
+        shown.append({k: v.detach().clone() for k, v in dlm.model.state_dict().items()})
+        return {"score": (0.5, 0.25)[len(shown) % 2 - 1], "cells": {"sudoku@16": 0.0}}
+
+    monkeypatch.setattr(Validator, "score", scripted)
+    one_step = small_budget(max_steps=2, num_iterations=1)
+    validation = ValidationConfig(every=1, items=4, protocol="tiny")
+    runs = {}
+    for name, extra in (
+        ("plain", {}),
+        ("validated", {"validation": validation}),
+        ("resumed", {"validation": validation}),
+    ):
+        config = _cheap(small_models["full"], tmp_path / name, "stabledrl", monkeypatch, budget=one_step, **extra)
+        trainer = RLTrainer(config)
+        _varied(trainer, monkeypatch)
+        if name == "resumed":
+            trainer.train(stop_after=1)
+            trainer = RLTrainer(config)
+            _varied(trainer, monkeypatch)
+            trainer.train(resume=True)
+        else:
+            trainer.train()
+        runs[name] = _params(tmp_path / name / "final")
+    assert len(shown) == 4 and not (tmp_path / "plain" / "best").exists()
+    assert all(torch.equal(runs["plain"][k], runs["validated"][k]) for k in runs["plain"])  # training untouched
+    assert all(torch.equal(runs["resumed"][k], runs["validated"][k]) for k in runs["plain"])
+    for name in ("validated", "resumed"):
+        record = json.loads((tmp_path / name / VALIDATION_FILE).read_text())
+        assert [entry["step"] for entry in record["history"]] == [1, 2] and record["best"]["step"] == 1
+        assert record["best"]["score"] == 0.5 and (record["every"], record["items"], record["tasks"]) == (
+            1,
+            4,
+            ["sudoku"],
+        )
+        best = _params(tmp_path / name / "best")
+        assert all(torch.equal(best[k], shown[0][k]) for k in best) and not all(
+            torch.equal(best[k], runs[name][k]) for k in best
+        )

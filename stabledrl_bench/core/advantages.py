@@ -10,7 +10,8 @@ rule (registered)  function                       A_i                           
 =================  =============================  =========================================  ==================
 ``group_mean``     ``group_mean_advantage``       r_i - mean_{j in g} r_j                    d1/GRPO, SPG,
                                                                                              StableDRL
-``leave_one_out``  ``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO, GDSD
+``leave_one_out``  ``leave_one_out_advantage``    r_i - mean_{j in g, j != i} r_j            ESPO, GDSD,
+                                                                                             coupled-GRPO
 ``group_zscore``   ``group_zscore_advantage``     (c_i - mean_g c) / std_g c (population)    TraceRL / TraDo
 ``reward_zscore``  ``reward_zscore_advantage``    (r_i - mean_g r) / (std_g r + epsilon),    JustGRPO, BGPO
                                                   sample std (Bessel's n - 1)
@@ -94,18 +95,20 @@ def group_mean_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torc
 
 
 def leave_one_out_advantage(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """A_i = r_i - (1/(G-1)) sum_{j in g(i), j != i} r_j  (ESPO, RLOO); 0 for a singleton group.
+    """A_i = r_i - (S_g - r_i) / (G - 1), S_g the group's sum (ESPO, coupled-GRPO, RLOO); 0 for a singleton group.
 
-    Written as (G r_i - S_g) / (G - 1) with S_g the group sum, which is the same number without a loop; in
-    ``compute_dtype``.
+    Evaluated in the official codes' order (``ML-GSAI/ESPO: espo/espo_trainer.py`` lines 706-710,
+    ``apple/ml-diffucoder: src/open_r1/coupled_grpo.py`` lines 557-561: ``baseline = (sum_group - rewards) /
+    (num_generations - 1)``, then ``rewards - baseline``), so the advantage is theirs to the last bit for the same
+    group sum; algebraically it is (G r_i - S_g) / (G - 1), which rounds differently. In ``compute_dtype``.
     """
     _check(rewards, group_ids, "rewards")
     rewards = rewards.to(compute_dtype(rewards))
     index, num_groups = group_index(group_ids)
     total = group_reduce(rewards, index, num_groups, "sum")[index]
     size = torch.bincount(index, minlength=num_groups)[index].to(rewards.dtype)
-    loo = (size * rewards - total) / (size - 1).clamp(min=1)
-    return torch.where(size > 1, loo, torch.zeros_like(rewards))
+    baseline = (total - rewards) / (size - 1).clamp(min=1)
+    return torch.where(size > 1, rewards - baseline, torch.zeros_like(rewards))
 
 
 def reward_zscore_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, epsilon: float = 1e-4) -> torch.Tensor:

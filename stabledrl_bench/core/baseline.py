@@ -61,10 +61,26 @@ class LossInputs:
 
 @dataclass
 class BaselineConfig:
-    """Hyperparameters shared by name across baselines (TRL's GRPOConfig names where one exists)."""
+    """Hyperparameters shared by name across baselines (TRL's GRPOConfig names where one exists).
+
+    ``sync_ref_model`` is TRL's TR-DPO reference update (``SyncRefModelCallback``), for any method with a reference
+    (beta > 0): after every ``ref_model_sync_steps``-th optimizer step, ref <- (1 - alpha) ref + alpha policy with
+    alpha = ``ref_model_mixup_alpha``, parameter by parameter (``training/distributed.py: mix_into``). Off (a frozen
+    reference) unless a method's official recipe turns it on; TRL's defaults for the other two.
+    """
 
     beta: float = 0.0  # KL coefficient; 0 means no reference model is loaded
     coupled: bool = True  # old/new likelihoods from the same masks (False: independent masks)
+    sync_ref_model: bool = False  # mix the policy into the reference every ref_model_sync_steps steps
+    ref_model_sync_steps: int = 512  # TRL's default
+    ref_model_mixup_alpha: float = 0.6  # TRL's default
+
+    def __post_init__(self) -> None:
+        steps, alpha = self.ref_model_sync_steps, self.ref_model_mixup_alpha
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise UserError(f"ref_model_sync_steps must be a positive integer, got {steps!r}")
+        if not 0 < alpha <= 1:
+            raise UserError(f"ref_model_mixup_alpha must be in (0, 1], got {alpha!r}")
 
 
 class Baseline:

@@ -212,26 +212,57 @@ def _uniform_int(generator: torch.Generator, low: torch.Tensor, high: torch.Tens
 
 
 def _random_subsets(
-    generator: torch.Generator, allowed: torch.Tensor, count: torch.Tensor, group: torch.Tensor | None = None
+    generator: torch.Generator | None,
+    allowed: torch.Tensor,
+    count: torch.Tensor,
+    group: torch.Tensor | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """For every row and every group g, a uniformly random ``count[..., g]``-subset of the allowed positions of g.
 
     ``allowed`` [..., L] bool; ``count`` [..., G] (at most the number of allowed positions of the group);
     ``group`` [L] long (contiguous groups 0..G-1, e.g. blocks; None = one group). Random keys put the allowed
     positions of each group first in random order; a position is chosen when its rank inside its group is below
-    the group's count.
+    the group's count. The keys are U[0, 1) drawn from ``generator``, or ``uniform`` (shaped like ``allowed``) when
+    the caller drew them itself.
     """
     length = allowed.shape[-1]
     if group is None:
         group = torch.zeros(length, dtype=torch.long, device=allowed.device)
-    keys = group.to(torch.float64) * 4.0 + torch.where(
-        allowed, _uniform(generator, tuple(allowed.shape), allowed.device), 2.0
-    )
+    if uniform is None:
+        assert generator is not None
+        uniform = _uniform(generator, tuple(allowed.shape), allowed.device)
+    keys = group.to(torch.float64) * 4.0 + torch.where(allowed, uniform, 2.0)
     rank = keys.argsort(dim=-1).argsort(dim=-1)
     group_start = torch.searchsorted(group, group, right=False)  # first position of each position's group
     rank_in_group = rank - group_start
     per_position = count.gather(-1, group.expand(*count.shape[:-1], length))
     return allowed & (rank_in_group < per_position)
+
+
+CONTENT_HASH_MODULUS = 2**31 - 1
+
+
+def content_seeds(batch: SequenceBatch) -> torch.Tensor:
+    """One mask seed per sequence from its own tokens: sum_p p * token_p mod (2^31 - 1), positions p = 1, 2, ...
+    over the real prompt tokens followed by the scored completion tokens, [B] long.
+
+    NeMo RL GDPO's ``make_dllm_mask_seeds`` (``research/gdpo/gdpo/elbo.py``), which the official worker computes
+    from every row it scores, so a sequence gets the same masks at every evaluation (old, reference and current
+    policy) however it is batched. The official row is [prompt | response | right padding]; padding enters its hash.
+    Here neither padding nor the positions after the first EOS do, so a seed depends on the sequence alone.
+    """
+    real = torch.cat((batch.prompt_mask.bool(), batch.completion_mask.bool()), dim=1)
+    tokens = torch.cat((batch.prompt_ids, batch.completion_ids), dim=1).to(torch.int64)
+    positions = torch.cumsum(real.to(torch.int64), dim=1)
+    return torch.remainder(torch.where(real, tokens * positions, 0).sum(dim=1), CONTENT_HASH_MODULUS)
+
+
+def _content_uniform(batch: SequenceBatch, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """U[0, 1) [B, *shape] in float64, row i drawn from a generator seeded with :func:`content_seeds` of sequence i."""
+    seeds = content_seeds(batch).tolist()
+    rows = [_uniform(torch.Generator().manual_seed(int(seed)), shape, device) for seed in seeds]
+    return torch.stack(rows) if rows else torch.zeros((0, *shape), dtype=torch.float64, device=device)
 
 
 def _log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -469,6 +500,9 @@ GAUSS_LEGENDRE: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
 }
 
 
+MASK_SEEDS = ("stream", "content")
+
+
 @ESTIMATORS.register("sdmc_elbo")
 @dataclass(frozen=True, kw_only=True)
 class SDMCElbo(Estimator):
@@ -485,15 +519,24 @@ class SDMCElbo(Estimator):
     the completion mask (up to and including the first EOS); later positions stay clean and visible, where the
     official code has cut the response at its stop token. No prompt token is masked (the recipe's
     ``p_mask_prompt: 0.0``).
+
+    ``mask_seed``: where the masks' randomness comes from. ``"stream"`` draws them from the generator ``draw`` is
+    given, like every estimator; ``"content"`` (what GDPO's official worker does) ignores it and draws each
+    sequence's masks from its own generator seeded by :func:`content_seeds`, so a sequence has the same masks
+    wherever and whenever it is scored. The staircase counterpart (block attention) always draws from the stream.
     """
 
     nodes: int = 3  # "gauss-3", the published recipe
     mc_samples: int = 1
+    mask_seed: str = "stream"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(self.nodes in GAUSS_LEGENDRE, f"nodes must be one of {sorted(GAUSS_LEGENDRE)}, got {self.nodes!r}")
         _require(_is_int(self.mc_samples, 1), f"mc_samples must be a positive integer, got {self.mc_samples!r}")
+        _require(
+            self.mask_seed in MASK_SEEDS, f"mask_seed must be one of {', '.join(MASK_SEEDS)}, got {self.mask_seed!r}"
+        )
 
     def quadrature(self) -> tuple[list[float], list[float]]:
         """The nodes t_n and weights w_n on [0, 1] (the weights sum to 1)."""
@@ -516,7 +559,10 @@ class SDMCElbo(Estimator):
         t = torch.tensor([r[0] for r in rows], dtype=torch.float64, device=scored.device)
         count = torch.minimum(torch.floor(lengths * t).long().clamp(min=1), lengths)  # [B, N]
         allowed = scored.unsqueeze(1).expand(-1, len(rows), -1)
-        masked = _random_subsets(generator, allowed, count.unsqueeze(-1))
+        uniform = None
+        if self.mask_seed == "content":
+            uniform = _content_uniform(batch, tuple(allowed.shape[1:]), allowed.device)
+        masked = _random_subsets(generator, allowed, count.unsqueeze(-1), uniform=uniform)
         coefficient = torch.tensor([r[1] for r in rows], dtype=torch.float64, device=scored.device)
         return SDMCNoise(masked=masked, coefficient=coefficient)
 

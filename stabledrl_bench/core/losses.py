@@ -5,17 +5,18 @@ The losses in ``baselines/`` import these, so two methods differ only where thei
 is one of the real differences between the methods, so each one has a name here and each loss calls its own
 by name instead of hiding a ``.sum() / ...`` in the middle of its formula:
 
-=====================  ==================================================  ===========================
-aggregation            L = ...                                             used by
-=====================  ==================================================  ===========================
-``token_mean``         sum_ik c_ik l_ik / sum_ik c_ik (all valid tokens)    d1/GRPO
-``token_mean_per_step`` (1/S) sum_s [sum_{r in s, k} c l / sum_{r in s, k} c] CJ-GRPO (rows of replay step s)
-``row_mean``           (1/R) sum_r (1/N_r) sum_k c_rk l_rk                  TraceRL/TraDo (N_r = L or |P_r|),
-                                                                           AGRPO (N_r = 1)
-``sequence_mean``      (1/B) sum_i l_i                                      ESPO
-``length_weighted``    sum_i |y_i| l_i / sum_i |y_i|                         SPG
-``mean_over_groups``   (1/#groups) sum_i l_i (a sum inside each group)      StableDRL (and its ablations)
-=====================  ==================================================  ===========================
+========================  =====================================================  =================================
+aggregation               L = ...                                                used by
+========================  =====================================================  =================================
+``token_mean``            sum_ik c_ik l_ik / sum_ik c_ik (all valid tokens)      d1/GRPO
+``token_mean_per_step``   (1/S) sum_s [sum_{r in s, k} c l / sum_{r in s, k} c]  CJ-GRPO (rows of replay step s)
+``row_mean``              (1/R) sum_r (1/N_r) sum_k c_rk l_rk                    TraceRL/TraDo (N_r = L or |P_r|),
+                                                                                 AGRPO (N_r = 1)
+``sequence_mean``         (1/B) sum_i l_i                                        ESPO
+``masked_sequence_mean``  (1/(B + 1e-8)) sum_i l_i |y_i| / (|y_i| + 1e-8)        GDPO (NeMo RL's masked means)
+``length_weighted``       sum_i |y_i| l_i / sum_i |y_i|                          SPG
+``mean_over_groups``      (1/#groups) sum_i l_i (a sum inside each group)        StableDRL (and its ablations)
+========================  =====================================================  =================================
 
 Precision: every function computes in ``compute_dtype`` of its inputs (promote_types(inputs, float32)), and
 exponentials of log-ratios never overflow into inf x 0 (:func:`scaled_exp`).
@@ -23,6 +24,7 @@ exponentials of log-ratios never overflow into inf x 0 (:func:`scaled_exp`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -245,13 +247,30 @@ def sequence_mean(values: torch.Tensor) -> torch.Tensor:
     return values.mean()
 
 
+def masked_sequence_mean(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """NeMo RL's sequence-level loss reduction: (1/(B + 1e-8)) sum_i l_i |y_i| / (|y_i| + 1e-8) (GDPO).
+
+    Why not :func:`sequence_mean`: ``ClippedPGLossFn`` (``token_level_loss: false``) first takes each row's masked
+    mean of a value repeated over its scored tokens, ``sum / (|y_i| + 1e-8)`` (``nemo_rl/algorithms/utils.py:
+    masked_mean``), then the mean over the rows with the same 1e-8. A completion with no scored token therefore
+    counts in B and adds exactly 0, whatever its value; every other row gets the factor |y_i| / (|y_i| + 1e-8),
+    which is 1 in float32 and 1 - 1e-8 / |y_i| in float64. ``values`` and ``lengths`` (scored tokens) are [B].
+    """
+    lengths = lengths.to(values.dtype)
+    return (values * lengths / (lengths + 1e-8)).sum() / (values.shape[0] + 1e-8)
+
+
 def sequence_ppo(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon: float,
+    aggregate: Callable[[torch.Tensor], torch.Tensor] = sequence_mean,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """-(1/B) sum_i min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps) A_i) for one log-ratio per sequence [B], with the
-    ratio diagnostics: the part ESPO and GDPO share (they differ in the ELBO, its normaliser and ESPO's KL)."""
+    """``aggregate`` (default (1/B) sum_i) of -min(rho_i A_i, clip(rho_i, 1 - eps, 1 + eps) A_i) for one log-ratio
+    per sequence [B], with the ratio diagnostics: the part ESPO and GDPO share (they differ in the ELBO, its
+    normaliser, the reduction over the sequences and ESPO's KL)."""
     objective, clipped = conditional_clip(log_ratio, advantages, epsilon)
-    loss = sequence_mean(-objective)
+    loss = aggregate(-objective)
     metrics = {
         "loss": loss.item(),
         **ratio_metrics(log_ratio),

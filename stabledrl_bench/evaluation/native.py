@@ -46,9 +46,10 @@ def evaluate(
     batch_size: int = 16,
     seed: int = 0,
     progress: bool = True,
+    docs: list[dict[str, Any]] | None = None,
 ) -> EvalOutcome:
-    """Decode every evaluation doc of ``task_name`` (the protocol's subset) on a ``max_completion_length``
-    canvas and grade it.
+    """Decode every evaluation doc of ``task_name`` (the protocol's subset; ``docs`` instead when given, e.g. a
+    run's validation docs) on a ``max_completion_length`` canvas and grade it.
 
     Accuracy is the mean of the task grader's ``correct`` verdicts; for Sudoku the d1 cell accuracy goes into
     ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side). A
@@ -61,7 +62,7 @@ def evaluate(
     """
     proto = get_protocol(protocol) if isinstance(protocol, str) else protocol
     task = get_task(task_name)
-    docs = task.eval_docs(limit=limit)
+    docs = task.eval_docs(limit=limit) if docs is None else docs
     settings = proto.settings(max_completion_length, dlm)
     dlm.model.eval()
     specs = [task.prompt(doc, proto.prompt_protocol) for doc in docs]
@@ -230,11 +231,15 @@ def evaluate_and_record(
     batch_size: int = 16,
     skip_existing: bool = True,
     progress: bool = True,
+    selection: str = "final",
+    validation: dict[str, Any] | None = None,
 ) -> Recorded:
     """Evaluate and write one result, or reuse the stored one when it measured the same weights (resumable).
 
     ``budget`` and ``advantage`` (:meth:`~stabledrl_bench.core.baseline.Baseline.advantage_record`) describe how an RL
-    checkpoint was trained; None for the base and SFT rows.
+    checkpoint was trained; None for the base and SFT rows. ``selection`` says which checkpoint of its run the model
+    is (``final``, or ``best`` on the run's validation docs, described by ``validation``); the two are different
+    folders, so different records.
 
     Reuse needs the same weights hash, decode settings, generated length and number of samples; anything else
     is measured again and replaces the stored result. Under a launch every process decodes its share and the
@@ -263,6 +268,8 @@ def evaluate_and_record(
         **({"advantage": advantage} if advantage is not None else {}),
         "settings": {**outcome.settings, "model": dlm.config_summary()},
         "metrics": outcome.metrics,
+        "selection": selection,
+        **({"validation": validation} if validation is not None else {}),
     }
     if is_main_process():
         write_result(results_dir, record, outcome.samples)

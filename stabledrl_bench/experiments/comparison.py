@@ -48,6 +48,7 @@ class Comparison:
     force: bool = False
     check_model: bool = True
     sampled: SampledEval | None = None
+    eval_every: int = 0  # --eval-every: validation every N steps and the best checkpoint evaluated too (0: off)
 
     @property
     def name(self) -> str:
@@ -124,6 +125,7 @@ def comparison(
     pass_k: int | None = None,
     temperature: float = 1.0,
     pass_k_lengths: str | None = None,
+    eval_every: int | None = None,
 ) -> Comparison:
     """The :class:`Comparison` the ``reproduce`` options ask for (the command line's text, checked here): every
     bad option is one line before anything runs, not after the first warm start.
@@ -159,7 +161,11 @@ def comparison(
         force=force,
         check_model=check_model,
         sampled=sampled,
+        eval_every=chosen.validation.every if eval_every is None else eval_every,
     )
+    unknown = sorted(set(chosen.validation.lengths) - set(chosen.lengths))
+    if unknown:
+        raise UserError(f"preset {chosen.name!r}: validation lengths {unknown} are not lengths of the preset")
     built.evaluations()  # a sampled protocol that cannot be built (e.g. --pass-k 1) fails now
     for baseline in built.baselines:  # a method that cannot learn under the budget fails before any warm start
         build_baseline(baseline).require_groups(chosen.budget.num_generations)

@@ -22,6 +22,7 @@ from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.sft import SFTConfig
 from stabledrl_bench.training.trainer import TrainConfig
+from stabledrl_bench.training.validation import ValidationConfig
 
 
 @dataclass
@@ -34,6 +35,21 @@ class TaskRecipe:
     sft_generator_options: dict[str, Any] | None = None  # None: same puzzles as RL
     sft: dict[str, Any] = field(default_factory=dict)  # this task's changes to the preset's SFT warm start
     default: bool = True  # run by a plain `reproduce`; False: only when named with --tasks (a costly extra column)
+
+
+@dataclass
+class PresetValidation:
+    """Checkpoint selection in a comparison (``reproduce --eval-every N`` turns it on; ``every`` 0: off): each run
+    is evaluated every N steps on ``items`` validation docs of its task at the nominal ``lengths`` (default: all of
+    the preset's, SPG's rule: the best average over the lengths), and its best checkpoint is evaluated on the test
+    set beside its final one."""
+
+    every: int = 0
+    items: int = 64
+    lengths: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ValidationConfig(every=self.every, items=self.items)  # the same checks as a run's, when the preset is read
 
 
 @dataclass
@@ -57,6 +73,7 @@ class Preset:
     eval_batch_size: int = 64
     save_every: int | None = None  # TrainConfig.save_every (None: every tenth of a run)
     seeds: tuple[int, ...] = (0,)
+    validation: PresetValidation = field(default_factory=PresetValidation)
 
     def task_sft(self, task: str) -> SFTConfig | None:
         """The warm start of ``task``: the preset's SFT with the task's own changes (its ``sft:`` entry)."""

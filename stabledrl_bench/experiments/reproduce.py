@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,7 +54,8 @@ from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
 from stabledrl_bench.reporting.training import CONTROL_RUN
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.trainer import TrainConfig
+from stabledrl_bench.training.trainer import VALIDATION_FILE, TrainConfig
+from stabledrl_bench.training.validation import ValidationConfig
 
 
 def _banner(run: Comparison) -> None:
@@ -113,8 +115,9 @@ def _plan(run: Comparison) -> tuple[list[str], list[float]]:
         sft = preset.task_sft(task)
         one = [("sft", sft_work(sft.max_steps, sft.batch_size, prompt + sft.max_completion_length))] if sft else []
         one += [("eval", evaluation)]
+        best = [("eval", evaluation)] if run.eval_every else []  # the best checkpoint's evaluation
         for baseline in run.baselines:
-            one += [("train", train(baseline)), ("eval", evaluation)]
+            one += [("train", train(baseline)), ("eval", evaluation), *best]
         one += [("train", train(CONTROL_BASELINE))]
         for _ in run.seeds:
             kinds += [f"{task}:{kind}" for kind, _ in one]
@@ -141,6 +144,10 @@ def _replicate(replicate: Replicate, stages: Stages) -> None:
         stages.end(reused=cached)
         stages.begin(f"{where}: evaluate {baseline}")
         stages.end(reused=_evaluate_all(replicate, baseline, str(final), trained=True))
+        if run.eval_every:
+            best, validation = _best_checkpoint(Path(config.output_dir))
+            stages.begin(f"{where}: evaluate {baseline}'s best checkpoint (validation step {validation['step']})")
+            stages.end(reused=_evaluate_all(replicate, baseline, best, trained=True, validation=validation))
     control = _train_config(replicate, CONTROL_BASELINE, start, folder=CONTROL_RUN)
     stages.begin(f"{where}: frozen control (learning rate 0)")
     stages.end(reused=_train(control_config(control, control.output_dir), force=run.force)[1])
@@ -163,7 +170,31 @@ def _train_config(replicate: Replicate, baseline: str, start: str, folder: str |
         seed=replicate.seed,
         output_dir=str(out),
         check_model=replicate.comparison.check_model,
+        validation=_validation(replicate) if folder is None else ValidationConfig(),
     )
+
+
+def _validation(replicate: Replicate) -> ValidationConfig:
+    """The run's checkpoint selection (off unless ``--eval-every``): its task, at the preset's validation lengths,
+    decoded by the comparison's first evaluation protocol."""
+    run = replicate.comparison
+    preset, chosen = run.preset, run.preset.validation
+    return ValidationConfig(
+        every=run.eval_every,
+        tasks=[replicate.task],
+        lengths=[preset.lengths[n] for n in chosen.lengths or preset.lengths],
+        items=chosen.items,
+        protocol=preset.protocols[0],
+        batch_size=preset.eval_batch_size,
+    )
+
+
+def _best_checkpoint(folder: Path) -> tuple[str, dict[str, Any]]:
+    """A finished run's best checkpoint and its record's ``validation`` field (settings, chosen step and score)."""
+    stored = json.loads((folder / VALIDATION_FILE).read_text())
+    best = stored["best"]
+    settings = {key: stored[key] for key in ("every", "tasks", "lengths", "items", "protocol")}
+    return str(folder / "best"), {**settings, "step": best["step"], "score": best["score"]}
 
 
 def _train(config: TrainConfig, *, force: bool) -> tuple[Path, bool]:
@@ -186,9 +217,17 @@ def _eval_device() -> tuple[str | None, torch.dtype | None]:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}", torch.bfloat16
 
 
-def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, *, trained: bool = False) -> bool:
+def _evaluate_all(
+    replicate: Replicate,
+    baseline: str,
+    checkpoint: str,
+    *,
+    trained: bool = False,
+    validation: dict[str, Any] | None = None,
+) -> bool:
     """Evaluate one checkpoint (``trained``: an RL run of ``baseline`` under the preset's budget, else the start)
-    under every protocol and length; True when every result was reused."""
+    under every protocol and length (a run's best one when ``validation`` says how it was chosen); True when every
+    result was reused."""
     run = replicate.comparison
     budget = run.preset.budget.to_dict() if trained else None
     advantage = build_baseline(baseline).advantage_record() if trained else None
@@ -210,12 +249,15 @@ def _evaluate_all(replicate: Replicate, baseline: str, checkpoint: str, *, train
                 limit=run.eval_limit,
                 batch_size=run.preset.eval_batch_size,
                 skip_existing=not run.force,
+                selection="final" if validation is None else "best",
+                validation=validation,
             )
             reused = reused and recorded.reused
             acc = json.loads(recorded.path.read_text())["metrics"]
             how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
             print(
-                f"  [{replicate.task}] {baseline} @ {length} ({max_completion_length} tokens, {protocol.name}): "
+                f"  [{replicate.task}] {baseline}{'' if validation is None else ' (best)'} @ {length} "
+                f"({max_completion_length} tokens, {protocol.name}): "
                 f"accuracy {100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
             )
     return reused

@@ -19,7 +19,7 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.experiments.comparison import Replicate, comparison
-from stabledrl_bench.experiments.reproduce import _train, _train_config, _warm_start
+from stabledrl_bench.experiments.reproduce import _best_checkpoint, _train, _train_config, _warm_start
 from stabledrl_bench.reporting.provenance import git_state
 from stabledrl_bench.reporting.results import load_samples, read_result
 
@@ -42,6 +42,7 @@ def rerun(record_path: Path, runs: Path | None = None) -> int:
 
 def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, results: Path) -> dict[str, Any]:
     baseline, task, seed = record["baseline"], record["task"], int(record["seed"])
+    validation = record.get("validation")  # a run's best checkpoint: trained with the same validation, then chosen
     if record.get("preset") in (None, "custom"):
         raise UserError("--rerun: this record was made by `eval` outside a preset; re-run its eval command instead")
     run = comparison(
@@ -53,6 +54,7 @@ def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, r
         runs=str(runs),
         results=str(results),
         leaderboard=str(results / "leaderboard.md"),
+        eval_every=None if validation is None else validation["every"],
     )
     if baseline not in STARTS and record.get("budget") != run.preset.budget.to_dict():
         raise UserError(
@@ -64,7 +66,10 @@ def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, r
     if run.preset.sft is not None:
         checkpoint = str(_warm_start(replicate)[0])
     if baseline not in STARTS:
-        checkpoint = str(_train(_train_config(replicate, baseline, checkpoint), force=False)[0])
+        config = _train_config(replicate, baseline, checkpoint)
+        checkpoint = str(_train(config, force=False)[0])
+        if validation is not None:
+            checkpoint, validation = _best_checkpoint(Path(config.output_dir))
     dlm = load_model_spec(checkpoint, seed=seed)
     protocol = get_protocol(record["protocol"])
     repeats = max(1, protocol.repeats)
@@ -78,8 +83,10 @@ def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, r
         limit=len(samples) // repeats,
         batch_size=run.preset.eval_batch_size,
         skip_existing=False,
+        selection="final" if validation is None else "best",
+        validation=validation,
     )
-    return read_result(recorded.path)
+    return read_result(recorded.path)  # with its _path, which load_samples needs
 
 
 def _report(

@@ -45,6 +45,7 @@ from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, run_sft
 from stabledrl_bench.training.trainer import OldEstimateHook, RLTrainer, TrainConfig, TrainingDiverged
+from stabledrl_bench.training.validation import ValidationConfig
 
 WARM_START_FILE = "warm_start.json"
 JOB_FILE = "job.json"  # a run folder's identity, written before training starts
@@ -52,6 +53,7 @@ SUMMARY_FILE = "summary.json"  # written when the run has finished (or stopped o
 # The frozen control trains with learning rate 0, so the loss it computes is irrelevant; GRPO is the cheapest
 # estimator-driven loss that every task supports.
 CONTROL_BASELINE = "grpo"
+REF_SYNC_FIELDS = ("sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha")
 
 
 def _identity(config: Any, *drop: str) -> dict[str, Any]:
@@ -165,8 +167,13 @@ class TrainJob:
         # the effective baseline settings instead of the options given: a changed default must not reuse runs
         # trained with the old one, and an option given at its default value is the same run
         effective = _identity(build_baseline(self.config.baseline, **self.config.baseline_options).config)
-        # no anchor (the default) is left out, so runs cached before the anchor existed keep their keys
-        config = _identity(self.config, "baseline_options", *(() if self.config.anchor_beta else ("anchor_beta",)))
+        if not effective["sync_ref_model"]:  # a frozen reference (the default) keeps the keys of earlier runs
+            effective = {k: v for k, v in effective.items() if k not in REF_SYNC_FIELDS}
+        # no anchor and no validation (the defaults) are left out, so runs cached before either existed keep their keys
+        defaults = (() if self.config.anchor_beta else ("anchor_beta",)) + (
+            () if self.config.validation.every else ("validation",)
+        )
+        config = _identity(self.config, "baseline_options", *defaults)
         config["budget"] = _hashable(self.config.budget.to_dict())  # what the budget hash covers, nothing else
         return {"config": config, "baseline_config": effective, "hook": hook}
 
@@ -245,6 +252,7 @@ def control_config(config: TrainConfig, output_dir: Path | str) -> TrainConfig:
         baseline=CONTROL_BASELINE,
         baseline_options={},
         anchor_beta=0.0,
+        validation=ValidationConfig(),  # nothing to select: its weights never change
         optim=dataclasses.replace(config.optim, learning_rate=0.0),
         output_dir=str(output_dir),
     )

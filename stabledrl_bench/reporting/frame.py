@@ -59,6 +59,8 @@ FRAME_COLUMNS = [
     "path",
     "approximate",
     "sampled",
+    "selection",
+    "selection_step",
 ]
 
 
@@ -89,6 +91,8 @@ def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                 "path": record["_path"],
                 "approximate": approximate_decoding(record),
                 "sampled": sampled_decoding(record),
+                "selection": record.get("selection", "final"),  # records from before checkpoint selection: final
+                "selection_step": (record.get("validation") or {}).get("step"),
             }
         )
     return pd.DataFrame(rows, columns=FRAME_COLUMNS)
@@ -125,7 +129,7 @@ def approximate_decoding(record: Mapping[str, Any]) -> bool:
         raise UserError(f"{record.get('_path', 'a result')}: its recorded decode settings are invalid: {err}") from None
 
 
-ROW_KEY = ["comparison", "approximate", "table", "baseline", "model_key", "protocols", "preset"]
+ROW_KEY = ["comparison", "approximate", "table", "baseline", "selection", "model_key", "protocols", "preset"]
 CELL_KEY = [*ROW_KEY, "task", "sub"]
 
 
@@ -157,9 +161,30 @@ def check_consistency(frame: pd.DataFrame) -> None:
 
 
 def row_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Reference rows (base, then sft) first, then RL rows alphabetically - stable across regenerations."""
+    """Reference rows (base, then sft) first, then RL rows alphabetically, a run's final row before its best one -
+    stable across regenerations."""
     rank = frame["baseline"].map(lambda name: REFERENCE_BASELINES.index(name) if name in REFERENCE_BASELINES else 9)
-    return frame.assign(_rank=rank).sort_values(["_rank", "baseline", "model", "protocols", "preset"], kind="stable")
+    chosen = frame["selection"].map(lambda name: name != "final")
+    return frame.assign(_rank=rank, _best=chosen).sort_values(
+        ["_rank", "baseline", "_best", "model", "protocols", "preset"], kind="stable"
+    )
+
+
+def row_name(info: Mapping[str, str]) -> str:
+    """A displayed row's short name (plot legends): its baseline, marked when it is a run's best checkpoint."""
+    return info["Baseline"] + (" (best)" if info["Checkpoint"].startswith("best") else "")
+
+
+def checkpoint_label(group: pd.DataFrame) -> str:
+    """Which checkpoint of its runs a row reports (its "Checkpoint" column): ``start`` for base/sft, ``final``, or
+    ``best on validation`` with the chosen steps (one per run: task, seed)."""
+    first = group.iloc[0]
+    if first["baseline"] in REFERENCE_BASELINES:
+        return "start"
+    if first["selection"] == "final":
+        return "final"
+    steps = sorted({int(step) for step in group["selection_step"]})
+    return f"best on validation (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})"
 
 
 def join_unique(values: Sequence[Any]) -> str:

@@ -54,7 +54,7 @@ import pandas as pd
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.plots import new_figure, save_png
-from stabledrl_bench.reporting.frame import check_consistency, join_unique, records_frame
+from stabledrl_bench.reporting.frame import check_consistency, join_unique, records_frame, row_name
 from stabledrl_bench.reporting.layout import TABLE_TITLES, Column, extra_notes, table_columns
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.measured import MeasuredRow, compared_rows, measured_rows, paired_change, starting_points
@@ -67,7 +67,7 @@ from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval
 from stabledrl_bench.reporting.training import training_block
 from stabledrl_bench.tasks import get_task
 
-ROW_COLUMNS = ("Baseline", "Model", "Preset", "Protocol", "Budget", "Hardware", "Code", "Seeds")
+ROW_COLUMNS = ("Baseline", "Checkpoint", "Model", "Preset", "Protocol", "Budget", "Hardware", "Code", "Seeds")
 
 ExtraSection = Callable[[Path], str | None]
 
@@ -85,7 +85,7 @@ def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
         return ""
     display = pd.DataFrame(
         [
-            {"Baseline": row.info["Baseline"], "Model": row.info["Model"]}
+            {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"], "Model": row.info["Model"]}
             | ({"Protocol": row.info["Protocol"]} if len(starts) > 1 else {})
             | {c.header: _format_measured(paired_change(row, starts[row.protocols], c), "+.1f") for c in columns}
             for row in others
@@ -122,7 +122,7 @@ def _seed_spread(starts: Mapping[str, MeasuredRow], others: list[MeasuredRow], c
 
     display = pd.DataFrame(
         [
-            {"Baseline": row.info["Baseline"]}
+            {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"]}
             | ({"Protocol": row.info["Protocol"]} if len(starts) > 1 else {})
             | {c.header: per_seed(row, start, c) for c in columns}
             for row, start in rows
@@ -191,7 +191,7 @@ def _bars(
             [100 * (e.high - e.mean) if e else 0 for e in estimates],
         ]
         positions = np.arange(len(shown)) + (offset - (len(rows) - 1) / 2) * width
-        name = row.info["Baseline"]
+        name = row_name(row.info)
         axes.bar(positions, means, width, yerr=errors, capsize=3, label=name, color=colors[name])
 
 
@@ -210,7 +210,7 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     starts = starting_points(rows)
     others = compared_rows(rows, starts)
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
-    colors = {row.info["Baseline"]: palette[i % len(palette)] for i, row in enumerate(rows)}
+    colors = {row_name(row.info): palette[i % len(palette)] for i, row in enumerate(rows)}
     panels = 2 if others else 1
     width = max(len(cells) for cells in by_task.values())
     figure = new_figure(max(7.0, panels * (1.3 * width + 2.5) + 2.5), 2.8 * len(by_task) + 0.8)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stabledrl_bench.reporting.frame import ROW_KEY, join_unique, row_order
+from stabledrl_bench.reporting.frame import ROW_KEY, checkpoint_label, join_unique, row_order
 from stabledrl_bench.reporting.layout import CellKey, Column
 from stabledrl_bench.reporting.markdown import MISSING
 from stabledrl_bench.reporting.results import load_samples
@@ -57,6 +57,7 @@ def measured_rows(frame: pd.DataFrame, records: list[dict[str, Any]], columns: l
         budgets = [digest for digest in group["budget_hash"] if isinstance(digest, str)]  # pandas: None -> NaN
         info = {
             "Baseline": first["baseline"],
+            "Checkpoint": checkpoint_label(group),
             "Model": first["model"],
             "Preset": first["preset"],
             "Protocol": join_unique(group["protocol"].tolist()),

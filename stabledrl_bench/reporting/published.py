@@ -18,6 +18,15 @@ from stabledrl_bench.reporting.schema import SAMPLING_MODES, TABLE1_LENGTHS
 
 PUBLISHED_SCHEMA = "stabledrl-bench/published/v1"
 DISPLAY_GRADES = ("P", "C", "S", "D")  # grade U (unreliable) is never shown
+# Which checkpoint a published row reports, as its source says (a row's ``statistic``), and how the board shows it.
+# Measured rows are ``final`` unless a comparison selects its best checkpoints too (on validation docs, never the
+# test set the papers pick theirs on).
+STATISTICS = {
+    "start": "start (no RL)",
+    "best-average": "best checkpoint, best mean over the lengths",
+    "best-per-length": "best checkpoint per length",
+    "unstated": "not stated",
+}
 EMPTY_BLOCK: dict[str, Any] = {"title": "", "notes": [], "rows": []}
 
 
@@ -57,8 +66,12 @@ def _validate_published(data: Any, where: str) -> None:
             raise UserError(f"{at}: rows must be a list")
         tasks, subs = allowed[table]
         for row in block["rows"]:
-            if not isinstance(row, Mapping) or sorted(row) != ["cells", "label"] or not isinstance(row["cells"], dict):
-                raise UserError(f"{at}: every row needs exactly label and cells")
+            if not isinstance(row, Mapping) or sorted(row) != ["cells", "label", "statistic"]:
+                raise UserError(f"{at}: every row needs exactly label, statistic and cells")
+            if not isinstance(row["cells"], dict):
+                raise UserError(f"{at}: {row['label']}: cells must be a mapping")
+            if row["statistic"] not in STATISTICS:
+                raise UserError(f"{at}: {row['label']}: statistic must be one of {', '.join(STATISTICS)}")
             for task, cells in row["cells"].items():
                 at_row = f"{at}: {row['label']}: {task}"
                 if table == "table1" and task == OVERALL:
@@ -115,7 +128,8 @@ def published_block(table: str, block: Mapping[str, Any]) -> str:
     columns = table_columns(table, {task for row in block["rows"] for task in row["cells"]})
     frame = pd.DataFrame(
         [
-            {"Model": row["label"], **{c.header: _published_cell_text(row, c) for c in columns}}
+            {"Model": row["label"], "Checkpoint": STATISTICS[row["statistic"]]}
+            | {c.header: _published_cell_text(row, c) for c in columns}
             | {"Source": _published_sources(row)}
             for row in block["rows"]
         ]

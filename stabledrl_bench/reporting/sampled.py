@@ -25,7 +25,7 @@ import pandas as pd
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.passk import k_values, per_problem, votes_by_problem
 from stabledrl_bench.plots import new_figure, save_png
-from stabledrl_bench.reporting.frame import ROW_KEY, join_unique, row_order
+from stabledrl_bench.reporting.frame import ROW_KEY, checkpoint_label, join_unique, row_name, row_order
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.results import load_samples
@@ -80,6 +80,7 @@ def _rows(group: pd.DataFrame, records: Sequence[Mapping[str, Any]]) -> list[Sam
         first = row_group.iloc[0]
         info = {
             "Baseline": first["baseline"],
+            "Checkpoint": checkpoint_label(row_group),
             "Model": first["model"],
             "Protocol": join_unique(row_group["protocol"].tolist()),
             "Seeds": join_unique(row_group["seed"].tolist()),
@@ -150,7 +151,7 @@ def _plot(path: Path, title: str, rows: Sequence[SampledRow]) -> None:
             color = palette[i % len(palette)]
             for kind, style in (("pass", "-"), ("maj", "--")):
                 means = [100 * row.cells[cell].interval(f"{kind}@{k}").mean for k in ks]
-                label = row.info["Baseline"] if kind == "pass" else "_nolegend_"  # one entry per row: the title
+                label = row_name(row.info) if kind == "pass" else "_nolegend_"  # one entry per row: the title
                 ax.plot(ks, means, style, marker="o", markersize=3, color=color, label=label)  # names the styles
         ax.set_xscale("log", base=2)
         every_k = sorted({k for row in rows if cell in row.cells for k in k_values(row.cells[cell].samples)})
@@ -193,7 +194,7 @@ def sampled_blocks(
         if start is not None and others:
             change = pd.DataFrame(
                 [
-                    {"Baseline": row.info["Baseline"]}
+                    {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"]}
                     | {_header(cell, metric): _change_text(row, start, cell, metric) for cell, metric in columns}
                     for row in others
                 ]

@@ -21,7 +21,12 @@ Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, se
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
   samples, optional ``score_mean, nfe_per_sample, wall_time_s, tokens_per_s, d1_accuracy``, ``pass@k`` and
   ``maj@k`` (k >= 1; protocols that decode each problem several times) and no other name (:data:`METRIC_NAMES`);
-* ``environment`` (:func:`~.provenance.environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``.
+* ``environment`` (:func:`~.provenance.environment_info`), ``created`` (ISO 8601), ``samples_file``, ``samples_sha256``;
+* ``selection`` (which checkpoint of the run this is, the statistic a row reports): ``final`` (the last weights;
+  what a record without the field means, and the only value of base/sft rows) or ``best`` (the weights with the
+  highest validation score over training, :mod:`stabledrl_bench.training.validation`), and for ``best`` its
+  ``validation``: the chosen ``step`` and ``score`` with the settings (``every``, ``tasks``, ``lengths``, ``items``,
+  ``protocol``).
 
 The per-sample rows (:data:`SAMPLE_KEYS`) live in a JSONL beside the record (:mod:`.results`).
 """
@@ -59,6 +64,9 @@ SAMPLING_MODES = ("static", "dynamic")
 TABLES = ("table1", "table2")
 
 SAMPLE_KEYS = ("doc_id", "prompt", "completion", "correct", "score", "extracted", "details")
+# Which checkpoint of a run a record evaluated: its last weights, or the best on the validation docs.
+SELECTIONS = ("final", "best")
+VALIDATION_KEYS = ("every", "items", "lengths", "protocol", "score", "step", "tasks")
 
 
 def budget_hash(budget: Mapping[str, Any]) -> str:
@@ -147,6 +155,8 @@ class ResultRecord:
     samples_file: str
     samples_sha256: str
     advantage: dict[str, Any] | None = None  # absent from records written before it was recorded
+    selection: str = "final"
+    validation: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _require(self.schema == SCHEMA, f"schema is {self.schema!r}, expected {SCHEMA!r}")
@@ -172,6 +182,7 @@ class ResultRecord:
             _require(self.budget_hash == budget_hash(self.budget), f"'budget_hash' {self.budget_hash!r} does not match")
             _check_budget(self.budget)
         self._check_metrics()
+        self._check_selection()
         try:
             datetime.fromisoformat(self.created)
         except ValueError:
@@ -190,6 +201,19 @@ class ResultRecord:
                 '\'advantage\' must be {"rule": name, "options": {...}}',
             )
             _require(self.baseline not in REFERENCE_BASELINES, f"a {self.baseline} row has no 'advantage'")
+
+    def _check_selection(self) -> None:
+        _require(self.selection in SELECTIONS, f"'selection' must be one of {', '.join(SELECTIONS)}")
+        if self.selection == "final":
+            _require(self.validation is None, "'validation' belongs to a 'best' selection only")
+            return
+        _require(self.baseline not in REFERENCE_BASELINES, "base/sft rows are a starting point: selection 'final'")
+        found = sorted(self.validation or {})
+        _require(found == sorted(VALIDATION_KEYS), f"'validation' needs exactly {', '.join(VALIDATION_KEYS)}")
+        assert self.validation is not None
+        step, score = self.validation["step"], self.validation["score"]
+        _require(_is_int(step) and step > 0, "'validation.step' must be a positive integer")
+        _require(_is_number(score) and 0 <= score <= 1, "'validation.score' must be a fraction in [0, 1]")
 
     def _check_metrics(self) -> None:
         unknown = sorted(m for m in self.metrics if m not in METRIC_NAMES and not METRIC_PATTERN.fullmatch(m))

@@ -6,7 +6,9 @@ A checkpoint folder holds only what resuming needs:
   to gather or shard them for every distributed backend: under FSDP each process writes its own shard);
 * ``state.pt`` - the trainer's own state: step, position in the prompt stream, the number of processes (and
   SFT's mask generator). Plain tensors and containers only, read with ``weights_only=True``: a checkpoint from
-  elsewhere cannot run code when it is resumed.
+  elsewhere cannot run code when it is resumed;
+* ``<name>/rank<i>.pt`` - the parameters of a frozen module that training changes all the same (a reference model
+  synced with the policy, ``frozen=``), as plain tensors: process i's shards under FSDP2, else rank 0's copy.
 
 It is written to a temporary folder and renamed into place, so a run killed mid-save leaves the previous
 checkpoint intact and never a half-written one. The model to evaluate is the run's ``final/`` export
@@ -21,6 +23,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ import torch
 from stabledrl_bench.atomic import atomic_folder, storage_errors
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.training.distributed import local_parameters
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -110,13 +114,20 @@ def _cast(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dic
 
 
 def save_checkpoint(
-    accelerator, output_dir: str | Path, step: int, state: dict[str, Any], *, keep_last: int = 2
+    accelerator,
+    output_dir: str | Path,
+    step: int,
+    state: dict[str, Any],
+    *,
+    keep_last: int = 2,
+    frozen: Mapping[str, torch.nn.Module] | None = None,
 ) -> Path:
-    """Save everything needed to resume at ``step`` (collective: every process calls it); keep the newest
-    ``keep_last`` checkpoints (0: all).
+    """Save everything needed to resume at ``step`` (collective: every process calls it), ``frozen`` modules
+    included (module docstring); keep the newest ``keep_last`` checkpoints (0: all).
 
     A storage failure (a full disk under safetensors, torch or the file system) removes the half-written folder and
     is one line naming the checkpoint; the previous checkpoints are untouched."""
+    frozen = frozen or {}
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     try:
@@ -124,9 +135,12 @@ def save_checkpoint(
             if accelerator.is_main_process:
                 if tmp.exists():
                     shutil.rmtree(tmp)
-                (tmp / "accelerate").mkdir(parents=True)  # before any process writes its shard into it
+                for folder in ("accelerate", *frozen):  # before any process writes its shard into them
+                    (tmp / folder).mkdir(parents=True)
             accelerator.wait_for_everyone()
             accelerator.save_state(str(tmp / "accelerate"))
+            for name, module in frozen.items():
+                _save_parameters(accelerator, tmp / name, module)
             accelerator.wait_for_everyone()  # every process has written its files before the folder is renamed
             if accelerator.is_main_process:
                 torch.save({"state": state}, tmp / "state.pt")
@@ -162,13 +176,33 @@ def _unreadable(path: str | Path, exc: BaseException) -> UserError:
     return UserError(f"cannot read checkpoint {path}: {type(exc).__name__}: {first}")
 
 
-def load_checkpoint(accelerator, path: str | Path) -> None:
-    """Restore model, optimizer and scheduler in place from ``path`` (collective: every process calls it).
-    accelerate reads weights from safetensors and everything else with ``weights_only=True``: no code runs."""
+def load_checkpoint(accelerator, path: str | Path, frozen: Mapping[str, torch.nn.Module] | None = None) -> None:
+    """Restore model, optimizer and scheduler, and the ``frozen`` modules it saved, in place from ``path``
+    (collective: every process calls it). accelerate reads weights from safetensors and everything else with
+    ``weights_only=True``, as :func:`_load_parameters` does: no code runs."""
     try:
         accelerator.load_state(str(Path(path) / "accelerate"))
-    except _UNREADABLE as exc:
+        for name, module in (frozen or {}).items():
+            _load_parameters(accelerator, Path(path) / name, module)
+    except (*_UNREADABLE, KeyError) as exc:
         raise _unreadable(path, exc) from exc
+
+
+def _save_parameters(accelerator, folder: Path, module: torch.nn.Module) -> None:
+    """This process's shards of ``module`` (FSDP2), or rank 0's copy of the whole, as plain tensors."""
+    sharded, local = local_parameters(module)
+    if sharded or accelerator.is_main_process:
+        rank = accelerator.process_index if sharded else 0
+        torch.save({name: t.detach().cpu().clone() for name, t in local.items()}, folder / f"rank{rank}.pt")
+
+
+@torch.no_grad()
+def _load_parameters(accelerator, folder: Path, module: torch.nn.Module) -> None:
+    sharded, local = local_parameters(module)
+    rank = accelerator.process_index if sharded else 0
+    saved = torch.load(folder / f"rank{rank}.pt", map_location="cpu", weights_only=True)
+    for name, tensor in local.items():
+        tensor.copy_(saved[name])
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -23,7 +23,8 @@ backend. What differs between the backends, and only that, lives here:
   process must join. Rollouts therefore run on a plain replica of the policy, refreshed from the shards once per
   rollout; its weights are the policy's, so nothing changes but the cost (one unsharded copy in the compute dtype).
 * **The frozen reference** (:func:`frozen_copy`): on the device in the compute dtype, sharded like the policy
-  under FSDP (and then synced from rank 0 with RAM-efficient loading, like the policy).
+  under FSDP (and then synced from rank 0 with RAM-efficient loading, like the policy). A method that syncs its
+  reference with the policy (``sync_ref_model``) mixes shard into shard (:func:`mix_into`).
 """
 
 from __future__ import annotations
@@ -151,6 +152,41 @@ def frozen_copy(acc, model: nn.Module) -> nn.Module:
 
         return fsdp2_prepare_model(acc, ref)
     return ref.to(device=acc.device, dtype=compute_dtype(acc, model))
+
+
+def local_parameters(module: nn.Module) -> tuple[bool, dict[str, torch.Tensor]]:
+    """Whether ``module`` is sharded (FSDP2), and this process's part of each of its parameters, by name.
+
+    FSDP2 leaves a root module's parameters unsharded after its forward pass (``reshard_after_forward`` is off for
+    the root): they are resharded first, so every process sees its own shard of every parameter, never a mix of
+    shards and whole tensors.
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    for part in module.modules():
+        if isinstance(part, FSDPModule):
+            part.reshard()
+    params = dict(module.named_parameters())
+    sharded = any(isinstance(p, DTensor) for p in params.values())
+    return sharded, {name: p.to_local() if isinstance(p, DTensor) else p for name, p in params.items()}
+
+
+@torch.no_grad()
+def mix_into(target: nn.Module, source: nn.Module, alpha: float) -> None:
+    """target <- (1 - alpha) target + alpha source, parameter by parameter, in the target's dtype: TRL's
+    ``SyncRefModelCallback._sync_target_model`` (``target.mul_(1 - alpha).add_(source, alpha=alpha)``).
+
+    Both hold their parameters the same way (plain on every process, or sharded alike under FSDP2, where each
+    process mixes its own shards and no collective is needed), matched by name: a frozen reference and the policy
+    it was copied from (:func:`frozen_copy`; ``source`` unwrapped from DDP or DeepSpeed).
+    """
+    _, theirs = local_parameters(source)
+    for name, ours in local_parameters(target)[1].items():
+        other = theirs[name]
+        if ours.shape != other.shape:
+            raise RuntimeError(f"{name}: shapes {tuple(ours.shape)} and {tuple(other.shape)} cannot be mixed")
+        ours.mul_(1.0 - alpha).add_(other.to(ours.dtype), alpha=alpha)
 
 
 class UnshardedReplica:

@@ -41,6 +41,7 @@ from stabledrl_bench.config import deep_merge, from_dict, read_mapping, require_
 from stabledrl_bench.core.baseline import LossInputs, bound_estimator, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import ESPOElbo, Estimate, Estimator, SequenceBatch
 from stabledrl_bench.core.losses import anchor_kl
+from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, load_model_spec
 from stabledrl_bench.core.models.checkpointing import enable_activation_checkpointing
 from stabledrl_bench.core.models.probes import require_conventions
@@ -65,11 +66,15 @@ from stabledrl_bench.training.distributed import (
     declare_fsdp_blocks,
     frozen_copy,
     make_accelerator,
+    mix_into,
     ram_efficient_loading,
     uses_deepspeed,
 )
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
 from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
+from stabledrl_bench.training.validation import ValidationConfig, Validator
+
+VALIDATION_FILE = "validation.json"  # a run's validation history and its best step (when validation is on)
 
 
 @dataclass
@@ -120,6 +125,8 @@ class TrainConfig:
     keep_checkpoints: int = 2  # the newest checkpoints kept on disk (0 = all)
     log_with: list[str] = field(default_factory=list)  # accelerate trackers: "tensorboard", "wandb" (off: [])
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skipped) before stopping
+    # Checkpoint selection: evaluate on validation docs every N steps, keep the best weights in <output_dir>/best
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     check_model: bool = True  # probe a loaded checkpoint's conventions first (models/probes.py)
     progress: bool = True
 
@@ -255,9 +262,20 @@ class RLTrainer:
             self.anchor = bound_estimator(
                 ANCHOR_ESTIMATOR, dlm, block_length=cfg.budget.block_length, micro_batch_size=cfg.estimator_micro_batch
             )
-        ref_model = None
+        # TRL's reference sync (BaselineConfig.sync_ref_model) mixes the policy into the method's own reference; under
+        # LoRA that reference is the adapter-free model, which TRL leaves alone too (its callback gets no ref model).
+        self.syncs_reference = self.baseline.needs_ref and self.baseline.config.sync_ref_model and cfg.lora is None
+        if self.baseline.needs_ref and self.baseline.config.sync_ref_model and cfg.lora is not None:
+            warnings.warn(
+                f"{cfg.baseline}: sync_ref_model does nothing under LoRA (the reference is the adapter-free model, "
+                "which TRL does not sync either)",
+                stacklevel=2,
+            )
+        ref_model = anchor_model = None
         if (self.baseline.needs_ref or self.anchor is not None) and cfg.lora is None:
-            ref_model = frozen_copy(self.acc, model)
+            ref_model = anchor_model = frozen_copy(self.acc, model)
+            if self.anchor is not None and self.syncs_reference:  # the anchor stays at the start
+                anchor_model = frozen_copy(self.acc, model)
         replica = UnshardedReplica(self.acc, model) if self.acc.is_fsdp2 else None
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(blocks)
@@ -274,6 +292,7 @@ class RLTrainer:
         self.replica = replica
         self.dlm = self.train_dlm.with_model(self.acc.unwrap_model(model) if replica is None else replica.module)
         self.ref_dlm = self.train_dlm.with_model(ref_model) if ref_model is not None else None
+        self.anchor_dlm = self.train_dlm.with_model(anchor_model) if anchor_model is not None else None
         if cfg.check_model and cfg.model not in TINY_SPECS:
             # on the prepared model, so every process probes the same way (collectives stay in step)
             require_conventions(self.train_dlm, cfg.model)
@@ -282,6 +301,18 @@ class RLTrainer:
             training_docs(self.task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options),
             seed=cfg.seed,
         )
+        self.validator: Validator | None = None
+        if cfg.validation.every:
+            self.validator = Validator(
+                cfg.validation,
+                task=self.task,
+                train_split=cfg.train_split,
+                generator_options=cfg.generator_options,
+                training_docs=self.prompts.docs,
+                canvas=cfg.budget.max_completion_length,
+                seed=cfg.seed,
+            )
+        self.validation: dict[str, Any] = {"history": [], "best": None}
         self.step = 0
         self.phase = 0  # rollout phases drawn so far (the key of their random streams)
         self.nfe_total = 0
@@ -303,6 +334,15 @@ class RLTrainer:
             "mixed_precision": self.acc.mixed_precision,
             "grad_accum": self.grad_accum,
             "old_estimate_hook": None if self.old_estimate_hook is None else repr(self.old_estimate_hook),
+            "validation": None if self.validator is None else self.validator.describe(),
+            "reference_sync": (
+                {
+                    "steps": self.baseline.config.ref_model_sync_steps,
+                    "alpha": self.baseline.config.ref_model_mixup_alpha,
+                }
+                if self.syncs_reference
+                else None
+            ),
         }
 
     # ------------------------------------------------------------------ rollout
@@ -451,16 +491,19 @@ class RLTrainer:
                     old.append(old[0])  # independent masks: one rollout estimate, as the official code does
             if self.baseline.needs_ref:
                 ref_noise = noises[it] if coupled else self.estimator.draw(batch, mask_gen)
-                ref.append(self._reference_estimate(self.estimator, batch, ref_noise))
+                ref.append(self._reference_estimate(self.estimator, batch, ref_noise, self.ref_dlm))
         anchor = []
         if self.anchor is not None:  # the same masks for the reference now and the current policy in the loss
             draws = [self.anchor.draw(batch, generators["anchor"]) for _ in range(mu)]
-            anchor = [(noise, self._reference_estimate(self.anchor, batch, noise)) for noise in draws]
+            anchor = [(noise, self._reference_estimate(self.anchor, batch, noise, self.anchor_dlm)) for noise in draws]
         return MicroBatch(batch, advantages, group_ids, noises, old, ref, generators, weight, anchor=anchor)
 
-    def _reference_estimate(self, estimator: Estimator, batch: SequenceBatch, noise) -> Estimate:
-        if self.ref_dlm is not None:
-            return estimator.evaluate(self.ref_dlm, batch, noise).detach()
+    def _reference_estimate(
+        self, estimator: Estimator, batch: SequenceBatch, noise, reference: DiffusionLM | None
+    ) -> Estimate:
+        """``estimator`` on ``reference`` (a frozen copy), or on the adapter-free policy when there is none (LoRA)."""
+        if reference is not None:
+            return estimator.evaluate(reference, batch, noise).detach()
         with self.dlm.model.disable_adapter():  # LoRA: the reference is the adapter-free base model
             return estimator.evaluate(self.dlm, batch, noise).detach()
 
@@ -573,6 +616,7 @@ class RLTrainer:
                 **(rollout_metrics if iteration == 0 else {}),
                 "reward_mean": rollout_metrics["reward_mean"],
                 **metrics,
+                **self._sync_reference(),
                 "learning_rate": self.scheduler.get_last_lr()[0],
                 "nfe_total": self.nfe_total,
                 "seconds": time.perf_counter() - start,
@@ -650,6 +694,11 @@ class RLTrainer:
                         f"{self.step}; parameters kept from before them in {path}"
                     )
             at_boundary = self.step % budget.num_iterations == 0
+            every = cfg.validation.every
+            if self.validator is not None and (
+                self.step % every < budget.num_iterations or self.step == budget.max_steps
+            ):
+                self._validate()
             every = cfg.checkpoint_every()
             if at_boundary and every and self.step % every < budget.num_iterations and self.step < stop:
                 self._save()  # (the last step's checkpoint is the one saved below)
@@ -662,13 +711,48 @@ class RLTrainer:
             plot_curves(records, self.output_dir / "curves.png", title=title)
             _warn_if_nothing_to_learn(records, cfg)
         if self.step == budget.max_steps:  # a stopped run has a checkpoint, not a final model
-            if self.replica is not None:
-                self.replica.refresh(self.train_dlm.model)  # the unsharded module a LoRA export merges from
-            export_model(self.acc, self.train_dlm.model, self.dlm, final, dtype=self._export_dtype())
+            self._export(final)
         if cfg.log_with:
             self.acc.end_training()
         self.acc.wait_for_everyone()
         return final
+
+    def _sync_reference(self) -> dict[str, bool]:
+        """After every ``ref_model_sync_steps``-th optimizer step (TRL's ``on_step_end``, skipped steps included):
+        reference <- (1 - alpha) reference + alpha policy. Rollouts estimate the reference at sampling time, so the
+        mixed reference first scores the next rollout, as in TRL. Returns the log entry of a step that synced."""
+        config = self.baseline.config
+        if not self.syncs_reference or self.step % config.ref_model_sync_steps:
+            return {}
+        assert self.ref_dlm is not None
+        mix_into(self.ref_dlm.model, self.acc.unwrap_model(self.train_dlm.model), config.ref_model_mixup_alpha)
+        return {"reference_synced": True}
+
+    def _export(self, path: Path) -> None:
+        """The current policy as a model folder (collective), in the dtype evaluation runs in."""
+        if self.replica is not None:
+            self.replica.refresh(self.train_dlm.model)  # the unsharded module a LoRA export merges from
+        export_model(self.acc, self.train_dlm.model, self.dlm, path, dtype=self._export_dtype())
+
+    def _validate(self) -> None:
+        """Score the current policy on the validation docs (collective); when it beats every earlier score (ties
+        keep the earlier step), export it to ``best/``. The history and the best step are in ``validation.json``
+        and in every later checkpoint, so a resumed run chooses as an uninterrupted one does."""
+        assert self.validator is not None
+        if self.replica is not None:
+            self.replica.refresh(self.train_dlm.model)
+        was_training = self.dlm.model.training
+        with self.acc.autocast():
+            entry = {"step": self.step, **self.validator.score(self.dlm)}
+        self.dlm.model.train(was_training)
+        self.validation["history"].append(entry)
+        best = self.validation["best"]
+        if best is None or entry["score"] > best["score"]:
+            self.validation["best"] = entry
+            self._export(self.output_dir / "best")
+        if self.acc.is_main_process:
+            record = {**self.validator.describe(), **self.validation}
+            atomic_write_text(self.output_dir / VALIDATION_FILE, _dumps(record))
 
     def _weights_finite(self) -> bool:
         """Whether every trained parameter is finite, on every process (each checks its own shard under FSDP).
@@ -698,11 +782,24 @@ class RLTrainer:
             "budget_hash": self.budget.hash(),
             "world_size": self.acc.num_processes,
             "config": to_dict(self.cfg),
+            "validation": self.validation,
         }
 
     def _save(self) -> Path:
         # the random streams are keyed by rollout phase (keyed_generator): the step is all a resume needs of them
-        return save_checkpoint(self.acc, self.output_dir, self.step, self._state(), keep_last=self.cfg.keep_checkpoints)
+        return save_checkpoint(
+            self.acc,
+            self.output_dir,
+            self.step,
+            self._state(),
+            keep_last=self.cfg.keep_checkpoints,
+            frozen=self._moving(),
+        )
+
+    def _moving(self) -> dict[str, torch.nn.Module]:
+        """The frozen modules a checkpoint must hold because training changes them: a synced reference (it depends
+        on the policy at every sync, so it cannot be re-derived from the latest weights)."""
+        return {"reference": self.ref_dlm.model} if self.syncs_reference and self.ref_dlm is not None else {}
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.output_dir)
@@ -719,11 +816,12 @@ class RLTrainer:
                 f"--resume: checkpoint {path} was written by {state.get('world_size')} process(es), now "
                 f"{self.acc.num_processes} (its optimizer state is laid out per process)"
             )
-        load_checkpoint(self.acc, path)
+        load_checkpoint(self.acc, path, frozen=self._moving())
         self.prompts.load_state_dict(state["prompts"])
         self.step = state["step"]
         self.phase = self.step // self.budget.num_iterations
         self.nfe_total = state["nfe_total"]
+        self.validation = state.get("validation", {"history": [], "best": None})
         if self.acc.is_main_process:
             total = self.budget.max_steps
             print(f"{self.cfg.baseline} on {self.cfg.task}: resuming from step {self.step} of {total} ({path})")
