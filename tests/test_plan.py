@@ -9,7 +9,7 @@ from conftest import SMALL
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.models import build_tiny
-from stabledrl_bench.experiments.plan import SHAPES, GiB, Shape, plan, table_plan
+from stabledrl_bench.experiments.plan import SHAPES, GiB, Shape, plan, sampling_forwards, table_plan
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.tasks import get_task
 
@@ -30,22 +30,27 @@ def test_memory_disk_and_time_by_hand(dlm, shape):
     p = sum(t.numel() for t in dlm.model.parameters())
     report = plan(shape, preset, processes=8, baseline="stabledrl", tflops=100.0)
     memory = report["memory per GPU (GiB)"]
-    assert memory["ddp"]["weights, gradients, AdamW"] == pytest.approx(16 * p / GiB)
-    assert memory["fsdp"]["weights, gradients, AdamW"] == pytest.approx(16 * p / 8 / GiB)
-    assert memory["deepspeed_zero2"]["weights, gradients, AdamW"] == pytest.approx((2 * p + 14 * p / 8) / GiB)
+    state = ("weights (fp32 masters)", "gradients", "AdamW moments (fp32)")
+    assert [memory["ddp"][row] for row in state] == pytest.approx([4 * p / GiB, 4 * p / GiB, 8 * p / GiB])
+    assert memory["ddp"]["DDP gradient buckets (a second fp32 copy)"] == pytest.approx(4 * p / GiB)
+    assert sum(memory["fsdp"][row] for row in state) == pytest.approx(16 * p / 8 / GiB)
+    assert memory["fsdp"]["DDP gradient buckets (a second fp32 copy)"] == 0
+    assert sum(memory["deepspeed_zero2"][row] for row in state) == pytest.approx((2 * p + 14 * p / 8) / GiB)
+    layers = SMALL["num_hidden_layers"]
+    assert memory["fsdp"]["FSDP gathered blocks (unsharded)"] == pytest.approx(2.5 * 2 * p / layers / GiB)
     assert memory["fsdp"]["rollout replica (unsharded)"] == pytest.approx(2 * p / GiB)
     assert memory["ddp"]["rollout replica (unsharded)"] == 0
     assert memory["fsdp"]["reference model"] == 0  # StableDRL has no reference model
     # one micro-batch: 1 prompt x 16 completions, SPG's bound with 2 Monte-Carlo rows each, 256 + 256 tokens
-    rows, tokens, hidden, layers = 16 * 2, 512, SMALL["hidden_size"], SMALL["num_hidden_layers"]
-    per_layer = 34 * rows * tokens * hidden
-    assert memory["ddp"]["activations, checkpointing off"] == pytest.approx(layers * per_layer / GiB)
+    rows, tokens, hidden, mlp = 16 * 2, 512, SMALL["hidden_size"], SMALL["intermediate_size"]
+    assert shape.mlp == mlp
+    per_layer = 2 * (11 * hidden + 4 * mlp) * rows * tokens  # bf16 values saved per block
+    outside = 2 * 3 * hidden * rows * tokens  # the embedding output, the final norm's input and output
+    assert memory["ddp"]["activations, checkpointing off"] == pytest.approx((layers * per_layer + outside) / GiB)
     assert memory["ddp"]["activations, checkpointing on"] == pytest.approx(
-        (layers * 2 * rows * tokens * hidden + per_layer) / GiB
+        (layers * 2 * rows * tokens * hidden + per_layer + outside) / GiB
     )
-    assert memory["ddp"]["logits (16-bit, fp32 log-probs and grad)"] == pytest.approx(
-        rows * 256 * dlm.vocab_size * 10 / GiB
-    )
+    assert memory["ddp"]["logits (+ fp32 log-probs and grad)"] == pytest.approx(rows * 256 * dlm.vocab_size * 10 / GiB)
     assert report["disk (GiB)"]["checkpoint (fp32 weights + AdamW, all shards)"] == pytest.approx(12 * p / GiB)
     # FLOPs: sampling 128 forwards of every completion, the old-policy estimate, mu x (forward + backward with
     # recomputation: 1 + 3), over 8 GPUs at 100 TFLOP/s
@@ -118,3 +123,16 @@ def test_check_model_plans_a_published_shape_without_weights(tmp_path, capsys):
     config.write_text(json.dumps({"model_type": "gpt2"}))
     assert main(["check-model", "--config", str(config)]) == 2
     assert "model_type 'gpt2'; the plan knows llada, dream, sdar" in capsys.readouterr().err
+
+
+def test_the_published_shapes_carry_what_the_activation_and_sampling_counts_need():
+    """SDAR-8B (Qwen3's block): MLP width, per-head query/key norms over 32 + 8 heads of 128, block 4; its sampling
+    with the key cache costs (prompt + canvas + steps x block) tokens, full attention steps x (prompt + canvas)."""
+    sdar, llada = Shape.named("sdar-8b"), Shape.named("llada-8b")
+    assert (sdar.mlp, sdar.qk_norm, sdar.block) == (12288, 32 * 128 + 8 * 128, 4)
+    assert (llada.mlp, llada.qk_norm, llada.block) == (12288, 0, 0)
+    assert sdar.block_activation_values() == 11 * 4096 + 4 * 12288 + 2 * 5120
+    budget = presets("table2")["paper"].budget
+    tokens = budget.max_prompt_length + budget.max_completion_length
+    assert sampling_forwards(budget, 4) == pytest.approx((tokens + budget.diffusion_steps * 4) / tokens)
+    assert sampling_forwards(budget) == budget.diffusion_steps

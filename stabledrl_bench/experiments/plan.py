@@ -1,13 +1,17 @@
 """What a preset would cost on a cluster, by arithmetic: memory per GPU, disk, hours (``check-model``); and the
 relative cost of each stage of ``reproduce`` (its progress estimate). The one cost model of the package.
 
-Estimates, not measurements: parameter, gradient and optimizer bytes follow from the parameter count and each
-launch config's sharding; activations use the standard per-layer count for transformer training with fused
-attention (about 34 bytes x tokens x hidden size per layer in 16-bit, Korthikanti et al. 2022); logits are
-16-bit logits plus float32 log-probabilities and their gradient; time is forward/backward FLOPs (2 x parameters
-per token forward, twice that backward, once more when recomputing) divided by an assumed sustained throughput
-per GPU (``--tflops``, default 400 TFLOP/s, about 40% of an H100's dense bf16 peak). What each number assumes is
-printed beside it.
+Estimates by arithmetic, checked against a measured RL step at several sizes (``benchmarks/bench_plan.py``, its
+report in ``benchmarks/reports/``): parameter, gradient and optimizer bytes follow from the parameter count and each
+launch config's sharding, plus DDP's gradient buckets (a second copy of the gradients: DDP's default,
+``gradient_as_bucket_view=False``) and, under FSDP, the decoder blocks gathered at a time (the one computing, the one
+prefetched, and part of a third: 2.5 as measured); activations count what a pre-norm, SiLU-gated decoder block
+(LLaDA, Dream, SDAR) saves for its backward pass, 11 x hidden + 4 x MLP width values per token in the compute dtype
+(attention by a fused kernel, so no tokens x tokens term; SDAR's per-head query/key norms add theirs), and 3 x hidden
+outside the blocks; logits are logits in the compute dtype plus float32 log-probabilities and their gradient; time is
+forward/backward FLOPs (2 x parameters per token forward, twice that backward, once more when recomputing; a block
+model samples with its key cache) divided by an assumed sustained throughput per GPU (``--tflops``, default 400
+TFLOP/s, about 40% of an H100's dense bf16 peak). What each number assumes is printed beside it.
 
 Work is counted in *token-forwards* (one token through one forward pass; a backward pass counts two): sampling,
 likelihood estimates, optimizer steps and evaluation decoding are all multiples of it, so the same counts give
@@ -40,7 +44,17 @@ from stabledrl_bench.training.trainer import TrainConfig
 
 GiB = 2**30
 CONFIGS = ("ddp", "fsdp", "deepspeed_zero2")
-ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = 34  # 16-bit activations of one transformer layer, fused attention
+# Values saved per token for the backward pass, in units of the hidden size and the MLP width, counted for a
+# pre-norm, SiLU-gated block (LLaDA, Dream, SDAR) and measured by benchmarks/bench_plan.py: in each decoder block the
+# input and its normalised copy, query/key/value after RoPE, the attention output, the second norm's input and output
+# (11 x hidden), and the gate, the up projection, SiLU(gate) and their product (4 x MLP width); outside the blocks
+# the embedding output and the final norm's input and output (3 x hidden).
+ACTIVATION_VALUES_PER_HIDDEN = 11
+ACTIVATION_VALUES_PER_MLP = 4
+ACTIVATION_VALUES_OUTSIDE_BLOCKS = 3
+# FSDP2 holds the block it computes and the one it prefetches unsharded, and at its forward peak part of a third
+# (measured on 2 processes: 2.2 blocks without checkpointing, 2.5 with it; benchmarks/bench_plan.py)
+GATHERED_BLOCKS = 2.5
 CONTROL = "frozen control"  # the table's extra run per task: GRPO at learning rate 0 (experiments/runner.py)
 
 # Published models planned by name (``check-model --shape NAME``, no weights needed): the structural fields of their
@@ -101,16 +115,28 @@ class Shape:
     hidden: int
     vocab: int
     attention: str = "full"  # "full" (LLaDA, Dream) or "block" (SDAR): which estimators and protocols apply
+    mlp: int = 0  # the MLP's inner width (0: 4 x hidden, a plain transformer's)
+    qk_norm: int = 0  # query + key width normalised per head (Qwen3's, so SDAR's), 0 without such norms
+    block: int = 0  # a block model's decoding block (its sampler caches keys), 0 under full attention
+
+    def block_activation_values(self) -> int:
+        """Values one decoder block saves per token for its backward pass (:data:`ACTIVATION_VALUES_PER_HIDDEN`;
+        a per-head query/key norm saves its input and output too)."""
+        mlp = self.mlp or 4 * self.hidden
+        return ACTIVATION_VALUES_PER_HIDDEN * self.hidden + ACTIVATION_VALUES_PER_MLP * mlp + 2 * self.qk_norm
 
     @classmethod
     def of(cls, dlm: DiffusionLM) -> Shape:
         embedding = dlm.model.get_input_embeddings().weight
+        blocks = dlm.decoder_blocks()
         return cls(
             parameters=sum(p.numel() for p in dlm.model.parameters()),
-            layers=len(dlm.decoder_blocks()),
+            layers=len(blocks),
             hidden=int(embedding.shape[1]),
             vocab=dlm.vocab_size,
             attention=dlm.attention,
+            **_block_widths(blocks),
+            block=int(dlm.block_size or 0) if dlm.attention == "block" else 0,
         )
 
     @classmethod
@@ -152,13 +178,31 @@ def _built(family: str, settings: Mapping[str, Any], where: str) -> Shape:
         raise UserError(f"{where}: not a config this package builds ({exc})") from None
     backend = MODEL_FAMILIES.get(native.backend)
     wanted = set(backend.block_classes)
+    blocks = [m for m in model.modules() if type(m).__name__ in wanted]
     return Shape(
         parameters=sum(p.numel() for p in model.parameters()),
-        layers=sum(1 for m in model.modules() if type(m).__name__ in wanted),
+        layers=len(blocks),
         hidden=int(model.get_input_embeddings().weight.shape[1]),
         vocab=int(config.vocab_size),
         attention=backend.default_attention,
+        **_block_widths(blocks),
+        block=int(getattr(config, "block_size", 0) or 0) if backend.default_attention == "block" else 0,
     )
+
+
+def _block_widths(blocks: Sequence) -> dict[str, int]:
+    """A decoder block's MLP width (its widest linear layer's input: the down projection's, whether the gate and up
+    projections are one fused layer or two) and the query + key width its per-head norms see, if it has them."""
+    import torch
+
+    if not blocks:
+        return {}
+    layers = dict(blocks[0].named_modules())
+    mlp = max((m.in_features for m in layers.values() if isinstance(m, torch.nn.Linear)), default=0)
+    if not any(name.endswith(("q_norm", "k_norm")) for name in layers):
+        return {"mlp": mlp}
+    projections = [m for name, m in layers.items() if name.endswith(("q_proj", "k_proj"))]
+    return {"mlp": mlp, "qk_norm": sum(m.out_features for m in projections)}
 
 
 # ------------------------------------------------------------------------------------------------ work counts
@@ -185,19 +229,32 @@ class Method:
         return cls(baseline, estimator.name, rows_per_sequence(estimator, budget.diffusion_steps), method.needs_ref)
 
 
-def phase_forwards(budget: Budget, method: Method, *, recompute: bool) -> float:
+def sampling_forwards(budget: Budget, block: int = 0) -> float:
+    """Whole-row forward passes that sampling one completion costs. Under full attention every denoising step is one;
+    a block model decodes with an exact key cache: the prompt once, then each step only its block, and each finished
+    block once more to store its keys, (prompt + canvas + steps x block) tokens in all (measured:
+    ``benchmarks/bench_plan.py``)."""
+    if not block:
+        return budget.diffusion_steps
+    tokens = budget.max_prompt_length + budget.max_completion_length
+    return (tokens + budget.diffusion_steps * block) / tokens
+
+
+def phase_forwards(budget: Budget, method: Method, *, recompute: bool, block: int = 0) -> float:
     """Forward passes per completion in one rollout phase (a backward pass counts two, recomputation one more):
-    sampling, the rollout policy's likelihood estimate, then ``num_iterations`` optimizer steps, each a forward and a
-    backward over the estimator's rows (plus the reference model's forward when the method has one)."""
+    sampling (:func:`sampling_forwards`), the rollout policy's likelihood estimate, then ``num_iterations``
+    optimizer steps, each a forward and a backward over the estimator's rows (plus the reference model's forward
+    when the method has one)."""
     likelihood = method.rows
     per_step = likelihood + (2 + int(recompute)) * likelihood + (likelihood if method.needs_ref else 0)
-    return budget.diffusion_steps + likelihood + budget.num_iterations * per_step
+    return sampling_forwards(budget, block) + likelihood + budget.num_iterations * per_step
 
 
-def train_work(budget: Budget, method: Method, *, recompute: bool) -> float:
+def train_work(budget: Budget, method: Method, *, recompute: bool, block: int = 0) -> float:
     """Token-forwards of one RL run (every row at the budget's longest: prompt + canvas)."""
     tokens = budget.max_prompt_length + budget.max_completion_length
-    per_phase = budget.completions_per_step * tokens * phase_forwards(budget, method, recompute=recompute)
+    forwards = phase_forwards(budget, method, recompute=recompute, block=block)
+    per_phase = budget.completions_per_step * tokens * forwards
     return budget.rollout_phases * per_phase
 
 
@@ -238,36 +295,49 @@ def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) 
     rows = method.rows
     compute_bytes = 2 if preset.bf16 else 4
 
+    per_value = compute_bytes * micro_rows * rows * tokens  # bytes of one value per token of the micro-batch
+    block_bytes = per_value * shape.block_activation_values()
+    outside = per_value * ACTIVATION_VALUES_OUTSIDE_BLOCKS * shape.hidden
+
     def activations(checkpointing: bool) -> float:
-        per_layer = ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN * micro_rows * rows * tokens * shape.hidden
         if not checkpointing:
-            return shape.layers * per_layer
-        return shape.layers * compute_bytes * micro_rows * rows * tokens * shape.hidden + per_layer
+            return shape.layers * block_bytes + outside
+        # each block's input, then one block recomputed at a time in the backward pass
+        return shape.layers * per_value * shape.hidden + block_bytes + outside
 
     logits = micro_rows * rows * budget.max_completion_length * shape.vocab * (compute_bytes + 8)
     configs = {}
     for config in CONFIGS:
-        state = {  # fp32 master weights, fp32 gradients and AdamW's two fp32 moments: 16 bytes per parameter
-            "ddp": 16 * p,
-            "fsdp": 16 * p / processes,
-            "deepspeed_zero2": compute_bytes * p + 14 * p / processes,  # 16-bit weights in full, the rest sharded
-        }[config]
+        sharded = processes if config == "fsdp" else 1
+        state = {  # fp32 master weights, fp32 gradients, AdamW's two fp32 moments
+            "weights (fp32 masters)": 4 * p / sharded,
+            "gradients": 4 * p / (processes if config != "ddp" else 1),  # fp32 (ZeRO-2: 16-bit, below)
+            "AdamW moments (fp32)": 8 * p / (processes if config != "ddp" else 1),
+        }
+        if config == "deepspeed_zero2":  # 16-bit weights in full, fp32 masters sharded with the rest
+            state["weights (fp32 masters)"] = compute_bytes * p + 4 * p / processes
+            state["gradients"] = compute_bytes * p / processes
         extra = {
+            "DDP gradient buckets (a second fp32 copy)": 4 * p if config == "ddp" else 0,
             "rollout replica (unsharded)": compute_bytes * p if config == "fsdp" else 0,
+            "FSDP gathered blocks (unsharded)": (
+                GATHERED_BLOCKS * compute_bytes * p / shape.layers if config == "fsdp" and shape.layers else 0
+            ),
             "reference model": 0
             if not method.needs_ref
             else (4 * p / processes if config == "fsdp" else compute_bytes * p),
         }
-        rows_of_config = {"weights, gradients, AdamW": state, **extra}
+        rows_of_config = {**state, **extra}
         rows_of_config["activations, checkpointing on"] = activations(True)
         rows_of_config["activations, checkpointing off"] = activations(False)
-        rows_of_config["logits (16-bit, fp32 log-probs and grad)"] = logits
-        total = state + sum(extra.values()) + activations(preset.gradient_checkpointing) + logits
+        rows_of_config["logits (+ fp32 log-probs and grad)"] = logits
+        total = sum(state.values()) + sum(extra.values()) + activations(preset.gradient_checkpointing) + logits
         rows_of_config["total with the preset's checkpointing"] = total
         configs[config] = {name: value / GiB for name, value in rows_of_config.items()}
 
     recompute = preset.gradient_checkpointing
-    seconds_per_phase = _seconds(train_work(budget, method, recompute=recompute), p, processes, tflops)
+    work = train_work(budget, method, recompute=recompute, block=shape.block)
+    seconds_per_phase = _seconds(work, p, processes, tflops)
     seconds_per_phase /= budget.rollout_phases
     return {
         "shape": asdict(shape),
@@ -287,7 +357,8 @@ def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) 
         },
         "time (estimate)": {
             "seconds per rollout phase": seconds_per_phase,
-            "sampling share": budget.diffusion_steps / phase_forwards(budget, method, recompute=recompute),
+            "sampling share": sampling_forwards(budget, shape.block)
+            / phase_forwards(budget, method, recompute=recompute, block=shape.block),
             "hours per run": seconds_per_phase * budget.rollout_phases / 3600,
         },
     }
@@ -371,9 +442,9 @@ def format_plan(report: dict) -> list[str]:
     lines.append("  " + ", ".join(f"{k}: {v}" for k, v in report["assumptions"].items()))
     for config, rows in report["memory per GPU (GiB)"].items():
         lines.append(f"  memory per GPU, configs/accelerate/{config}.yaml:")
-        lines.extend(f"    {name:42s} {value:8.1f} GiB" for name, value in rows.items())
+        lines.extend(f"    {name:44s} {value:8.1f} GiB" for name, value in rows.items())
     lines.append("  disk:")
-    lines.extend(f"    {name:42s} {value:8.1f} GiB" for name, value in report["disk (GiB)"].items())
+    lines.extend(f"    {name:44s} {value:8.1f} GiB" for name, value in report["disk (GiB)"].items())
     time = report["time (estimate)"]
     lines.append(
         f"  time: {time['seconds per rollout phase']:.0f} s per rollout phase ({100 * time['sampling share']:.0f}% "
