@@ -227,3 +227,17 @@ def test_grade_command(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["correct"] is True and rows[0]["score"] == 1.0
     assert "error" in rows[1]
+
+
+def test_a_launch_the_budget_does_not_split_over_stops_before_the_warm_start(tmp_path, capsys, monkeypatch):
+    """The smoke preset's 6 prompts per step (micro-batches of 3) on 4 processes: one line, and no SFT first."""
+    from types import SimpleNamespace
+
+    from stabledrl_bench.training import trainer
+
+    monkeypatch.setattr(trainer, "process_state", lambda: SimpleNamespace(num_processes=4))
+    assert _run(tmp_path, "table1") == 2
+    err = capsys.readouterr().err.strip()
+    split = "prompts_per_step=6 must split evenly over 4 process(es) in micro-batches of per_device_prompts=3"
+    assert err == f"error: {split}"
+    assert not (tmp_path / "runs").exists()

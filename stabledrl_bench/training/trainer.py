@@ -216,6 +216,20 @@ ANCHOR_ESTIMATOR = ESPOElbo(num_mc=1)
 OldEstimateHook = Callable[[Estimate, torch.Generator], Estimate]
 
 
+def accumulation_steps(prompts_per_step: int, per_device_prompts: int) -> int:
+    """Micro-batches per optimizer step on each process of this launch; a step's prompts that do not split evenly
+    over the processes in micro-batches of ``per_device_prompts`` are one line (``reproduce`` asks before its warm
+    start, so a launch that cannot train stops before any work)."""
+    world = process_state().num_processes
+    per_process = prompts_per_step / world
+    if per_process != int(per_process) or int(per_process) % per_device_prompts:
+        raise UserError(
+            f"prompts_per_step={prompts_per_step} must split evenly over {world} process(es) "
+            f"in micro-batches of per_device_prompts={per_device_prompts}"
+        )
+    return int(per_process) // per_device_prompts
+
+
 class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
@@ -233,14 +247,7 @@ class RLTrainer:
         REWARD_PROFILES.get(cfg.reward_profile)  # an unknown profile fails here, not at the first reward
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         self.baseline.require_groups(cfg.budget.num_generations)
-        world = process_state().num_processes
-        per_process = cfg.budget.prompts_per_step / world
-        if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
-            raise UserError(
-                f"prompts_per_step={cfg.budget.prompts_per_step} must split evenly over {world} process(es) "
-                f"in micro-batches of per_device_prompts={cfg.per_device_prompts}"
-            )
-        self.grad_accum = int(per_process) // cfg.per_device_prompts
+        self.grad_accum = accumulation_steps(cfg.budget.prompts_per_step, cfg.per_device_prompts)
         # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed)
         self.acc = make_accelerator(
             grad_accum=self.grad_accum, bf16=cfg.bf16, log_with=cfg.log_with or None, project_dir=cfg.output_dir
