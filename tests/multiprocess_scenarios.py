@@ -259,15 +259,13 @@ def run_on_one_process(
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    # accelerate keeps one precision per program: these runs start from none and leave none behind
-    AcceleratorState._reset_state()
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch_task(patch.setattr)
             report = {name: run_training(name, models, out / name, bf16=bf16) for name in scenarios}
             report.update({name: run_evaluation(name, models, out / f"results-{name}") for name in evaluations})
     finally:
-        AcceleratorState._reset_state()
+        AcceleratorState._reset_state()  # no bf16 left behind for a test that builds a plain Accelerator()
         torch.set_num_threads(threads)
     return report
 
@@ -275,6 +273,7 @@ def run_on_one_process(
 def run_launched(config: str, models: dict[str, str], out: Path, *names: str, **options) -> dict[str, Any]:
     """The scenarios ``names`` (default: all, resumed and evaluations too) under ``configs/accelerate/<config>.yaml``
     (``options``: :func:`launch`'s; 2 processes in full precision by default): rank 0's report."""
+    out.mkdir(parents=True, exist_ok=True)
     models_json = out / "models.json"
     models_json.write_text(json.dumps(models))
     proc = launch(config, str(ROOT / "tests" / "multiprocess_worker.py"), str(models_json), str(out), *names, **options)

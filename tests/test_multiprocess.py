@@ -324,3 +324,20 @@ def test_the_documented_launch_trains_evaluates_and_resumes_like_one_process(con
     again = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
     assert again.returncode == 0, again.stderr[-4000:]
     assert "measured (" not in again.stdout and again.stdout.count("reused") >= 9
+
+
+@opt_in
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_opt_in_the_documented_launch_on_two_nodes_gives_one_process_results(config, reproduced_once, tmp_path):
+    """``reproduce`` (smoke preset: its 6 prompts per step split over 1, 2, 3 or 6 processes) on 2 nodes of one
+    process each, in their own working folders, writing into one shared folder."""
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    for folder in folders:
+        folder.mkdir()
+    shared = tmp_path / "shared"
+    outputs = launch_nodes(config, "-m", "stabledrl_bench", *_reproduce_args(shared), folders=folders, per_node=1)
+    assert "".join(outputs).count("leaderboard:") == 1  # the global main process prints and writes
+    ours, theirs = _records(shared / "results"), _records(reproduced_once / "results")
+    assert ours.keys() == theirs.keys() and len(ours) == 9
+    assert all(ours[key]["samples_sha256"] == theirs[key]["samples_sha256"] for key in ours)
+    assert [p for p in folders[1].rglob("*") if p.is_file()] == []
