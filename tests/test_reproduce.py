@@ -248,7 +248,7 @@ def test_a_launch_the_budget_does_not_split_over_stops_before_the_warm_start(tmp
 
 @pytest.mark.skipif(
     os.environ.get("STABLEDRL_BF16_PRESET") is None,
-    reason="opt-in: STABLEDRL_BF16_PRESET=smoke (minutes) or tiny (an hour on 2 cores)",
+    reason="opt-in: STABLEDRL_BF16_PRESET=smoke (minutes) or tiny (the tiny preset's budget)",
 )
 def test_opt_in_a_preset_in_bf16_beside_float32(tmp_path, capsys):
     """``reproduce table1`` under a preset (GRPO and StableDRL) in float32 and then, in the same program, in bf16
