@@ -21,6 +21,8 @@ from typing import TypeVar
 
 import torch
 
+from stabledrl_bench.errors import UserError
+
 T = TypeVar("T")
 
 
@@ -55,27 +57,33 @@ def _as_gpu_processes():
         PartialState._prepare_backend, PartialState.set_device = saved
 
 
-def launch_command(config: str, processes: int = 2) -> list[str]:
+def launch_command(
+    config: str,
+    processes: int = 2,
+    *,
+    mixed_precision: str = "no",
+    machines: int = 1,
+    machine_rank: int = 0,
+    port: int = 0,
+) -> list[str]:
     """``accelerate launch`` of ``processes`` CPU processes under the shipped ``configs/accelerate/<config>.yaml``
-    (full precision, a free port): how the tests and ``regress --invariance`` rehearse a GPU launch. Append the
-    program and its arguments."""
+    (full precision and a free port unless told otherwise): how the tests and ``regress --invariance`` rehearse a
+    GPU launch. Append the program and its arguments.
+
+    ``machines`` > 1 rehearses a multi-node launch on this host: ``processes`` counts every node's processes (as
+    accelerate's ``--num_processes`` does), each node runs this command with its own ``machine_rank``, and they meet
+    at ``127.0.0.1:port`` (a port every node knows, so not 0).
+    """
     import sys
     from importlib import resources
 
     path = resources.files("stabledrl_bench.configs") / "accelerate" / f"{config}.yaml"
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(path),
-        "--num_processes",
-        str(processes),
-        "--mixed_precision",
-        "no",
-        "--main_process_port",
-        "0",
-    ]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(path)]
+    command += ["--num_processes", str(processes), "--mixed_precision", mixed_precision]
+    if machines > 1:
+        command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
+        command += ["--main_process_ip", "127.0.0.1"]
+    return [*command, "--main_process_port", str(port)]
 
 
 def process_state():
@@ -121,6 +129,52 @@ def barrier() -> None:
     state = process_state()
     if state.num_processes > 1:
         state.wait_for_everyone()
+
+
+def machines() -> int:
+    """How many nodes (machines) this launch spans: ``WORLD_SIZE / LOCAL_WORLD_SIZE`` under torchrun (1 otherwise)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+def require_shared_folder(folder: str | os.PathLike[str], what: str) -> None:
+    """Stop, with one line on every process, when the nodes of a multi-node launch do not see ``folder`` as one
+    folder (collective; nothing to check on one node).
+
+    Records, logs and checkpoints are written once, by the global main process, and FSDP's checkpoints are one
+    shard per process with a single index that every process reads when it resumes; evaluation reads the trained
+    model's ``final/`` on every process. So a run needs its output folder on storage every node shares (a relative
+    path resolves in each node's working folder). A node that does not see it would otherwise resume from nothing,
+    or wait forever for files it cannot read. The main process writes a token there; every process reads it.
+    """
+    import secrets
+    from pathlib import Path
+
+    if machines() < 2:
+        return
+    from accelerate.utils import broadcast_object_list
+
+    state = process_state()
+    path = Path(folder).resolve()
+    token = [secrets.token_hex(8) if state.is_main_process else None]
+    broadcast_object_list(token)
+    probe = path / f".shared-{token[0]}"
+    if state.is_main_process:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token[0])
+    state.wait_for_everyone()
+    seen = probe.is_file() and probe.read_text() == token[0]
+    ranks = [rank for rank, ok in enumerate(gather_lists([seen])) if not ok]
+    state.wait_for_everyone()
+    if state.is_main_process:
+        probe.unlink()
+    if ranks:
+        import socket
+
+        raise UserError(
+            f"{what} {folder}: processes {ranks} of this {machines()}-node launch do not see the main process's "
+            f"folder ({socket.gethostname()}:{path}); put it on storage every node shares, under the same path"
+        )
 
 
 def keyed_generator(*key: object, device: torch.device | str | None = None) -> torch.Generator:

@@ -101,7 +101,7 @@ def patch_task(monkeypatch_setattr) -> None:
     monkeypatch_setattr(CountdownTask, "grade_many", grade_many)
 
 
-def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = STEPS):
+def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = STEPS, bf16: bool = False):
     from conftest import small_budget
 
     from stabledrl_bench.training.optim import OptimConfig
@@ -125,6 +125,7 @@ def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = S
         per_device_prompts=per_device,
         estimator_micro_batch=3,  # chunks of 3 rows: the counts differ between processes where rows do
         gradient_checkpointing=True,
+        bf16=bf16,
         lora=lora,
         validation=ValidationConfig(every=2, items=4, protocol="tiny") if name in VALIDATED else ValidationConfig(),
         output_dir=str(out),
@@ -138,13 +139,15 @@ def final_weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(Path(path) / "model.safetensors"))
 
 
-def run_training(name: str, models: dict[str, str], out: Path, *, probe=None, **train_kwargs) -> dict[str, Any]:
-    """Train a scenario; returns the per-step log entries that must not depend on the number of processes (and what
-    ``probe(trainer)`` returns, called before training)."""
+def run_training(
+    name: str, models: dict[str, str], out: Path, *, probe=None, bf16: bool = False, **train_kwargs
+) -> dict[str, Any]:
+    """Train a scenario (``bf16``: under bf16 mixed precision); returns the per-step log entries that must not depend
+    on the number of processes (and what ``probe(trainer)`` returns, called before training)."""
     from stabledrl_bench.training.runlog import read_log
     from stabledrl_bench.training.trainer import VALIDATION_FILE, RLTrainer
 
-    trainer = RLTrainer(train_config(name, models, out))
+    trainer = RLTrainer(train_config(name, models, out, bf16=bf16))
     result: dict[str, Any] = {} if probe is None else {"processes": probe(trainer)}
     trainer.train(**train_kwargs)
     result["log"] = [{k: r[k] for k in LOGGED if k in r} for r in read_log(out / "log.jsonl")]
@@ -199,36 +202,81 @@ def run_evaluation(name: str, models: dict[str, str], results: Path) -> dict[str
     }
 
 
-def launch(config: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``accelerate launch --config_file configs/accelerate/<config>.yaml`` on 2 CPU processes."""
+def launch(config: str, *args: str, timeout: int = 600, processes: int = 2, **options) -> subprocess.CompletedProcess:
+    """``accelerate launch --config_file configs/accelerate/<config>.yaml`` on ``processes`` CPU processes
+    (``options``: :func:`~stabledrl_bench.processes.launch_command`'s, e.g. ``mixed_precision="bf16"``)."""
     from stabledrl_bench.processes import launch_command
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [*launch_command(config), *args]
+    cmd = [*launch_command(config, processes, **options), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
-def run_on_one_process(models: dict[str, str], out: Path) -> dict[str, Any]:
-    """Every scenario in this process (one thread, the fixed rewards)."""
+def launch_nodes(
+    config: str, *args: str, folders: list[Path], per_node: int = 2, timeout: int = 600, **options
+) -> list[str]:
+    """A multi-node launch rehearsed on this host: one ``accelerate launch`` per node (``--machine_rank i``, node i
+    running in ``folders[i]``, its own working folder) of ``per_node`` processes each, meeting at 127.0.0.1 on a
+    free port (``options``: :func:`launch`'s). Returns every node's stdout; a node that fails fails the test with its
+    stderr."""
+    import socket
+
+    from stabledrl_bench.processes import launch_command
+
+    with socket.socket() as probe:  # a port free now, which both nodes are told (0 would give each its own)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    total = per_node * len(folders)
+    nodes = [
+        subprocess.Popen(
+            [*launch_command(config, total, machines=len(folders), machine_rank=rank, port=port, **options), *args],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, folder in enumerate(folders)
+    ]
+    outputs = [node.communicate(timeout=timeout) for node in nodes]
+    for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs, strict=True)):
+        assert node.returncode == 0, (rank, stderr[-4000:])
+    return [stdout for stdout, _ in outputs]
+
+
+def run_on_one_process(
+    models: dict[str, str],
+    out: Path,
+    *,
+    scenarios: tuple[str, ...] = tuple(SCENARIOS),
+    evaluations: tuple[str, ...] = tuple(EVALUATIONS),
+    bf16: bool = False,
+) -> dict[str, Any]:
+    """The scenarios in this process (one thread, the fixed rewards; ``bf16``: under bf16 mixed precision)."""
     import pytest
+    from accelerate.state import AcceleratorState
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch_task(patch.setattr)
-            report = {name: run_training(name, models, out / name) for name in SCENARIOS}
-            report.update({name: run_evaluation(name, models, out / f"results-{name}") for name in EVALUATIONS})
+            report = {name: run_training(name, models, out / name, bf16=bf16) for name in scenarios}
+            report.update({name: run_evaluation(name, models, out / f"results-{name}") for name in evaluations})
     finally:
+        AcceleratorState._reset_state()  # no bf16 left behind for a test that builds a plain Accelerator()
         torch.set_num_threads(threads)
     return report
 
 
-def run_on_two_processes(config: str, models: dict[str, str], out: Path) -> dict[str, Any]:
-    """Every scenario under ``configs/accelerate/<config>.yaml`` on 2 CPU processes: rank 0's report."""
+def run_launched(config: str, models: dict[str, str], out: Path, *names: str, **options) -> dict[str, Any]:
+    """The scenarios ``names`` (default: all, resumed and evaluations too) under ``configs/accelerate/<config>.yaml``
+    (``options``: :func:`launch`'s; 2 processes in full precision by default): rank 0's report."""
+    out.mkdir(parents=True, exist_ok=True)
     models_json = out / "models.json"
     models_json.write_text(json.dumps(models))
-    proc = launch(config, str(ROOT / "tests" / "multiprocess_worker.py"), str(models_json), str(out))
+    proc = launch(config, str(ROOT / "tests" / "multiprocess_worker.py"), str(models_json), str(out), *names, **options)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "report.json").read_text())
 
@@ -241,3 +289,16 @@ def assert_same_training(ours: dict[str, Any], theirs: dict[str, Any], scenario:
         for key in LOGGED:
             if key in b:
                 assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-5), (scenario, step, key, a[key], b[key])
+
+
+def deviation(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """Per logged entry, the largest difference over the steps relative to the largest value ``theirs`` reached
+    (loss and KL cross zero, so a step-by-step relative error would divide by nearly nothing)."""
+    assert len(ours["log"]) == len(theirs["log"]) == STEPS
+    found = {}
+    for key in LOGGED:
+        pairs = [(a[key], b[key]) for a, b in zip(ours["log"], theirs["log"], strict=True) if key in b]
+        if pairs:
+            scale = max(abs(b) for _, b in pairs) or 1.0
+            found[key] = max(abs(a - b) for a, b in pairs) / scale
+    return found

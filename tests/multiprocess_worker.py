@@ -4,14 +4,18 @@
         tests/multiprocess_worker.py MODELS_JSON OUT_DIR [SCENARIO ...]
 
 ``tests/test_multiprocess.py`` launches it for every shipped config and compares the report with the same
-scenarios run on one process. Besides the training logs it records, per process, what must agree everywhere:
-the pad-free decision (probed on weights synced from rank 0 under RAM-efficient loading) and a digest of the
-weights the rollouts ran on.
+scenarios run on one process. ``resume:<scenario>`` stops a scenario after one rollout phase and resumes it
+(``resume``: ``resume:grpo-native``); ``unshared:<scenario>`` trains it into a relative folder, which on a
+multi-node launch is each node's own, and records the refusal. Under ``--mixed_precision bf16`` the scenarios
+train in bf16 mixed precision, as the launch says. Besides the training logs it records, per process, what must
+agree everywhere: the pad-free decision (probed on weights synced from rank 0 under RAM-efficient loading) and a
+digest of the weights the rollouts ran on.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +26,7 @@ def main(models_json: str, out_dir: str, names: list[str]) -> None:
     import torch
     from accelerate.utils import gather_object
 
+    from stabledrl_bench.errors import UserError
     from stabledrl_bench.processes import process_state
 
     torch.set_num_threads(1)
@@ -31,15 +36,24 @@ def main(models_json: str, out_dir: str, names: list[str]) -> None:
     state = process_state()
     report: dict[str, object] = {"world_size": state.num_processes}
     report["rank0_weights"] = gather_object([_loads_real_weights(models["native"])])
+    bf16 = os.environ.get("ACCELERATE_MIXED_PRECISION") == "bf16"  # what --mixed_precision says
+    probe = lambda trainer: _facts(trainer, gather_object)  # noqa: E731
     for name in names or [*SCENARIOS, "resume", *EVALUATIONS]:
-        if name == "resume":  # grpo-native stopped after one phase, then resumed (checked against uninterrupted)
-            run_training("grpo-native", models, out / "resume", stop_after=2)
-            report["resume"] = run_training("grpo-native", models, out / "resume", resume=True)
+        if name.startswith("resume"):  # stopped after one phase, then resumed (checked against uninterrupted)
+            scenario = name.partition(":")[2] or "grpo-native"
+            run_training(scenario, models, out / name, stop_after=2, bf16=bf16)
+            report[name] = run_training(scenario, models, out / name, resume=True, bf16=bf16)
+            continue
+        if name.startswith("unshared:"):  # a relative output folder: each node's own working folder
+            try:
+                run_training(name.partition(":")[2], models, Path(name.replace(":", "-")), bf16=bf16)
+            except UserError as exc:
+                report[name] = str(exc)
             continue
         if name in EVALUATIONS:
             report[name] = run_evaluation(name, models, out / f"results-{name}")
             continue
-        report[name] = run_training(name, models, out / name, probe=lambda trainer: _facts(trainer, gather_object))
+        report[name] = run_training(name, models, out / name, probe=probe, bf16=bf16)
     if state.is_main_process:
         (out / "report.json").write_text(json.dumps(report, indent=1))
 

@@ -456,6 +456,19 @@ def test_every_loss_computes_and_returns_at_least_the_input_precision(name: str,
         assert torch.equal(loss, single)
 
 
+@pytest.mark.parametrize("name", BUILTIN_BASELINES)
+def test_every_loss_stays_float32_inside_bf16_autocast(name: str) -> None:
+    """The trainer computes the losses inside the forward's autocast: none of them has a matrix product autocast
+    would run in bf16, so the loss and its gradients are float32's to the bit (non-dyadic values: bf16 would
+    round them)."""
+    beta = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01, "cj_grpo": 0.04, "agrpo": 0.01, "gdsd": 1e-3}.get(name, 0.0)
+    plain, plain_grads = _loss_and_grads(name, _inputs(torch.float32, x=0.3, adv=0.7), beta=beta)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast, cast_grads = _loss_and_grads(name, _inputs(torch.float32, x=0.3, adv=0.7), beta=beta)
+    assert cast.dtype == torch.float32 and torch.equal(cast, plain)
+    assert all(torch.equal(a, b) for a, b in zip(cast_grads, plain_grads, strict=True))
+
+
 def test_building_blocks_return_the_compute_dtype() -> None:
     groups = torch.zeros(2, dtype=torch.long)
     for dtype, expected in ((torch.bfloat16, torch.float32), (torch.float32, torch.float32), (torch.float64,) * 2):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.experiments.comparison import TABLE_BASELINES
@@ -227,3 +230,55 @@ def test_grade_command(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["correct"] is True and rows[0]["score"] == 1.0
     assert "error" in rows[1]
+
+
+def test_a_launch_the_budget_does_not_split_over_stops_before_the_warm_start(tmp_path, capsys, monkeypatch):
+    """The smoke preset's 6 prompts per step (micro-batches of 3) on 4 processes: one line, and no SFT first."""
+    from types import SimpleNamespace
+
+    from stabledrl_bench.training import trainer
+
+    monkeypatch.setattr(trainer, "process_state", lambda: SimpleNamespace(num_processes=4))
+    assert _run(tmp_path, "table1") == 2
+    err = capsys.readouterr().err.strip()
+    split = "prompts_per_step=6 must split evenly over 4 process(es) in micro-batches of per_device_prompts=3"
+    assert err == f"error: {split}"
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(
+    os.environ.get("STABLEDRL_BF16_PRESET") is None,
+    reason="opt-in: STABLEDRL_BF16_PRESET=smoke (minutes) or tiny (the tiny preset's budget)",
+)
+def test_opt_in_a_preset_in_bf16_beside_float32(tmp_path, capsys):
+    """``reproduce table1`` under a preset (GRPO and StableDRL) in float32 and then, in the same program, in bf16
+    mixed precision, each from its float32 warm start: every bf16 number finite, every ``final/`` bf16, every record
+    written; prints both runs' first-step losses, mean rewards and accuracies side by side (the rollouts differ in
+    bf16, so they are compared by eye, not by a tolerance)."""
+    import dataclasses
+
+    from stabledrl_bench.experiments.comparison import comparison
+    from stabledrl_bench.experiments.reproduce import reproduce
+    from stabledrl_bench.training.runlog import read_log
+
+    name = os.environ["STABLEDRL_BF16_PRESET"]
+    summary = {}
+    for bf16 in (False, True):
+        root = tmp_path / ("bf16" if bf16 else "float32")
+        run = comparison("table1", preset=name, baselines="grpo,stabledrl", runs=str(root))
+        reproduce(dataclasses.replace(run, preset=dataclasses.replace(run.preset, bf16=bf16)))
+        for info in run.runs.rglob("run.json"):
+            if info.parent.name in ("grpo", "stabledrl"):
+                log = read_log(info.parent / "log.jsonl")
+                assert json.loads(info.read_text())["mixed_precision"] == ("bf16" if bf16 else "no")
+                assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in log)
+                final = load_file(str(info.parent / "final" / "model.safetensors"))
+                assert {t.dtype for t in final.values()} == {torch.bfloat16 if bf16 else torch.float32}
+                key = (info.parent.parent.parent.name, info.parent.name, "bf16" if bf16 else "float32")
+                summary[key] = (log[0]["loss"], sum(r["reward_mean"] for r in log) / len(log))
+        for record in load_results(run.results):
+            key = (record["task"], record["baseline"], record["length"], "bf16" if bf16 else "float32")
+            summary[key] = record["metrics"]["accuracy"]
+    with capsys.disabled():
+        for key, value in sorted(summary.items(), key=str):
+            print(key, value)

@@ -495,9 +495,13 @@ def test_trainer_decodes_rollouts_with_the_budgets_mode(small_models, tmp_path, 
     assert all(math.isfinite(r["loss"]) for r in read_log(tmp_path / "log.jsonl"))
 
 
-def test_tensorboard_logging_writes_events_and_leaves_the_run_log_alone(small_models, tmp_path):
+def test_trackers_log_every_step_into_the_run_folder_and_leave_the_run_log_alone(small_models, tmp_path, monkeypatch):
+    """TensorBoard's events and an offline W&B run (no network), both in the run folder: W&B's run file holds the
+    run's settings and, for every step, the numbers log.jsonl holds."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     RLTrainer(_config(small_models["full"], tmp_path / "plain")).train()
-    RLTrainer(_config(small_models["full"], tmp_path / "tracked", log_with=["tensorboard"])).train()
+    RLTrainer(_config(small_models["full"], tmp_path / "tracked", log_with=["tensorboard", "wandb"])).train()
     drop = ("seconds",)
     plain, tracked = (
         [{k: v for k, v in r.items() if k not in drop} for r in read_log(tmp_path / run / "log.jsonl")]
@@ -505,6 +509,44 @@ def test_tensorboard_logging_writes_events_and_leaves_the_run_log_alone(small_mo
     )
     assert plain == tracked
     assert list((tmp_path / "tracked").rglob("events.out.tfevents*"))
+    (run_file,) = (tmp_path / "tracked" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = list(_wandb_records(run_file))
+    kinds = [record.WhichOneof("record_type") for record in records]
+    assert kinds.count("run") == 1 and kinds[-1] == "exit"  # one run, finished
+    assert next(r.run.project for r in records if r.HasField("run")) == "stabledrl-countdown"
+    config = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for r in records for i in r.config.update}
+    assert config["config/baseline"] == "stabledrl" and config["budget/max_steps"] == 2
+    history = [
+        {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
+    for logged, step in zip(history, read_log(tmp_path / "tracked" / "log.jsonl"), strict=True):
+        numbers = {k: v for k, v in step.items() if isinstance(v, int | float)}
+        assert {k: logged[k] for k in numbers} == numbers
+
+
+def _wandb_records(path: Path):
+    """The records of an offline W&B run file (wandb 0.2x+ ships no Python reader): W&B's 7-byte header, then
+    LevelDB's log format, 32 KiB blocks of chunks, each behind a 7-byte header (CRC, length, type; a record is one
+    FULL chunk or FIRST, MIDDLE..., LAST)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, pending = 32768, 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
 
 
 def test_a_tracker_that_is_not_installed_stops_the_run(small_models, tmp_path, monkeypatch):

@@ -363,9 +363,9 @@ def test_every_shipped_config_on_two_processes_equals_one_process(
 ):
     """tests/test_multiprocess.py's scenarios (checkpointing on, reference model, dropped groups, pad-free, resume,
     evaluation) on the published files, under each shipped accelerate config on 2 CPU processes."""
-    from multiprocess_scenarios import EVALUATIONS, SCENARIOS, assert_same_training, run_on_two_processes
+    from multiprocess_scenarios import EVALUATIONS, SCENARIOS, assert_same_training, run_launched
 
-    report = run_on_two_processes(config, published, tmp_path)
+    report = run_launched(config, published, tmp_path)
     for scenario in SCENARIOS:
         assert_same_training(report[scenario], published_on_one_process[scenario], scenario)
         assert report[scenario]["processes"][0] == report[scenario]["processes"][1], scenario

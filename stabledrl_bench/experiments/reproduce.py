@@ -50,11 +50,11 @@ from stabledrl_bench.experiments.runner import (
 from stabledrl_bench.experiments.stages import Stages
 from stabledrl_bench.experiments.stress import stability_section
 from stabledrl_bench.experiments.summary import training_summary
-from stabledrl_bench.processes import barrier, is_main_process
+from stabledrl_bench.processes import barrier, is_main_process, require_shared_folder
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
 from stabledrl_bench.reporting.training import CONTROL_RUN
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.trainer import VALIDATION_FILE, TrainConfig
+from stabledrl_bench.training.trainer import VALIDATION_FILE, TrainConfig, accumulation_steps
 from stabledrl_bench.training.validation import ValidationConfig
 
 
@@ -79,6 +79,8 @@ def _banner(run: Comparison) -> None:
 def reproduce(run: Comparison) -> None:
     """Entry point of ``python -m stabledrl_bench reproduce`` (see the module docstring)."""
     _banner(run)
+    require_shared_folder(run.results, "results")  # every node reads the records the main process writes
+    accumulation_steps(run.preset.budget.prompts_per_step, run.preset.per_device_prompts)  # before the warm start
     kinds, work = _plan(run)
     stages = Stages(kinds, work=work)
     with on_interrupt(lambda: RERUN):

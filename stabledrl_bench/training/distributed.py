@@ -55,9 +55,11 @@ def make_accelerator(*, grad_accum: int = 1, bf16: bool = False, log_with: list[
         os.environ.pop(name, None)
     rehearsal = cpu_rehearsal()
     process_state()
+    precision = "bf16" if bf16 else "no"
+    _forget_other_precision(precision)
     acc = Accelerator(
         cpu=not (torch.cuda.is_available() or rehearsal),
-        mixed_precision="bf16" if bf16 else "no",
+        mixed_precision=precision,
         gradient_accumulation_steps=grad_accum,
         step_scheduler_with_optimizer=False,  # the trainer steps its schedule once per optimizer step
         log_with=log_with,
@@ -65,6 +67,17 @@ def make_accelerator(*, grad_accum: int = 1, bf16: bool = False, log_with: list[
     )
     refuse_unsupported(acc)
     return acc
+
+
+def _forget_other_precision(precision: str) -> None:
+    """Let one program train at another precision than its previous run (``reproduce`` at bf16: a float32 SFT warm
+    start, then bf16 RL). accelerate keeps one ``AcceleratorState`` per program and refuses a second precision, so
+    its state (not the process group, which ``PartialState`` keeps) is dropped and rebuilt from the launch."""
+    from accelerate.state import AcceleratorState
+
+    current = AcceleratorState._shared_state.get("_mixed_precision")
+    if current is not None and current != precision:
+        AcceleratorState._reset_state()
 
 
 def _require_trackers(names: list[str]) -> None:

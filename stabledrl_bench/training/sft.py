@@ -38,6 +38,7 @@ from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
+from stabledrl_bench.processes import require_shared_folder
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.training.checkpoint import (
     exclusive,
@@ -195,6 +196,7 @@ def run_sft(cfg: SFTConfig) -> Path:
     require_folder(cfg.output_dir, "output_dir")
     task = get_task(cfg.task)
     acc = make_accelerator(bf16=cfg.bf16)
+    require_shared_folder(cfg.output_dir, "output_dir")
 
     def rerun() -> str:
         return rerun_note(cfg.output_dir, f"SFT on {cfg.task} ({cfg.output_dir})", cfg.max_steps, cfg.save_every)

@@ -47,7 +47,7 @@ from stabledrl_bench.core.models.checkpointing import enable_activation_checkpoi
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
-from stabledrl_bench.processes import gather_lists, keyed_generator, process_state
+from stabledrl_bench.processes import gather_lists, keyed_generator, process_state, require_shared_folder
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
 from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.checkpoint import (
@@ -62,6 +62,7 @@ from stabledrl_bench.training.checkpoint import (
 from stabledrl_bench.training.data import PromptStream, training_docs
 from stabledrl_bench.training.distributed import (
     UnshardedReplica,
+    compute_dtype,
     configure_deepspeed,
     declare_fsdp_blocks,
     frozen_copy,
@@ -215,6 +216,20 @@ ANCHOR_ESTIMATOR = ESPOElbo(num_mc=1)
 OldEstimateHook = Callable[[Estimate, torch.Generator], Estimate]
 
 
+def accumulation_steps(prompts_per_step: int, per_device_prompts: int) -> int:
+    """Micro-batches per optimizer step on each process of this launch; a step's prompts that do not split evenly
+    over the processes in micro-batches of ``per_device_prompts`` are one line (``reproduce`` asks before its warm
+    start, so a launch that cannot train stops before any work)."""
+    world = process_state().num_processes
+    per_process = prompts_per_step / world
+    if per_process != int(per_process) or int(per_process) % per_device_prompts:
+        raise UserError(
+            f"prompts_per_step={prompts_per_step} must split evenly over {world} process(es) "
+            f"in micro-batches of per_device_prompts={per_device_prompts}"
+        )
+    return int(per_process) // per_device_prompts
+
+
 class TrainingDiverged(UserError):
     """Too many consecutive non-finite losses or gradients."""
 
@@ -232,19 +247,13 @@ class RLTrainer:
         REWARD_PROFILES.get(cfg.reward_profile)  # an unknown profile fails here, not at the first reward
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         self.baseline.require_groups(cfg.budget.num_generations)
-        world = process_state().num_processes
-        per_process = cfg.budget.prompts_per_step / world
-        if per_process != int(per_process) or int(per_process) % cfg.per_device_prompts:
-            raise UserError(
-                f"prompts_per_step={cfg.budget.prompts_per_step} must split evenly over {world} process(es) "
-                f"in micro-batches of per_device_prompts={cfg.per_device_prompts}"
-            )
-        self.grad_accum = int(per_process) // cfg.per_device_prompts
+        self.grad_accum = accumulation_steps(cfg.budget.prompts_per_step, cfg.per_device_prompts)
         # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed)
         self.acc = make_accelerator(
             grad_accum=self.grad_accum, bf16=cfg.bf16, log_with=cfg.log_with or None, project_dir=cfg.output_dir
         )
         self.output_dir = Path(cfg.output_dir)
+        require_shared_folder(self.output_dir, "output_dir")
 
         rank0_weights = ram_efficient_loading(self.acc)
         dlm = load_model_spec(cfg.model, seed=cfg.seed, dtype=TRAIN_DTYPES[cfg.dtype], rank0_weights=rank0_weights)
@@ -286,6 +295,7 @@ class RLTrainer:
         configure_deepspeed(self.acc, micro_batch_rows=rows, max_grad_norm=cfg.optim.max_grad_norm)
         model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
         self.train_dlm = dlm.with_model(model)  # may be DDP/FSDP/DeepSpeed-wrapped: used for gradient passes
+        self.train_dlm.compute_dtype = compute_dtype(self.acc, model)  # its probes judge bf16 by bf16's rounding
         if rank0_weights:  # every process holds rank 0's weights only now
             self.train_dlm.pad_free = detect_pad_free(self.train_dlm).pad_free
         # The plain module rollouts and no-grad estimates run on; under FSDP a replica refreshed every rollout.
@@ -658,8 +668,12 @@ class RLTrainer:
         if main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.output_dir / "run.json", _dumps(self.run_info()))
-        if cfg.log_with:  # TensorBoard / W&B through accelerate; log.jsonl stays the record
-            self.acc.init_trackers(f"{cfg.baseline}-{cfg.task}", config=_tracker_config(self.run_info()))
+        if cfg.log_with:  # TensorBoard / W&B through accelerate, into the run folder; log.jsonl stays the record
+            self.acc.init_trackers(
+                f"{cfg.baseline}-{cfg.task}",
+                config=_tracker_config(self.run_info()),
+                init_kwargs={"wandb": {"dir": str(self.output_dir)}},  # else W&B writes where the command ran
+            )
         bar = tqdm(
             total=budget.max_steps,
             initial=self.step,

@@ -76,6 +76,10 @@ class DiffusionLM:
         self.block_size = block_size
         self.name = name
         self.pad_free = pad_free
+        # The dtype forward passes compute in when it is not the weights' own: a model prepared for bf16 mixed
+        # precision (accelerate's autocast around its forward, or FSDP2 gathering float32 masters as bf16) says
+        # bf16 here, so that the convention probes judge it by bf16's rounding.
+        self.compute_dtype: torch.dtype | None = None
 
     def with_model(self, model: nn.Module) -> DiffusionLM:
         """The same backend around another module (a DDP/FSDP wrapper, a frozen reference copy)."""

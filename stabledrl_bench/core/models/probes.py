@@ -113,7 +113,8 @@ def probe_ids(dlm: DiffusionLM, length: int) -> torch.Tensor:
 
 
 def _dtype(dlm: DiffusionLM) -> torch.dtype:
-    return next(dlm.model.parameters()).dtype
+    """The dtype the forward passes compute in (the probes' tolerances follow its rounding)."""
+    return dlm.compute_dtype or next(dlm.model.parameters()).dtype
 
 
 def _pattern_logits(dlm: DiffusionLM, ids: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
