@@ -138,43 +138,41 @@ def _check_selection(tmp_path: Path, run_dir: Path) -> None:
     assert not (run_dir.parent / "frozen" / "best").exists()
 
 
-def test_seeds_are_replicates_and_the_board_shows_their_spread(tmp_path):
-    """``--seeds 0,1`` repeats warm start, RL, control and evaluation per seed; the board pools the seeds in its
+def test_seeds_are_replicates_and_a_later_seed_adds_to_them(tmp_path, capsys):
+    """A seed is a replicate: warm start, RL, control and evaluation per seed. ``--seeds 1`` after ``--seeds 0``
+    (another runs folder, as in a fresh clone whose results/ holds seed 0) keeps seed 0's rollouts in the
+    training-reward file; ``--seeds 0,1`` over both runs folders reuses every stage; the board pools the seeds in its
     cells and shows each seed's change from its own start (mean [min, max] over seeds); training rewards are paired
-    with the control of the same seed."""
+    with the control of the same seed. (One test: each seed's runs cost minutes on 2 cores.)"""
     import pandas as pd
 
-    argv = ("--baselines", "grpo", "--tasks", "sudoku", "--seeds", "0,1")
-    assert _run(tmp_path, "table1", *argv) == 0
+    argv = ("--baselines", "grpo", "--tasks", "sudoku")
+    path = tmp_path / "results" / "training" / "table1-smoke__sudoku.csv"
     runs = tmp_path / "runs" / "table1-smoke" / "sudoku"
+    assert _run(tmp_path, "table1", *argv, "--seeds", "0") == 0
+    seed0 = pd.read_csv(path)
+    (runs / "s0").rename(tmp_path / "s0")  # seed 0's runs are elsewhere: only its results remain
+    assert _run(tmp_path, "table1", *argv, "--seeds", "1") == 0
+    rewards = pd.read_csv(path)
+    assert "(rollouts of seeds 0, 1 pooled)" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(rewards[rewards["seed"] == 0].reset_index(drop=True), seed0)
+    assert set(rewards[rewards["seed"] == 1]["run"]) == {"grpo", "frozen"}
+
+    (tmp_path / "s0").rename(runs / "s0")
+    assert _run(tmp_path, "table1", *argv, "--seeds", "0,1") == 0
+    out = capsys.readouterr().out
+    assert out.count("warm start: done") == 2 and out.count("trained, reused") == 4  # grpo and control per seed
     assert all((runs / f"s{seed}" / name / "final").is_dir() for seed in (0, 1) for name in ("sft", "grpo", "frozen"))
     records = load_results(tmp_path / "results")
     assert sorted({(r["baseline"], r["seed"]) for r in records}) == [("grpo", 0), ("grpo", 1), ("sft", 0), ("sft", 1)]
     board = (tmp_path / "leaderboard.md").read_text()
     assert "**Change from the start over training seeds** (2 seeds: 0, 1;" in board
     assert "| Seeds |" in board and "| 0, 1 |" in board and "Per seed" in board
-    rewards = pd.read_csv(tmp_path / "results" / "training" / "table1-smoke__sudoku.csv")
+    rewards = pd.read_csv(path)
     assert sorted(rewards["seed"].unique()) == [0, 1]
     first = rewards[rewards["step"] == 1].set_index(["seed", "run"])["reward_mean"]
     for seed in (0, 1):  # step 1 is before any update: every run of a seed equals its control
         assert first[(seed, "grpo")] == first[(seed, "frozen")]
-
-
-def test_a_later_seed_adds_to_the_training_rewards(tmp_path, capsys):
-    """``--seeds 1`` after ``--seeds 0`` (another runs folder, as in a fresh clone whose results/ holds seed 0)
-    keeps seed 0's rollouts in the training-reward file, as its result records stay in results/."""
-    import pandas as pd
-
-    argv = ("--baselines", "grpo", "--tasks", "sudoku")
-    path = tmp_path / "results" / "training" / "table1-smoke__sudoku.csv"
-    assert _run(tmp_path, "table1", *argv, "--seeds", "0") == 0
-    seed0 = pd.read_csv(path)
-    shutil.rmtree(tmp_path / "runs")
-    assert _run(tmp_path, "table1", *argv, "--seeds", "1") == 0
-    rewards = pd.read_csv(path)
-    assert "(rollouts of seeds 0, 1 pooled)" in capsys.readouterr().out
-    pd.testing.assert_frame_equal(rewards[rewards["seed"] == 0].reset_index(drop=True), seed0)
-    assert set(rewards[rewards["seed"] == 1]["run"]) == {"grpo", "frozen"}
 
 
 def test_a_task_outside_the_default_run_runs_when_named(tmp_path, capsys):
