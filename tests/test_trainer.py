@@ -346,7 +346,7 @@ def test_accelerate_launch_two_cpu_processes(small_models, tmp_path):
     ``--mpirun_hostfile`` runs ONE process); its torchrun launcher (``--multi_gpu``) works on CPUs with gloo.
     """
     cfg = _config(small_models["full"], tmp_path / "run", steps=2)
-    data = {k: v for k, v in cfg.__dict__.items() if k not in ("budget", "optim")}
+    data = {k: v for k, v in cfg.__dict__.items() if k not in ("budget", "optim", "validation")}
     data["budget"] = cfg.budget.to_dict()
     data["optim"] = cfg.optim.__dict__
     config_path = tmp_path / "train.yaml"
