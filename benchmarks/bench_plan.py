@@ -271,16 +271,33 @@ def _ddp_twin(results: list[dict], result: dict) -> dict | None:
     )
 
 
+def when() -> dict:
+    """When and where a measurement was made (a report may gather measurements of several days: --from-json)."""
+    return {
+        "utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
+        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores)",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load": [round(value, 2) for value in os.getloadavg()],
+    }
+
+
+def _when_line(stamp: dict) -> str:
+    load = " / ".join(f"{value:.2f}" for value in stamp["load"])
+    return (
+        f"{stamp['utc']} UTC on an {stamp['machine']}, Python {stamp['python']}, torch {stamp['torch']}, load average "
+        f"{load} (1 / 5 / 15 min) when it ended"
+    )
+
+
 def write_report(results: list[dict], out: str) -> str:
     """The markdown report: conditions, then per size, config and checkpointing the plan against the measurement."""
-    load = os.getloadavg()
+    stamps = {_when_line(result["when"]): None for result in results}
     lines = [
         "# check-model's plan against a measured RL step",
         "",
-        f"Written by `benchmarks/bench_plan.py` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: "
-        f"{platform.machine()} CPU ({os.cpu_count()} cores), Python {platform.python_version()}, "
-        f"torch {torch.__version__}, {PROCESSES} processes (gloo) with 1 thread each, load average "
-        f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min) at the end.",
+        f"Written by `benchmarks/bench_plan.py` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{PROCESSES} processes (gloo) with 1 thread each; measured {'; '.join(stamps)} (each section says which).",
         "",
         "Per process (rank 0); the ratio is measured / planned. Memory and FLOP counts do not depend on the machine's "
         "load (only wall time would, and none is reported).",
@@ -315,7 +332,10 @@ def write_report(results: list[dict], out: str) -> str:
             f"{shape['hidden']}, MLP {shape['mlp']}, {shape['attention']} attention), {result['config']}, "
             f"checkpointing {on}"
         )
-        lines += ["", "| | planned | measured | measured / planned |", "|---|---:|---:|---:|"]
+        lines += ["", f"Measured {_when_line(result['when'])}.", ""]
+        if result["config"] == "fsdp" and _ddp_twin(results, result) is None:
+            lines += ["No DDP run of this size and checkpointing to subtract, so no gathered-blocks row.", ""]
+        lines += ["| | planned | measured | measured / planned |", "|---|---:|---:|---:|"]
         for name, planned, measured in result["rows"]:
             unit, scale = ("GFLOP", 1e9) if name.startswith("FLOPs") else ("MiB", 2**20)
             ratio = f"{measured / planned:.3f}" if planned else ("-" if measured == 0 else "not planned")
@@ -352,7 +372,13 @@ def main() -> int:
                 for run in range(len(args.checkpointing)):
                     records = [ranks[rank][run] for rank in range(PROCESSES)]
                     results.append(
-                        {"size": size, "config": config, "shape": dataclasses.asdict(shape), "measured": records}
+                        {
+                            "size": size,
+                            "config": config,
+                            "shape": dataclasses.asdict(shape),
+                            "measured": records,
+                            "when": when(),
+                        }
                     )
                     print(f"measured {size} {config} checkpointing {args.checkpointing[run]}", flush=True)
     for result in results:  # the plan as plan.py makes it now, so --from-json shows a changed plan

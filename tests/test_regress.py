@@ -124,9 +124,37 @@ def test_a_changed_optimizer_step_fails_sft_and_rl(pinned, monkeypatch, capsys) 
     assert regress("--references", str(pinned), "--groups", "sft") == 1
     rows = failing_rows(capsys)
     assert ["sft/full", "step", "2", "loss"] in [row[:4] for row in rows], rows
+    assert ["sft/warm-start:table1-sudoku", "step", "2", "loss"] in [row[:4] for row in rows], rows
     assert regress("--references", str(pinned), "--baselines", "grpo", "--groups", "rl") == 1
     # the first optimizer step moves the weights, so the second step's numbers differ
     assert any(row[0] == "rl/grpo@tiny-full" and row[1:3] == ["step", "2"] for row in failing_rows(capsys))
+
+
+def test_a_changed_warm_start_recipe_fails_its_cases_only(pinned, monkeypatch, capsys) -> None:
+    """The tiny preset's own warm start is pinned from its first step: a recipe change (here one puzzle fewer per
+    batch) fails each preset task's case, and the golden SFT cases, which start from committed weights, still pass."""
+    from stabledrl_bench.experiments.presets import Preset
+
+    task_sft = Preset.task_sft
+
+    def mutated(self, task):
+        config = task_sft(self, task)
+        return None if config is None else dataclasses.replace(config, batch_size=config.batch_size - 1)
+
+    monkeypatch.setattr(Preset, "task_sft", mutated)
+    assert regress("--references", str(pinned), "--groups", "sft") == 1
+    failing = {row[0] for row in failing_rows(capsys)}
+    assert {case for case in failing if case.startswith("sft/warm-start:")} == {
+        f"sft/warm-start:{case}"
+        for case in (
+            "table1-sudoku",
+            "table1-countdown",
+            "table1-countdown_large",
+            "table1-sudoku_hard",
+            "table2-sudoku",
+        )
+    }
+    assert not failing & {"sft/full", "sft/block"}
 
 
 def test_a_changed_grader_verdict_fails_the_graders(tmp_path, monkeypatch, capsys) -> None:
@@ -293,6 +321,8 @@ def test_verify_rerun_remakes_a_record_and_names_what_differs(tmp_path, capsys) 
     assert main(["verify", "--rerun", str(record)]) == 0
     out = capsys.readouterr().out
     assert "weights:     identical" in out and "verify --rerun: reproduced bit for bit" in out
+    here = f"({torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)"
+    assert f"{here} recorded" in out and f"{here} now" in out  # the platform that decides the bits, both sides
     # a forged completion, its samples hash made consistent: the rerun names it
     data = json.loads(record.read_text())
     samples = record.with_name(data["samples_file"])
@@ -302,7 +332,10 @@ def test_verify_rerun_remakes_a_record_and_names_what_differs(tmp_path, capsys) 
     import hashlib
 
     data["samples_sha256"] = hashlib.sha256(samples.read_bytes()).hexdigest()
+    data["environment"]["hardware"]["threads"] += 1  # and made with another thread count
     record.write_text(json.dumps(data, indent=2))
     assert main(["verify", "--rerun", str(record), "--rerun-runs", str(runs)]) == 1
     out = capsys.readouterr().out
     assert f"completions: {len(rows) - 1} of {len(rows)} identical" in out and "NOT reproduced" in out
+    assert f"{torch.get_num_threads() + 1} threads) recorded" in out
+    assert "the record names another CPU or thread count" in out

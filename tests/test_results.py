@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from stabledrl_bench.core.baseline import Baseline, register_baseline
 from stabledrl_bench.errors import UserError
@@ -286,7 +287,10 @@ def test_interrupted_overwrite_never_leaves_an_inconsistent_result(
 def test_environment_info_keys() -> None:
     info = environment_info()
     assert set(info) >= {"python", "hardware", "packages", "git"}
-    assert set(info["hardware"]) >= {"platform", "cpu_count", "gpus"}
+    assert set(info["hardware"]) >= {"platform", "cpu_count", "gpus", "cpu", "cpu_signature", "capability", "threads"}
+    # what decides a CPU run's bits besides the code (docs/regression.md): the thread count the run really used
+    assert info["hardware"]["threads"] == torch.get_num_threads()
+    assert info["hardware"]["capability"] == torch.backends.cpu.get_cpu_capability()
     assert set(info["packages"]) == set(ENV_PACKAGES)
     assert info["packages"]["stabledrl_bench"] is not None
     assert set(info["git"]) == {"commit", "dirty"}

@@ -5,13 +5,14 @@ Estimates by arithmetic, checked against a measured RL step at several sizes (``
 report in ``benchmarks/reports/``): parameter, gradient and optimizer bytes follow from the parameter count and each
 launch config's sharding, plus DDP's gradient buckets (a second copy of the gradients: DDP's default,
 ``gradient_as_bucket_view=False``) and, under FSDP, the decoder blocks gathered at a time (the one computing, the one
-prefetched, and part of a third: 2.5 as measured); activations count what a pre-norm, SiLU-gated decoder block
-(LLaDA, Dream, SDAR) saves for its backward pass, 11 x hidden + 4 x MLP width values per token in the compute dtype
-(attention by a fused kernel, so no tokens x tokens term; SDAR's per-head query/key norms add theirs), and 3 x hidden
-outside the blocks; logits are logits in the compute dtype plus float32 log-probabilities and their gradient; time is
-forward/backward FLOPs (2 x parameters per token forward, twice that backward, once more when recomputing; a block
-model samples with its key cache) divided by an assumed sustained throughput per GPU (``--tflops``, default 400
-TFLOP/s, about 40% of an H100's dense bf16 peak). What each number assumes is printed beside it.
+prefetched, and part of a third: 2.6 with activation checkpointing, 2.3 without, as measured); activations count
+what a pre-norm, SiLU-gated decoder block (LLaDA, Dream, SDAR) saves for its backward pass, 11 x hidden + 4 x MLP
+width values per token in the compute dtype (attention by a fused kernel, so no tokens x tokens term; SDAR's
+per-head query/key norms add theirs), and 3 x hidden outside the blocks; logits are logits in the compute dtype
+plus float32 log-probabilities and their gradient; time is forward/backward FLOPs (2 x parameters per token
+forward, twice that backward, once more when recomputing; a block model samples with its key cache) divided by an
+assumed sustained throughput per GPU (``--tflops``, default 400 TFLOP/s, about 40% of an H100's dense bf16 peak).
+What each number assumes is printed beside it.
 
 Work is counted in *token-forwards* (one token through one forward pass; a backward pass counts two): sampling,
 likelihood estimates, optimizer steps and evaluation decoding are all multiples of it, so the same counts give
@@ -52,9 +53,11 @@ CONFIGS = ("ddp", "fsdp", "deepspeed_zero2")
 ACTIVATION_VALUES_PER_HIDDEN = 11
 ACTIVATION_VALUES_PER_MLP = 4
 ACTIVATION_VALUES_OUTSIDE_BLOCKS = 3
-# FSDP2 holds the block it computes and the one it prefetches unsharded, and at its forward peak part of a third
-# (measured on 2 processes: 2.2 blocks without checkpointing, 2.5 with it; benchmarks/bench_plan.py)
-GATHERED_BLOCKS = 2.5
+# FSDP2 holds the block it computes and the one it prefetches unsharded, and at its forward peak part of a third.
+# Without checkpointing the forward peaks at the last block, where there is nothing left to prefetch, so fewer are
+# held. Measured on 2 processes (benchmarks/bench_plan.py): with checkpointing 2.51 / 2.53 / 2.76 blocks (LLaDA-20M,
+# SDAR-20M, LLaDA-100M), without 2.18 / 2.02 / 2.60; fitted on those, then checked on LLaDA-400M.
+GATHERED_BLOCKS = {True: 2.6, False: 2.3}  # gradient checkpointing on / off
 CONTROL = "frozen control"  # the table's extra run per task: GRPO at learning rate 0 (experiments/runner.py)
 
 # Published models planned by name (``check-model --shape NAME``, no weights needed): the structural fields of their
@@ -321,7 +324,9 @@ def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) 
             "DDP gradient buckets (a second fp32 copy)": 4 * p if config == "ddp" else 0,
             "rollout replica (unsharded)": compute_bytes * p if config == "fsdp" else 0,
             "FSDP gathered blocks (unsharded)": (
-                GATHERED_BLOCKS * compute_bytes * p / shape.layers if config == "fsdp" and shape.layers else 0
+                GATHERED_BLOCKS[preset.gradient_checkpointing] * compute_bytes * p / shape.layers
+                if config == "fsdp" and shape.layers
+                else 0
             ),
             "reference model": 0
             if not method.needs_ref

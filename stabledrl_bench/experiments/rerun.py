@@ -5,7 +5,9 @@ everything needed: its comparison's table, preset, task, seed, method, protocol 
 training run are rebuilt into a fresh folder (or ``--rerun-runs`` to reuse a cache: then only what is missing is
 trained), the checkpoint is evaluated with the record's settings, and the weights hash, every completion and the
 metrics are compared with the record. A record that does not reproduce is not necessarily wrong: it may come from an
-older code version (its commit is printed beside this one), which is what the answer is for.
+older code version (its commit is printed beside this one), which is what the answer is for, or from another CPU
+model or thread count: the same code rounds differently there (docs/regression.md), so the platform the record names
+is printed beside this one and a difference in it is named in the verdict.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.experiments.comparison import Replicate, comparison
 from stabledrl_bench.experiments.reproduce import _best_checkpoint, _train, _train_config, _warm_start
-from stabledrl_bench.reporting.provenance import git_state
+from stabledrl_bench.reporting.provenance import cpu_numerics, git_state
 from stabledrl_bench.reporting.results import load_samples, read_result
 
 STARTS = ("base", "sft")  # records of the start checkpoint, not of a trained method
@@ -98,6 +100,8 @@ def _report(
     )
     same_weights = weights[0] == weights[1]
     verdict = "identical" if same_weights else "DIFFERENT"
+    recorded_platform, platform_now = _platform(record), cpu_numerics()
+    print(f"  platform:    {_describe(recorded_platform)} recorded, {_describe(platform_now)} now")
     print(f"  weights:     {verdict} ({weights[0][:12]} recorded, {weights[1][:12]} now)")
     print(f"  completions: {len(samples) - differing} of {len(samples)} identical")
     for name in ("accuracy", "score_mean"):
@@ -107,5 +111,22 @@ def _report(
         print("verify --rerun: reproduced bit for bit")
         return 0
     what = "completions identical, weights differ" if not differing else "NOT reproduced"
+    if any(recorded_platform.get(key) != value for key, value in platform_now.items()):
+        what += (
+            " (the record names another CPU or thread count, or none: bitwise equality is expected only on the"
+            " platform that made it; docs/regression.md)"
+        )
     print(f"verify --rerun: {what}")
     return 1
+
+
+def _platform(record: dict[str, Any]) -> dict[str, Any]:
+    """What the record says of the CPU numerics it was made with (records from before they were kept: nothing)."""
+    hardware = (record.get("environment") or {}).get("hardware") or {}
+    return {key: hardware.get(key) for key in cpu_numerics()}
+
+
+def _describe(numerics: dict[str, Any]) -> str:
+    if numerics.get("threads") is None:
+        return "platform not recorded"
+    return f"{numerics.get('cpu') or '?'} ({numerics.get('capability')}, {numerics['threads']} threads)"

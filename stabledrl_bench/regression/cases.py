@@ -13,6 +13,11 @@ group       a case and what it records
             of the rollout and reference estimates; loss, metrics, gradient. ``estimator:<name>@<attention>``: each
             registered estimator's values on the same rollouts.
 ``sft``     ``<attention>``: 3 SFT steps (loss, gradient norm, learning rate) and the weights after them.
+            ``warm-start:<table>-<task>``: the first 3 steps of the tiny preset's own warm start of a task (every
+            task of table 1's, Sudoku of table 2's with the block model; the built-in tiny model drawn from seed
+            0, the preset's data, canvas, batch and optimizer; its warmup schedule does not depend on the run's
+            length, so these are the real first steps), which the committed golden models do not exercise: the
+            initial weights and the steps' values and weights.
 ``samplers`` ``<mode>@<attention>``: the exact and fast samplers on four prompts: tokens, unmasking order, NFE.
 ``eval``    ``<protocol>@<task>``: a small native evaluation per protocol family: the rendered prompts' hash, the
             completions' hash, the verdicts and the metrics.
@@ -26,6 +31,7 @@ as its value (``unsupported``), so a change in what it supports is caught too.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable
@@ -275,6 +281,26 @@ def run_sft_case(workdir: Path, attention: str) -> Observation:
     return values
 
 
+def run_warm_start_case(workdir: Path, table: str, task: str) -> Observation:
+    """The first 3 steps of ``table``'s tiny warm start of ``task`` on seed 0, as ``reproduce`` builds it."""
+    from stabledrl_bench.core.models import load_diffusion_lm
+    from stabledrl_bench.core.models.backends import load_model_spec
+    from stabledrl_bench.experiments.presets import presets, warm_start_spec
+    from stabledrl_bench.training.runlog import read_log
+    from stabledrl_bench.training.sft import run_sft
+
+    preset = presets(table)["tiny"]
+    spec = warm_start_spec(preset, task, str(preset.model), seed=0).sft
+    out = workdir / "warm-start" / f"{table}-{task}"
+    config = dataclasses.replace(spec, max_steps=3, save_every=0, progress=False, output_dir=str(out))
+    values: Observation = {"init": weights_values(load_model_spec(config.model, seed=config.seed).model)}
+    final = run_sft(config)
+    for record in read_log(out / "log.jsonl"):
+        values[f"step {record['step']}"] = {k: _scalar(v) for k, v in record.items() if k not in VOLATILE}
+    values["final"] = weights_values(load_diffusion_lm(final).model)
+    return values
+
+
 # --------------------------------------------------------------------------------------------------- samplers
 SAMPLERS: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
@@ -407,6 +433,7 @@ RUNNERS: dict[str, Callable[..., Observation]] = {
     "forced": run_forced,
     "estimator": run_estimator,
     "sft": run_sft_case,
+    "warm-start": run_warm_start_case,
     "samplers": run_sampler,
     "eval": run_eval,
     "graders": run_graders,
@@ -417,7 +444,8 @@ GROUPS = ("rl", "forced", "sft", "samplers", "eval", "graders")
 
 def run_case(case: Case, workdir: Path) -> Observation:
     """``case``'s observation; an exception becomes an ``error`` value (a failed row, not a crashed table)."""
-    runner = RUNNERS["estimator" if case.name.startswith("estimator:") else case.group]
+    prefix = case.name.split(":", 1)[0] if ":" in case.name else None
+    runner = RUNNERS[prefix if prefix in ("estimator", "warm-start") else case.group]
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         return runner(workdir, **case.params)
@@ -454,6 +482,13 @@ def all_cases(baselines: list[str] | None = None, groups: list[str] | None = Non
                     cases.append(Case("forced", f"estimator:{estimator}@{attention}", params, cost=0.5))
     if "sft" in chosen_groups:
         cases += [Case("sft", attention, {"attention": attention}, cost=2.0) for attention in ("full", "block")]
+        from stabledrl_bench.experiments.presets import presets
+
+        # every task's recipe on the full-attention model; the block model (table 2: same recipes) on one of them
+        for table, tasks in (("table1", list(presets("table1")["tiny"].tasks)), ("table2", ["sudoku"])):
+            for task in tasks:
+                params = {"table": table, "task": task}
+                cases.append(Case("sft", f"warm-start:{table}-{task}", params, "the tiny preset's warm start", 1.5))
     if "samplers" in chosen_groups:
         for attention, modes in SAMPLERS.items():
             for mode in modes:

@@ -30,7 +30,7 @@ import torch
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.provenance import git_state
+from stabledrl_bench.reporting.provenance import cpu_model, git_state
 
 SCHEMA = "stabledrl-bench/regress/v1"
 REFERENCES = Path(__file__).resolve().parent / "golden" / "references"
@@ -56,18 +56,10 @@ THREADS = 1  # regress fixes the intra-op thread count, so the platform key and 
 
 def platform_info() -> dict[str, Any]:
     """What decides the bits a CPU run produces: torch build, CPU model and vector instruction set, threads."""
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
         "torch": torch.__version__,
         "machine": platform.machine(),
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": THREADS,
         "python": platform.python_version(),

@@ -7,6 +7,7 @@ checked out when a record was written cannot be recovered afterwards.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -69,6 +70,56 @@ def _gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; :func:`platform.processor` elsewhere)."""
+    return _cpuinfo().get("model name") or platform.processor() or ""
+
+
+def cpu_signature() -> str | None:
+    """Family, model, stepping and a hash of the feature flags: virtual machines often report one generic model name
+    ("Intel(R) Xeon(R) Processor") for different CPUs, and these tell them apart."""
+    info = _cpuinfo()
+    if "flags" not in info:
+        return None
+    flags = hashlib.sha256(" ".join(sorted(info["flags"].split())).encode()).hexdigest()[:12]
+    return f"family {info.get('cpu family')} model {info.get('model')} stepping {info.get('stepping')} flags {flags}"
+
+
+def cpu_numerics() -> dict[str, Any]:
+    """What besides the code decides the bits a CPU computation produces: the CPU model, the vector instruction set
+    torch's kernels dispatch to, and the intra-op thread count.
+
+    Measured on the tiny preset: the same code and seed give the same weights bit for bit run after run on one
+    machine, whatever the load, but other bits at another thread count or on another CPU model (the BLAS and
+    oneDNN kernels block and reduce differently). A rerun is only expected to match bit for bit where these match.
+    """
+    try:
+        import torch  # here, not at the top: optional, and slow to import for a reader of records
+    except ImportError:
+        return {"cpu": cpu_model(), "cpu_signature": cpu_signature()}
+    return {
+        "cpu": cpu_model(),
+        "cpu_signature": cpu_signature(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
 def _package_version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -90,6 +141,7 @@ def environment_info() -> dict[str, Any]:
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
             "gpus": _gpu_names(),
+            **cpu_numerics(),
         },
         "packages": {name: _package_version(name) for name in ENV_PACKAGES},
         "git": git_state(),
