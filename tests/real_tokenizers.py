@@ -6,11 +6,18 @@ Each folder is what a published checkpoint folder looks like to the loader: the 
 ``auto_map`` naming modeling files the folder does not have), native weights of the family's published vocabulary
 size, and the tokenizer files. Dream's and SDAR's tokenizer configs also name a Python file (an ``auto_map``); the
 folder holds a canary under that name which records that it ran, and it must never run.
+
+LLaDA-8B-Instruct's own ``tokenizer.json`` could not be fetched where these fixtures were made, so LLaDA's folder
+carries a stand-in vocabulary with the real special tokens. Opt-in, with the published files on disk:
+``STABLEDRL_LLADA_TOKENIZER_DIR=/path/to/LLaDA-8B-Instruct python -m pytest tests/test_real_tokenizers.py`` copies
+its ``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` into the folder instead, so every
+test of the module (ids, the official prompts' token ids, end tokens, RL, lm-eval) runs on the real vocabulary.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 from dataclasses import dataclass
@@ -26,6 +33,8 @@ from stabledrl_bench.core.models.tiny import TinyDLM, TinyDLMConfig
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tokenizers"
 QWEN_BPE = FIXTURES / "qwen-bpe.tar.xz"  # vocab.json + merges.txt
 LLADA_REGULAR = 126080  # LLaDA-8B-Instruct's ids below <|startoftext|> are its regular vocabulary
+LLADA_TOKENIZER_DIR = os.environ.get("STABLEDRL_LLADA_TOKENIZER_DIR")  # opt-in: the published files (docstring)
+LLADA_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,14 @@ def write_checkpoint(family: str, folder: Path, seed: int = 0) -> Path:
     save_file(tiny_weights_as(model, family), str(folder / "model.safetensors"), metadata={"format": "pt"})
     for path in (FIXTURES / spec.fixture).iterdir():
         shutil.copy(path, folder / path.name)
-    if family == "llada":
+    if family == "llada" and LLADA_TOKENIZER_DIR:
+        published = Path(LLADA_TOKENIZER_DIR)
+        if not (published / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"STABLEDRL_LLADA_TOKENIZER_DIR={published}: no tokenizer.json there")
+        for name in LLADA_TOKENIZER_FILES:
+            if (published / name).is_file():
+                shutil.copy(published / name, folder / name)
+    elif family == "llada":
         llada_layout_tokenizer().save(str(folder / "tokenizer.json"))
     else:
         with tarfile.open(QWEN_BPE) as archive:
