@@ -139,12 +139,14 @@ def test_evaluation_equals_one_process_and_writes_one_record(launched, single, e
 SCALED = "spg-llada"
 # bf16 against float32, and FSDP2's bf16 against autocast's, as fractions of the largest value each entry reaches
 # over the run (multiprocess_scenarios.deviation): about three times the largest deviation measured for SCALED
-# (loss 1.1%, gradient norm 2.8%, anchor KL 12%; docs/gpu.md has all seven scenarios). DDP's bf16 is autocast on
-# each process, as on one process: the same numbers but for the rounding of the gradient all-reduce, which a bf16
-# forward amplifies (measured: 1e-4 of the loss, 1e-3 of the anchor KL). Rewards are fixed functions of the prompts
-# here, so they stay exact.
+# (loss 1.1%, gradient norm 2.8%, anchor KL 12%; docs/gpu.md has all seven scenarios). Rewards are fixed functions
+# of the prompts here, so they stay exact.
 BF16_TOLERANCE = {"loss": 0.05, "grad_norm": 0.08, "anchor_kl": 0.35}
-DDP_BF16_TOLERANCE = {"loss": 1e-3, "grad_norm": 1e-3, "anchor_kl": 1e-2}
+# DDP's bf16 is autocast on each process, as on one process: its first step (the same weights) gives one process's
+# loss and, but for the rounding of the gradient all-reduce, its gradient norm (measured 1.6e-7). From the first
+# update on, that rounding can flip the bf16 rounding of a few weights, and the runs part as bf16 runs do: measured
+# 1e-4 of the loss on an AVX2 CPU, 1.1% on a CPU with native bf16 (AVX512-BF16), so later steps get BF16_TOLERANCE.
+DDP_BF16_FIRST_STEP = {"loss": 1e-6, "grad_norm": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +193,13 @@ def _within(found: dict[str, float], tolerance: dict[str, float]) -> None:
     assert all(found[key] <= limit for key, limit in tolerance.items()), (found, tolerance)
 
 
+def _same_first_step(ours: dict, theirs: dict, tolerance: dict[str, float]) -> None:
+    """The first step, before any update: each entry within its relative tolerance."""
+    first, reference = ours["log"][0], theirs["log"][0]
+    for key, rel in tolerance.items():
+        assert math.isclose(first[key], reference[key], rel_tol=rel), (key, first[key], reference[key])
+
+
 def _finite_bf16_run(report: dict, run: Path) -> None:
     """Every logged number finite, the log written once, and the final model saved in bf16."""
     assert all(math.isfinite(v) for entry in report["log"] for v in entry.values())
@@ -221,7 +230,8 @@ def test_four_fsdp_processes_in_bf16_train_resume_and_shard_like_one_process(fou
 def test_two_nodes_train_and_resume_like_one_process_and_refuse_unshared_folders(two_nodes, single_bf16):
     report, root = two_nodes
     assert report["world_size"] == 4
-    _within(deviation(report[f"resume:{SCALED}"], single_bf16), DDP_BF16_TOLERANCE)
+    _same_first_step(report[f"resume:{SCALED}"], single_bf16, DDP_BF16_FIRST_STEP)
+    _within(deviation(report[f"resume:{SCALED}"], single_bf16), BF16_TOLERANCE)
     _finite_bf16_run(report[f"resume:{SCALED}"], root / "shared" / f"resume:{SCALED}")
     assert report[f"unshared:{SCALED}"].startswith(f"output_dir unshared-{SCALED}: processes [2, 3] of this 2-node")
     # records, logs and checkpoints are written by the global main process only: nothing in the nodes' own folders
@@ -267,7 +277,9 @@ def test_opt_in_every_config_on_four_processes_and_two_nodes(config, precision, 
         if not bf16:
             assert_same_training(ours, reference, f"{config} {launch_kind}")
         else:  # FSDP2 and DeepSpeed cast the weights, DDP autocasts each process as one process does
-            _within(deviation(ours, reference), DDP_BF16_TOLERANCE if config == "ddp" else BF16_TOLERANCE)
+            if config == "ddp":
+                _same_first_step(ours, reference, DDP_BF16_FIRST_STEP)
+            _within(deviation(ours, reference), BF16_TOLERANCE)
     assert [p for p in folders[1].rglob("*") if p.is_file()] == []
 
 
