@@ -240,6 +240,14 @@ def test_on_the_reference_platform_every_bit_counts() -> None:
     )
 
 
+def test_a_cpu_behind_the_same_generic_name_is_another_platform() -> None:
+    here = platform_info()
+    assert here["cpu_signature"]  # this machine has a /proc/cpuinfo
+    assert not same_platform({**here, "cpu_signature": "family 6 model 1 stepping 1 flags 000000000000"}, here)
+    older = {key: value for key, value in here.items() if key != "cpu_signature"}  # pinned before it was recorded
+    assert same_platform(older, here) and same_platform(here, older)
+
+
 def test_elsewhere_numbers_get_the_measured_tolerance_and_float_hashes_are_not_compared() -> None:
     ref = _reference({"loss": {"loss": 1.0, "grad.sum": 10.0, "grad.sha": "aa", "keep": "k1"}}, cpu="another cpu")
     assert not same_platform(ref["platform"], platform_info())

@@ -30,7 +30,7 @@ import torch
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.provenance import cpu_model, git_state
+from stabledrl_bench.reporting.provenance import cpu_model, cpu_signature, git_state
 
 SCHEMA = "stabledrl-bench/regress/v1"
 REFERENCES = Path(__file__).resolve().parent / "golden" / "references"
@@ -51,6 +51,10 @@ GROUP_CLASSES = {
 }
 TRAJECTORY_FIELD = "tokens"  # a sampled row's token hash: where two runs part, later rows are not comparable
 FLOAT_HASH_SUFFIX = ".sha"  # a hash of float bytes: bitwise only (its ".sum" beside it is compared across platforms)
+# Virtual machines often report one generic model name ("Intel(R) Xeon(R) Processor") for different CPUs; the
+# signature (family, model, stepping, feature flags) tells them apart. References pinned before it was recorded
+# have none, and are compared on PLATFORM_KEY alone.
+SIGNATURE = "cpu_signature"
 THREADS = 1  # regress fixes the intra-op thread count, so the platform key and the numbers do not depend on the host
 
 
@@ -60,6 +64,7 @@ def platform_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "machine": platform.machine(),
         "cpu": cpu_model(),
+        SIGNATURE: cpu_signature(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": THREADS,
         "python": platform.python_version(),
@@ -70,6 +75,8 @@ PLATFORM_KEY = ("torch", "machine", "cpu", "capability", "threads")
 
 
 def same_platform(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.get(SIGNATURE) and b.get(SIGNATURE) and a[SIGNATURE] != b[SIGNATURE]:
+        return False
     return all(a.get(key) == b.get(key) for key in PLATFORM_KEY)
 
 
