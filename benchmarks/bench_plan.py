@@ -236,6 +236,8 @@ def compared(result: dict, forward_peak_ddp: float | None) -> list[tuple[str, fl
     on = record["checkpointing"]
     saved = _snapshot(record, "POST_FW")["ACT"] - _snapshot(record, "PRE_FW")["ACT"] - record["ddp_buckets"]
     grads = _snapshot(record, "POST_BW")["GRAD"]  # every gradient, in its final (sharded) form
+    if result["config"] == "ddp":  # views into DDP's buckets (gradient_as_bucket_view), made before the tracker
+        grads += record["ddp_buckets"]
     logits = planned["logits (+ fp32 log-probs and grad)"]
     activations = planned["activations, checkpointing on" if on else "activations, checkpointing off"]
     if on:  # the forward pass saves the blocks' inputs; the one block recomputed in backward is not seen there
@@ -244,7 +246,6 @@ def compared(result: dict, forward_peak_ddp: float | None) -> list[tuple[str, fl
         ("weights (fp32 masters)", planned["weights (fp32 masters)"], record["weights"]["policy"]),
         ("gradients", planned["gradients"], grads),
         ("AdamW moments (fp32)", planned["AdamW moments (fp32)"], record["optimizer_state"]),
-        ("DDP gradient buckets", planned["DDP gradient buckets (a second fp32 copy)"], record["ddp_buckets"]),
         ("reference model", planned["reference model"], record["weights"]["reference"]),
         ("rollout replica", planned["rollout replica (unsharded)"], record["weights"]["replica"]),
     ]
@@ -306,12 +307,13 @@ def write_report(results: list[dict], out: str) -> str:
         "of the second step, when AdamW's moments exist as in every later step):",
         "",
         "- weights, reference model, rollout replica: the bytes of each module's parameters on this process (its "
-        "shards under FSDP); AdamW moments: the bytes of the optimizer's state tensors after the step; DDP gradient "
-        "buckets: the bucket sizes DDP reports (`_get_ddp_logging_data`).",
+        "shards under FSDP); AdamW moments: the bytes of the optimizer's state tensors after the step; gradients under "
+        "DDP: the bucket sizes DDP reports (`_get_ddp_logging_data`), which the gradients are views into "
+        "(`gradient_as_bucket_view`).",
         "- everything else with torch's `MemTracker` (`torch.distributed._tools.mem_tracker`), a dispatch mode that "
         "sees every tensor storage made or freed and files it as parameter, gradient, optimizer state, activation "
-        "(made in a forward pass or a checkpointing recomputation) or temporary (made in backward). Gradients: its "
-        "gradient bytes when the policy's backward pass ends. Activations the forward saves: its activation bytes "
+        "(made in a forward pass or a checkpointing recomputation) or temporary (made in backward). Gradients (FSDP): "
+        "its gradient bytes when the policy's backward pass ends. Activations the forward saves: its activation bytes "
         "after the policy's forward less those before (and less DDP's buckets, which DDP rebuilds at the start of "
         "the second forward); with checkpointing this is the blocks' inputs, and the plan's one recomputed block is "
         "left out of that row. FSDP's gathered blocks: the activation bytes at FSDP's forward peak less DDP's (same "

@@ -30,5 +30,5 @@ def test_the_plan_agrees_with_a_measured_step_at_the_smallest_size(tmp_path):
     for name, (planned, measured) in rows.items():
         if planned:
             assert measured == pytest.approx(planned, rel=TOLERANCE), name
-    assert "activations + logits (forward)" in rows and "DDP gradient buckets" in rows
+    assert "activations + logits (forward)" in rows and rows["gradients"][1] > 0  # DDP's buckets hold them
     assert "Largest disagreement" in out.with_suffix(".md").read_text()

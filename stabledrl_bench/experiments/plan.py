@@ -3,9 +3,9 @@ relative cost of each stage of ``reproduce`` (its progress estimate). The one co
 
 Estimates by arithmetic, checked against a measured RL step at several sizes (``benchmarks/bench_plan.py``, its
 report in ``benchmarks/reports/``): parameter, gradient and optimizer bytes follow from the parameter count and each
-launch config's sharding, plus DDP's gradient buckets (a second copy of the gradients: DDP's default,
-``gradient_as_bucket_view=False``) and, under FSDP, the decoder blocks gathered at a time (the one computing, the one
-prefetched, and part of a third: 2.6 with activation checkpointing, 2.3 without, as measured); activations count
+launch config's sharding (under DDP the gradients are views into its all-reduce buckets, no second copy:
+``gradient_as_bucket_view``), and, under FSDP, the decoder blocks gathered at a time (the one computing, the one
+prefetched, and part of a third: 2.8 as measured at 100M-400M parameters); activations count
 what a pre-norm, SiLU-gated decoder block (LLaDA, Dream, SDAR) saves for its backward pass, 11 x hidden + 4 x MLP
 width values per token in the compute dtype (attention by a fused kernel, so no tokens x tokens term; SDAR's
 per-head query/key norms add theirs), and 3 x hidden outside the blocks; logits are logits in the compute dtype
@@ -53,11 +53,12 @@ CONFIGS = ("ddp", "fsdp", "deepspeed_zero2")
 ACTIVATION_VALUES_PER_HIDDEN = 11
 ACTIVATION_VALUES_PER_MLP = 4
 ACTIVATION_VALUES_OUTSIDE_BLOCKS = 3
-# FSDP2 holds the block it computes and the one it prefetches unsharded, and at its forward peak part of a third.
-# Without checkpointing the forward peaks at the last block, where there is nothing left to prefetch, so fewer are
-# held. Measured on 2 processes (benchmarks/bench_plan.py): with checkpointing 2.51 / 2.53 / 2.76 blocks (LLaDA-20M,
-# SDAR-20M, LLaDA-100M), without 2.18 / 2.02 / 2.60; fitted on those, then checked on LLaDA-400M.
-GATHERED_BLOCKS = {True: 2.6, False: 2.3}  # gradient checkpointing on / off
+# FSDP2 holds the block it computes unsharded, and around its forward peak the next block's all-gather output and
+# its copy into the unsharded parameters (up to 3 blocks). Measured on 2 processes (benchmarks/bench_plan.py), with
+# / without activation checkpointing: LLaDA-20M 2.51 / 2.18, SDAR-20M 2.53 / 2.02, LLaDA-100M 2.76 / 2.60,
+# LLaDA-400M 2.84 / 2.73 blocks: it grows with the model towards 3, so the plan counts the larger models' 2.8 (the
+# smallest ones hold fewer: this row over-plans them by up to 28%, a few MiB).
+GATHERED_BLOCKS = 2.8
 CONTROL = "frozen control"  # the table's extra run per task: GRPO at learning rate 0 (experiments/runner.py)
 
 # Published models planned by name (``check-model --shape NAME``, no weights needed): the structural fields of their
@@ -321,12 +322,9 @@ def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) 
             state["weights (fp32 masters)"] = compute_bytes * p + 4 * p / processes
             state["gradients"] = compute_bytes * p / processes
         extra = {
-            "DDP gradient buckets (a second fp32 copy)": 4 * p if config == "ddp" else 0,
             "rollout replica (unsharded)": compute_bytes * p if config == "fsdp" else 0,
             "FSDP gathered blocks (unsharded)": (
-                GATHERED_BLOCKS[preset.gradient_checkpointing] * compute_bytes * p / shape.layers
-                if config == "fsdp" and shape.layers
-                else 0
+                GATHERED_BLOCKS * compute_bytes * p / shape.layers if config == "fsdp" and shape.layers else 0
             ),
             "reference model": 0
             if not method.needs_ref
