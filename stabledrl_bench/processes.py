@@ -9,11 +9,17 @@ of those configs would silently become plain data parallel. So on a machine with
 DeepSpeed launch is rehearsed on the CPU: accelerate is told the processes are GPUs while their device stays the
 CPU and the backend gloo. Everything after that is the GPU code path, which is how CI tests the shipped configs
 with 2 processes.
+
+**Teardown.** The process group set up here is destroyed when the program exits (:func:`_destroy_at_exit`): left
+to the interpreter's own shutdown, gloo's threads could be destroyed while still joinable, and a process that had
+finished its work aborted ("terminate called without an active exception"), as one 2-process lm-eval run did.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -94,9 +100,26 @@ def process_state():
     from accelerate import PartialState
 
     if not cpu_rehearsal():
-        return PartialState(cpu=not torch.cuda.is_available())
-    with _as_gpu_processes():
-        return PartialState()
+        state = PartialState(cpu=not torch.cuda.is_available())
+    else:
+        with _as_gpu_processes():
+            state = PartialState()
+    if state.num_processes > 1:
+        _destroy_at_exit()
+    return state
+
+
+@functools.cache
+def _destroy_at_exit() -> None:
+    """Destroy the process group before the interpreter shuts down (module docstring); registered once."""
+
+    def destroy() -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    atexit.register(destroy)
 
 
 def is_main_process() -> bool:
