@@ -100,7 +100,9 @@ def _report(
     )
     same_weights = weights[0] == weights[1]
     verdict = "identical" if same_weights else "DIFFERENT"
-    recorded_platform, platform_now = _platform(record), cpu_numerics()
+    platform_now = cpu_numerics()
+    hardware = (record.get("environment") or {}).get("hardware") or {}  # before 2026-12-04: no CPU numerics
+    recorded_platform = {key: hardware.get(key) for key in platform_now}
     print(f"  platform:    {_describe(recorded_platform)} recorded, {_describe(platform_now)} now")
     print(f"  weights:     {verdict} ({weights[0][:12]} recorded, {weights[1][:12]} now)")
     print(f"  completions: {len(samples) - differing} of {len(samples)} identical")
@@ -118,12 +120,6 @@ def _report(
         )
     print(f"verify --rerun: {what}")
     return 1
-
-
-def _platform(record: dict[str, Any]) -> dict[str, Any]:
-    """What the record says of the CPU numerics it was made with (records from before they were kept: nothing)."""
-    hardware = (record.get("environment") or {}).get("hardware") or {}
-    return {key: hardware.get(key) for key in cpu_numerics()}
 
 
 def _describe(numerics: dict[str, Any]) -> str:

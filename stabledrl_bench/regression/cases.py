@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from stabledrl_bench.processes import keyed_generator
 from stabledrl_bench.regression import fixtures
 from stabledrl_bench.regression.fixtures import CANVAS, GOLDEN_BUDGET, GOLDEN_OPTIM, MODELS, PROTOCOL, SPLIT, TASK
 from stabledrl_bench.regression.golden import FLOAT_HASH_SUFFIX, TRAJECTORY_FIELD, Observation, Value
+
+if TYPE_CHECKING:
+    from stabledrl_bench.training.sft import SFTConfig
 
 
 @dataclass(frozen=True)
@@ -254,9 +257,7 @@ def run_estimator(workdir: Path, estimator: str, attention: str) -> Observation:
 # --------------------------------------------------------------------------------------------------- sft
 def run_sft_case(workdir: Path, attention: str) -> Observation:
     """Three SFT steps on the golden model (canvas drawn in [34, 40]): per step loss, gradient norm, rate."""
-    from stabledrl_bench.core.models import load_diffusion_lm
-    from stabledrl_bench.training.runlog import read_log
-    from stabledrl_bench.training.sft import SFTConfig, run_sft
+    from stabledrl_bench.training.sft import SFTConfig
 
     out = workdir / "sft" / attention
     config = SFTConfig(
@@ -272,33 +273,33 @@ def run_sft_case(workdir: Path, attention: str) -> Observation:
         save_every=0,
         progress=False,
     )
+    return sft_values(config)
+
+
+def sft_values(config: SFTConfig, before: Observation | None = None) -> Observation:
+    """Run ``config`` and observe it: ``before`` (values taken first), each step's log record, the final weights."""
+    from stabledrl_bench.core.models import load_diffusion_lm
+    from stabledrl_bench.training.runlog import read_log
+    from stabledrl_bench.training.sft import run_sft
+
     final = run_sft(config)
-    values: Observation = {
-        f"step {r['step']}": {k: _scalar(v) for k, v in r.items() if k not in VOLATILE}
-        for r in read_log(out / "log.jsonl")
-    }
+    values: Observation = dict(before or {})
+    for record in read_log(Path(config.output_dir) / "log.jsonl"):
+        values[f"step {record['step']}"] = {k: _scalar(v) for k, v in record.items() if k not in VOLATILE}
     values["final"] = weights_values(load_diffusion_lm(final).model)
     return values
 
 
 def run_warm_start_case(workdir: Path, table: str, task: str) -> Observation:
     """The first 3 steps of ``table``'s tiny warm start of ``task`` on seed 0, as ``reproduce`` builds it."""
-    from stabledrl_bench.core.models import load_diffusion_lm
     from stabledrl_bench.core.models.backends import load_model_spec
     from stabledrl_bench.experiments.presets import presets, warm_start_spec
-    from stabledrl_bench.training.runlog import read_log
-    from stabledrl_bench.training.sft import run_sft
 
     preset = presets(table)["tiny"]
     spec = warm_start_spec(preset, task, str(preset.model), seed=0).sft
     out = workdir / "warm-start" / f"{table}-{task}"
     config = dataclasses.replace(spec, max_steps=3, save_every=0, progress=False, output_dir=str(out))
-    values: Observation = {"init": weights_values(load_model_spec(config.model, seed=config.seed).model)}
-    final = run_sft(config)
-    for record in read_log(out / "log.jsonl"):
-        values[f"step {record['step']}"] = {k: _scalar(v) for k, v in record.items() if k not in VOLATILE}
-    values["final"] = weights_values(load_diffusion_lm(final).model)
-    return values
+    return sft_values(config, {"init": weights_values(load_model_spec(config.model, seed=config.seed).model)})
 
 
 # --------------------------------------------------------------------------------------------------- samplers
@@ -444,7 +445,7 @@ GROUPS = ("rl", "forced", "sft", "samplers", "eval", "graders")
 
 def run_case(case: Case, workdir: Path) -> Observation:
     """``case``'s observation; an exception becomes an ``error`` value (a failed row, not a crashed table)."""
-    prefix = case.name.split(":", 1)[0] if ":" in case.name else None
+    prefix = case.name.partition(":")[0]  # estimator:<name>@..., warm-start:<table>-<task>
     runner = RUNNERS[prefix if prefix in ("estimator", "warm-start") else case.group]
     workdir.mkdir(parents=True, exist_ok=True)
     try:

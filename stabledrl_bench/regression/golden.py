@@ -30,7 +30,7 @@ import torch
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.provenance import cpu_model, cpu_signature, git_state
+from stabledrl_bench.reporting.provenance import cpu_numerics, git_state
 
 SCHEMA = "stabledrl-bench/regress/v1"
 REFERENCES = Path(__file__).resolve().parent / "golden" / "references"
@@ -63,9 +63,7 @@ def platform_info() -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "machine": platform.machine(),
-        "cpu": cpu_model(),
-        SIGNATURE: cpu_signature(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
+        **cpu_numerics(),  # cpu, its signature and instruction set; the threads are those regress fixes:
         "threads": THREADS,
         "python": platform.python_version(),
     }

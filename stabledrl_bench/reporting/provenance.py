@@ -7,6 +7,7 @@ checked out when a record was written cannot be recovered afterwards.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -70,8 +71,9 @@ def _gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
+@functools.cache
 def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none); read once per program."""
     fields: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text()
