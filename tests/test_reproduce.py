@@ -14,9 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from stabledrl_bench.cli import main
-from stabledrl_bench.experiments.comparison import TABLE_BASELINES
+from stabledrl_bench.experiments.comparison import TABLE_BASELINES, Replicate, comparison
 from stabledrl_bench.experiments.presets import presets
+from stabledrl_bench.experiments.summary import training_summary
 from stabledrl_bench.reporting.results import load_results
+from stabledrl_bench.reporting.training import read_training, training_path
 
 
 def _run(tmp_path: Path, table: str, *extra: str) -> int:
@@ -280,3 +282,39 @@ def test_opt_in_a_preset_in_bf16_beside_float32(tmp_path, capsys):
     with capsys.disabled():
         for key, value in sorted(summary.items(), key=str):
             print(key, value)
+
+
+def test_training_rewards_of_an_earlier_invocation_survive_a_later_one_with_other_methods(tmp_path):
+    """`--baselines spg` after `--baselines grpo` (same seed) must not drop grpo's rollouts from the csv, and a run
+    read again replaces its earlier rows instead of adding to them."""
+
+    def log(name: str, rewards: list[float]) -> None:
+        path = Replicate(run, "sudoku", 0).runs / name / "log.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [{"step": i + 1, "phase_iteration": 0, "reward_mean": r} for i, r in enumerate(rewards)]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def summarize(baseline: str) -> dict[str, list[float]]:
+        training_summary(
+            comparison(
+                "table1",
+                preset="smoke",
+                baselines=baseline,
+                tasks="sudoku",
+                seeds="0",
+                runs=str(tmp_path / "runs"),
+                results=str(tmp_path / "results"),
+            ),
+            "sudoku",
+        )
+        rows = read_training(training_path(tmp_path / "results", run.name, "sudoku"))
+        return {name: list(group["reward_mean"]) for name, group in rows.groupby("run")}
+
+    run = comparison("table1", preset="smoke", tasks="sudoku", seeds="0", runs=str(tmp_path / "runs"))
+    log("frozen", [0.5, 0.5])
+    log("grpo", [0.5, 0.75])
+    assert summarize("grpo") == {"frozen": [0.5, 0.5], "grpo": [0.5, 0.75]}
+    log("spg", [0.25, 0.5])
+    log("grpo", [0.5, 1.0])  # not re-read by the `spg` invocation: its earlier rows stay as they were
+    assert summarize("spg") == {"frozen": [0.5, 0.5], "grpo": [0.5, 0.75], "spg": [0.25, 0.5]}
+    assert summarize("grpo,spg") == {"frozen": [0.5, 0.5], "grpo": [0.5, 1.0], "spg": [0.25, 0.5]}

@@ -45,9 +45,14 @@ def training_summary(run: Comparison, task: str) -> None:
     ]
     rewards = pd.DataFrame(rows, columns=list(TRAINING_COLUMNS))
     path = training_path(run.results, run.name, task)
-    if path.is_file():  # a seed trained earlier (e.g. `--seeds 2` after `--seeds 0,1`) keeps its rollouts
+    if path.is_file():
+        # A run trained by an earlier invocation keeps its rollouts: another seed (`--seeds 2` after `--seeds 0,1`)
+        # or another method of the same seed (`--baselines spg` after `--baselines grpo`); only the runs read
+        # now replace theirs.
         earlier = read_training(path)
-        rewards = pd.concat([earlier[~earlier["seed"].isin(rewards["seed"])], rewards], ignore_index=True)
+        fresh = pd.MultiIndex.from_frame(rewards[["seed", "run"]])
+        kept = earlier[~pd.MultiIndex.from_frame(earlier[["seed", "run"]]).isin(fresh)]
+        rewards = pd.concat([kept, rewards], ignore_index=True)
         rewards = rewards.sort_values("seed", kind="stable", ignore_index=True)
     if is_main_process():
         atomic_write_text(path, rewards.to_csv(index=False))
