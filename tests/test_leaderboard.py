@@ -527,7 +527,7 @@ def test_training_changes_pair_each_seed_with_its_own_control() -> None:
     rewards = pd.DataFrame([("sudoku", seed, run, step, r) for run, seed, step, r in rows], columns=TRAINING_COLUMNS)
     (change,) = training_changes(rewards).to_dict("records")
     assert change["seeds"] == 2 and change["rollouts"] == 4
-    assert change["per_seed"] == pytest.approx([0.1, 0.2]) and change["change"].mean == pytest.approx(0.15)
+    assert change["per_seed"] == pytest.approx({0: 0.1, 1: 0.2}) and change["change"].mean == pytest.approx(0.15)
 
 
 def test_training_block_is_shown_with_its_comparison(tmp_path: Path) -> None:
@@ -544,6 +544,23 @@ def test_training_block_is_shown_with_its_comparison(tmp_path: Path) -> None:
         "Training reward": "0.600",
         "Frozen start": "0.500",
         "Change": "+0.100 [+0.000, +0.200]",
+    }
+
+
+def test_training_block_names_the_seed_of_each_per_seed_change(tmp_path: Path) -> None:
+    """A run missing one seed's rollouts shows which seed it has: an unlabelled shorter list would not say."""
+    store(tmp_path, [True], baseline="sft", budget=None)
+    store(tmp_path, [True], baseline="test_rl_a")
+    store(tmp_path, [True], baseline="test_rl_b")
+    path = training_path(tmp_path, "cmp", "sudoku")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [("frozen", seed, 0.5) for seed in (0, 1)] + [("test_rl_a", 0, 0.7), ("test_rl_a", 1, 0.4)]
+    rows.append(("test_rl_b", 1, 0.6))  # seed 0's rows of test_rl_b are missing
+    path.write_text("task,seed,run,step,reward_mean\n" + "".join(f"sudoku,{s},{r},1,{v}\n" for r, s, v in rows))
+    table = next(rows for kind, rows in parse_tables(build_leaderboard(tmp_path, NO_PUBLISHED)) if kind == "training")
+    assert {row["Baseline"]: row["Per seed (seed: change)"] for row in table} == {
+        "test_rl_a": "0: +0.200, 1: -0.100",
+        "test_rl_b": "1: +0.100",
     }
 
 

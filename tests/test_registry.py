@@ -57,6 +57,22 @@ def test_duplicate_unknown_and_listing() -> None:
     assert list(reg) == ["a"] and "a" in reg and reg.items() == [("a", 1)]
 
 
+def test_a_file_imported_under_two_module_names_is_named_as_such() -> None:
+    """`import baselines` from the repository root runs the files of `stabledrl_bench.baselines` a second time under
+    another module name: the error says so, where a bare "already registered" sends people looking for a clash."""
+    reg: Registry[type] = Registry("widget", "test_widgets")
+    first, second = (
+        type("W", (), {"__module__": "stabledrl_bench.baselines.w"}),
+        type("W", (), {"__module__": "baselines.w"}),
+    )
+    reg.register("w", first)
+    with pytest.raises(ValueError, match=r"imported a second time as baselines\.w; import the package's copy"):
+        reg.register("w", second)
+    other = type("W", (), {"__module__": "my_plugin"})
+    with pytest.raises(ValueError, match=r"already registered \(by stabledrl_bench\.baselines\.w\)$"):
+        reg.register("w", other)  # a real clash of two methods: no hint about imports
+
+
 @pytest.mark.parametrize("what", sorted(ALL))
 def test_every_registry_names_its_entries_and_lists_them(what: str, capsys: pytest.CaptureFixture) -> None:
     registry = ALL[what]

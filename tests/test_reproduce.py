@@ -169,7 +169,7 @@ def test_seeds_are_replicates_and_a_later_seed_adds_to_them(tmp_path, capsys):
     assert sorted({(r["baseline"], r["seed"]) for r in records}) == [("grpo", 0), ("grpo", 1), ("sft", 0), ("sft", 1)]
     board = (tmp_path / "leaderboard.md").read_text()
     assert "**Change from the start over training seeds** (2 seeds: 0, 1;" in board
-    assert "| Seeds |" in board and "| 0, 1 |" in board and "Per seed" in board
+    assert "| Seeds |" in board and "| 0, 1 |" in board and "Per seed (seed: change)" in board
     rewards = pd.read_csv(path)
     assert sorted(rewards["seed"].unique()) == [0, 1]
     first = rewards[rewards["step"] == 1].set_index(["seed", "run"])["reward_mean"]

@@ -69,8 +69,17 @@ class Registry(Generic[T]):
                 item = self._check(name, item)
             existing = self._entries.get(name)
             if existing is not None and existing is not item:
-                where = getattr(existing, "__module__", type(existing).__module__)
-                raise ValueError(f"{self.kind} {name!r} is already registered (by {where})")
+                where, here = (getattr(i, "__module__", type(i).__module__) for i in (existing, item))
+                twice = where.endswith(f".{here}") or here.endswith(f".{where}")
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered (by {where})"
+                    + (
+                        f": the same file was imported a second time as {here}; import the package's copy "
+                        "(stabledrl_bench.baselines, .tasks), not the repository's top-level folder"
+                        if twice
+                        else ""
+                    )
+                )
             self._entries[name] = item
             return item
 

@@ -30,14 +30,15 @@ def training_path(results_dir: Path | str, comparison: str, task: str) -> Path:
 def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd.DataFrame:
     """Each run's mean training reward over its last ``window`` rollouts, minus the frozen control's on the same
     rollouts (same seed and step = same prompts and random numbers), with a bootstrap 95% interval over those
-    rollouts (pooled over seeds) and each seed's own mean change (``per_seed``).
+    rollouts (pooled over seeds) and each seed's own mean change (``per_seed``, by seed: a seed whose rows are
+    missing for a run is then visible by its absence, not hidden in a shorter list).
 
     ``rewards`` has :data:`TRAINING_COLUMNS` for one task; the control is the run named :data:`CONTROL_RUN`.
     Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
     """
     rows = []
     for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=False):
-        differences, ours_all, frozen_all, per_seed = [], [], [], []
+        differences, ours_all, frozen_all, per_seed = [], [], [], {}
         for seed, runs in group.groupby("seed", sort=True):
             control = rewards[(rewards["run"] == CONTROL_RUN) & (rewards["seed"] == seed)]
             frozen = control.set_index("step")["reward_mean"]
@@ -48,7 +49,7 @@ def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd
             differences.append((ours[steps] - frozen[steps]).to_numpy())
             ours_all += ours[steps].tolist()
             frozen_all += frozen[steps].tolist()
-            per_seed.append(float(differences[-1].mean()))
+            per_seed[int(seed)] = float(differences[-1].mean())
         if not differences:
             continue
         rows.append(
@@ -113,7 +114,9 @@ def training_block(results_dir: Path, comparison: str, markdown_dir: Path | None
             }
         )
         if changes["seeds"].max() > 1:
-            display["Per seed"] = changes["per_seed"].map(lambda values: ", ".join(f"{v:+.3f}" for v in values))
+            display["Per seed (seed: change)"] = changes["per_seed"].map(
+                lambda values: ", ".join(f"{seed}: {v:+.3f}" for seed, v in values.items())
+            )
         task = rewards["task"].iloc[0]
         blocks.append(
             f"**Training reward, {task_label(task)}** (`{path.name}`): mean reward of each run's last "
