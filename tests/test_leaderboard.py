@@ -508,7 +508,7 @@ def test_training_changes_pair_the_last_rollouts_with_the_frozen_control() -> No
     flat = [("flat", step, 0.5 + 0.1 * (step % 2)) for step in range(1, 14)]
     rewards = pd.DataFrame([("sudoku", 0, *row) for row in frozen + learner + flat], columns=TRAINING_COLUMNS)
     changes = training_changes(rewards, window=10).set_index("run")
-    assert list(changes.index) == ["learner", "flat"]
+    assert list(changes.index) == ["flat", "learner"]  # alphabetical, not the file's order
     assert changes.loc["learner", "rollouts"] == 10
     learned = changes.loc["learner", "change"]
     assert (learned.mean, learned.low, learned.high) == pytest.approx((0.2, 0.2, 0.2))  # a constant difference

@@ -37,7 +37,8 @@ def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd
     Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
     """
     rows = []
-    for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=False):
+    # Runs alphabetically, as the leaderboard's other tables: the file's order is the order runs happened to finish.
+    for run, group in rewards[rewards["run"] != CONTROL_RUN].groupby("run", sort=True):
         differences, ours_all, frozen_all, per_seed = [], [], [], {}
         for seed, runs in group.groupby("seed", sort=True):
             control = rewards[(rewards["run"] == CONTROL_RUN) & (rewards["seed"] == seed)]
