@@ -492,10 +492,16 @@ def test_plot_has_one_row_of_panels_per_task(tmp_path: Path) -> None:
     assert two_tasks[0] == one_task[0] and two_tasks[1] > 1.6 * one_task[1]
 
 
-def _training_csv(results_dir: Path, rows: list[tuple[str, int, float]], comparison: str = "cmp") -> Path:
+def _training_csv(results_dir: Path, rows: list[tuple], comparison: str = "cmp", *, seeded: bool = False) -> Path:
+    """A Sudoku training-reward file of ``rows``: (run, step, reward), the seedless old format read as seed 0, or
+    with ``seeded`` (run, seed, step, reward)."""
     path = training_path(results_dir, comparison, "sudoku")
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["task,run,step,reward_mean", *(f"sudoku,{run},{step},{reward}" for run, step, reward in rows)]
+    header = "task,seed,run,step,reward_mean" if seeded else "task,run,step,reward_mean"
+    lines = [header]
+    for row in rows:
+        run, *seed, step, reward = row
+        lines.append(",".join(map(str, ["sudoku", *seed, run, step, reward])))
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -552,11 +558,9 @@ def test_training_block_names_the_seed_of_each_per_seed_change(tmp_path: Path) -
     store(tmp_path, [True], baseline="sft", budget=None)
     store(tmp_path, [True], baseline="test_rl_a")
     store(tmp_path, [True], baseline="test_rl_b")
-    path = training_path(tmp_path, "cmp", "sudoku")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [("frozen", seed, 0.5) for seed in (0, 1)] + [("test_rl_a", 0, 0.7), ("test_rl_a", 1, 0.4)]
-    rows.append(("test_rl_b", 1, 0.6))  # seed 0's rows of test_rl_b are missing
-    path.write_text("task,seed,run,step,reward_mean\n" + "".join(f"sudoku,{s},{r},1,{v}\n" for r, s, v in rows))
+    rows = [("frozen", seed, 1, 0.5) for seed in (0, 1)] + [("test_rl_a", 0, 1, 0.7), ("test_rl_a", 1, 1, 0.4)]
+    rows.append(("test_rl_b", 1, 1, 0.6))  # seed 0's rows of test_rl_b are missing
+    _training_csv(tmp_path, rows, seeded=True)
     table = next(rows for kind, rows in parse_tables(build_leaderboard(tmp_path, NO_PUBLISHED)) if kind == "training")
     assert {row["Baseline"]: row["Per seed (seed: change)"] for row in table} == {
         "test_rl_a": "0: +0.200, 1: -0.100",
