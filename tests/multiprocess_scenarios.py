@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,21 @@ VALIDATED = {"grpo-native"}
 # The log entries that must not depend on the number of processes.
 LOGGED = ("loss", "grad_norm", "reward_mean", "reward_std", "accuracy", "kept_fraction", "nfe_total", "anchor_kl")
 EVAL_DOCS = 6
+# Every launched process runs with Python's fault handler, so a native abort prints each thread's Python stack.
+LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+# gloo can abort one process of a CPU launch as its interpreter shuts down, after the work is done and the report
+# written: a gloo worker thread drops its last reference to a finished collective whose tensors own Python objects,
+# needs the GIL for that, and the finalizing interpreter ends the thread, which terminates the process ("terminate
+# called without an active exception"; core dump: ProcessGroupGloo::runLoop -> ~AsyncBarrierWork ->
+# THPVariable_dealloc -> PyThread_exit_thread, with the main thread in Py_FinalizeEx). Seen in CI on a 2-process
+# lm-eval run and on the 4-process FSDP launch, and here in 2 of 294 launches of the latter. Destroying the process
+# group at exit (stabledrl_bench/processes.py) does not prevent it. A launch of the scenarios
+# that ends in exactly this abort is run once more into a fresh folder, with a warning carrying the first try's
+# stderr; any other failure, or the abort again, fails the test.
+GLOO_ABORT = "terminate called without an active exception"
+# FSDP2 warns once per process and call site that a block returns a view (the tiny model's KV pair, never written
+# in place); dropped from a failure's stderr so that the lines that say what failed fit in the message.
+FSDP_VIEW_WARNING = ("returned a view tensor", "output = self._register_pre_backward_hook(output)")
 
 
 def build_models(root: Path) -> dict[str, str]:
@@ -207,7 +224,7 @@ def launch(config: str, *args: str, timeout: int = 600, processes: int = 2, **op
     (``options``: :func:`~stabledrl_bench.processes.launch_command`'s, e.g. ``mixed_precision="bf16"``)."""
     from stabledrl_bench.processes import launch_command
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **LAUNCH_ENV}
     cmd = [*launch_command(config, processes, **options), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
@@ -226,7 +243,7 @@ def launch_nodes(
     with socket.socket() as probe:  # a port free now, which both nodes are told (0 would give each its own)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **LAUNCH_ENV}
     total = per_node * len(folders)
     nodes = [
         subprocess.Popen(
@@ -241,7 +258,7 @@ def launch_nodes(
     ]
     outputs = [node.communicate(timeout=timeout) for node in nodes]
     for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs, strict=True)):
-        assert node.returncode == 0, (rank, stderr[-4000:])
+        assert node.returncode == 0, (rank, failure(stderr))
     return [stdout for stdout, _ in outputs]
 
 
@@ -272,13 +289,31 @@ def run_on_one_process(
 
 def run_launched(config: str, models: dict[str, str], out: Path, *names: str, **options) -> dict[str, Any]:
     """The scenarios ``names`` (default: all, resumed and evaluations too) under ``configs/accelerate/<config>.yaml``
-    (``options``: :func:`launch`'s; 2 processes in full precision by default): rank 0's report."""
-    out.mkdir(parents=True, exist_ok=True)
-    models_json = out / "models.json"
-    models_json.write_text(json.dumps(models))
-    proc = launch(config, str(ROOT / "tests" / "multiprocess_worker.py"), str(models_json), str(out), *names, **options)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    (``options``: :func:`launch`'s; 2 processes in full precision by default): rank 0's report. A launch that ends in
+    gloo's abort is run once more (GLOO_ABORT)."""
+
+    def run() -> subprocess.CompletedProcess:
+        out.mkdir(parents=True, exist_ok=True)
+        models_json = out / "models.json"
+        models_json.write_text(json.dumps(models))
+        worker = str(ROOT / "tests" / "multiprocess_worker.py")
+        return launch(config, worker, str(models_json), str(out), *names, **options)
+
+    proc = run()
+    if proc.returncode != 0 and GLOO_ABORT in proc.stderr:  # once, into a fresh folder (GLOO_ABORT)
+        warnings.warn(
+            f"gloo aborted a process of the {config} launch; launched again:\n{failure(proc.stderr)}", stacklevel=2
+        )
+        shutil.rmtree(out)
+        proc = run()
+    assert proc.returncode == 0, failure(proc.stderr)
     return json.loads((out / "report.json").read_text())
+
+
+def failure(stderr: str, chars: int = 4000) -> str:
+    """The end of a failed launch's stderr, without FSDP2's view warnings (FSDP_VIEW_WARNING)."""
+    lines = [line for line in stderr.splitlines() if not any(part in line for part in FSDP_VIEW_WARNING)]
+    return "\n".join(lines)[-chars:]
 
 
 def assert_same_training(ours: dict[str, Any], theirs: dict[str, Any], scenario: str) -> None:

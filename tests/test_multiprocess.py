@@ -25,6 +25,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -34,12 +35,14 @@ from multiprocess_scenarios import (
     ANCHORED,
     CONFIGS,
     EVALUATIONS,
+    GLOO_ABORT,
     ROOT,
     SCENARIOS,
     STEPS,
     assert_same_training,
     build_models,
     deviation,
+    failure,
     launch,
     launch_nodes,
     run_launched,
@@ -70,6 +73,43 @@ def launched(request, models, tmp_path_factory) -> tuple[str, dict, Path]:
 
 def test_every_shipped_config_is_launched_here():
     assert sorted(p.stem for p in (ROOT / "configs" / "accelerate").glob("*.yaml")) == sorted(CONFIGS)
+
+
+@pytest.mark.parametrize(
+    ("results", "retried", "fails"),
+    [
+        ((-6, 0), True, False),  # gloo's abort, then a clean launch: its report
+        ((-6, -6), True, True),  # the abort twice
+        ((1, 0), False, True),  # any other failure: never launched again
+    ],
+)
+def test_only_gloos_abort_is_launched_once_more_into_a_fresh_folder(monkeypatch, tmp_path, results, retried, fails):
+    import multiprocess_scenarios
+
+    folders: list[list[str]] = []
+
+    def fake_launch(config: str, worker: str, models_json: str, out: str, *names: str, **options):
+        folders.append(sorted(p.name for p in Path(out).iterdir()))
+        Path(out, "checkpoint-2").mkdir()  # what a try leaves behind
+        code = results[len(folders) - 1]
+        if code == 0:
+            Path(out, "report.json").write_text('{"world_size": 2}')
+        stderr = "returned a view tensor\n" + ("Traceback: ValueError" if code == 1 else GLOO_ABORT)
+        return subprocess.CompletedProcess([], code, "", stderr)
+
+    monkeypatch.setattr(multiprocess_scenarios, "launch", fake_launch)
+    out = tmp_path / "out"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if fails:
+            with pytest.raises(AssertionError) as error:
+                run_launched("ddp", {}, out)
+            assert "view tensor" not in str(error.value)  # the lines that say what failed, not FSDP2's warning
+        else:
+            assert run_launched("ddp", {}, out) == {"world_size": 2}
+    assert folders == [["models.json"]] * (2 if retried else 1)  # the second try starts from a fresh folder
+    said = [str(w.message).partition(":")[0] for w in caught]
+    assert said == ["gloo aborted a process of the ddp launch; launched again"] * retried
 
 
 def test_each_config_runs_its_own_backend_on_two_processes(launched):
@@ -322,7 +362,7 @@ def reproduced_once(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_documented_launch_trains_evaluates_and_resumes_like_one_process(config, reproduced_once, tmp_path):
     proc = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc.stderr)
     printed = proc.stdout.splitlines()
     assert sum(line.startswith("leaderboard:") for line in printed) == 1  # one process prints, one process writes
     ours, theirs = _records(tmp_path / "results"), _records(reproduced_once / "results")
@@ -335,7 +375,7 @@ def test_the_documented_launch_trains_evaluates_and_resumes_like_one_process(con
     assert (tmp_path / training).read_text() == (reproduced_once / training).read_text()
     # the same command again: every run and record is reused, nothing trains or decodes again
     again = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
-    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.returncode == 0, failure(again.stderr)
     assert "measured (" not in again.stdout and again.stdout.count("reused") >= 9
 
 
