@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,9 @@ LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 # called without an active exception"; core dump: ProcessGroupGloo::runLoop -> ~AsyncBarrierWork ->
 # THPVariable_dealloc -> PyThread_exit_thread, with the main thread in Py_FinalizeEx). Seen in CI on a 2-process
 # lm-eval run and on the 4-process FSDP launch, and here in 2 of 294 launches of the latter. Destroying the process
-# group at exit (stabledrl_bench/processes.py) does not prevent it. A launch of the scenarios
-# that ends in exactly this abort is run once more into a fresh folder, with a warning carrying the first try's
-# stderr; any other failure, or the abort again, fails the test.
+# group at exit (stabledrl_bench/processes.py) does not prevent it. Every launch here that ends in exactly this
+# abort is run once more, from the folders it found (once_more_if_gloo_aborts); any other failure, or the abort
+# again, fails the test.
 GLOO_ABORT = "terminate called without an active exception"
 # FSDP2 warns once per process and call site that a block returns a view (the tiny model's KV pair, never written
 # in place); dropped from a failure's stderr so that the lines that say what failed fit in the message.
@@ -219,47 +220,90 @@ def run_evaluation(name: str, models: dict[str, str], results: Path) -> dict[str
     }
 
 
-def launch(config: str, *args: str, timeout: int = 600, processes: int = 2, **options) -> subprocess.CompletedProcess:
+def launch(
+    config: str, *args: str, timeout: int = 600, processes: int = 2, fresh: Path | None = None, **options
+) -> subprocess.CompletedProcess:
     """``accelerate launch --config_file configs/accelerate/<config>.yaml`` on ``processes`` CPU processes
-    (``options``: :func:`~stabledrl_bench.processes.launch_command`'s, e.g. ``mixed_precision="bf16"``)."""
+    (``options``: :func:`~stabledrl_bench.processes.launch_command`'s, e.g. ``mixed_precision="bf16"``). Launched
+    once more if gloo aborts it (:func:`once_more_if_gloo_aborts`; ``fresh``: the folder it writes in)."""
     from stabledrl_bench.processes import launch_command
 
     env = {**os.environ, **LAUNCH_ENV}
     cmd = [*launch_command(config, processes, **options), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+    def attempt() -> list[subprocess.CompletedProcess]:
+        return [subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)]
+
+    (proc,) = once_more_if_gloo_aborts(config, attempt, [] if fresh is None else [fresh])
+    return proc
 
 
 def launch_nodes(
-    config: str, *args: str, folders: list[Path], per_node: int = 2, timeout: int = 600, **options
+    config: str, *args: str, folders: list[Path], per_node: int = 2, timeout: int = 600, fresh: Path, **options
 ) -> list[str]:
     """A multi-node launch rehearsed on this host: one ``accelerate launch`` per node (``--machine_rank i``, node i
     running in ``folders[i]``, its own working folder) of ``per_node`` processes each, meeting at 127.0.0.1 on a
     free port (``options``: :func:`launch`'s). Returns every node's stdout; a node that fails fails the test with its
-    stderr."""
+    stderr. Launched once more if gloo aborts it (:func:`once_more_if_gloo_aborts`; ``fresh``: the folder the run
+    writes in, beside the nodes' own)."""
     import socket
 
     from stabledrl_bench.processes import launch_command
 
-    with socket.socket() as probe:  # a port free now, which both nodes are told (0 would give each its own)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     env = {**os.environ, **LAUNCH_ENV}
     total = per_node * len(folders)
-    nodes = [
-        subprocess.Popen(
-            [*launch_command(config, total, machines=len(folders), machine_rank=rank, port=port, **options), *args],
-            cwd=folder,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, folder in enumerate(folders)
-    ]
-    outputs = [node.communicate(timeout=timeout) for node in nodes]
-    for rank, (node, (_, stderr)) in enumerate(zip(nodes, outputs, strict=True)):
-        assert node.returncode == 0, (rank, failure(stderr))
-    return [stdout for stdout, _ in outputs]
+
+    def attempt() -> list[subprocess.CompletedProcess]:
+        with socket.socket() as probe:  # a port free now, which both nodes are told (0 would give each its own)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        nodes = [
+            subprocess.Popen(
+                [*launch_command(config, total, machines=len(folders), machine_rank=rank, port=port, **options), *args],
+                cwd=folder,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank, folder in enumerate(folders)
+        ]
+        outputs = [node.communicate(timeout=timeout) for node in nodes]
+        return [
+            subprocess.CompletedProcess(node.args, node.returncode, *out)
+            for node, out in zip(nodes, outputs, strict=True)
+        ]
+
+    procs = once_more_if_gloo_aborts(config, attempt, [*folders, fresh])
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, (rank, failure(proc.stderr))
+    return [proc.stdout for proc in procs]
+
+
+def once_more_if_gloo_aborts(
+    config: str, attempt: Callable[[], list[subprocess.CompletedProcess]], fresh: list[Path]
+) -> list[subprocess.CompletedProcess]:
+    """``attempt()``, a launch (one process per node), and once more if every process of it that failed ended in
+    gloo's abort (GLOO_ABORT), with a warning carrying the first try's stderr. The second try finds each folder of
+    ``fresh`` as the first did: what the first added is removed. Any other failure, or the abort again, is left to
+    the caller."""
+    before = {folder: set(folder.iterdir()) if folder.exists() else None for folder in fresh}
+    procs = attempt()
+    failed = [proc for proc in procs if proc.returncode != 0]
+    if not failed or not all(GLOO_ABORT in proc.stderr for proc in failed):
+        return procs
+    stderr = "\n".join(failure(proc.stderr) for proc in failed)
+    warnings.warn(f"gloo aborted a process of the {config} launch; launched again:\n{stderr}", stacklevel=3)
+    for folder, kept in before.items():
+        if not folder.exists():
+            continue
+        added = [folder] if kept is None else set(folder.iterdir()) - kept  # a folder the first try made goes whole
+        for path in added:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    return attempt()
 
 
 def run_on_one_process(
@@ -289,23 +333,12 @@ def run_on_one_process(
 
 def run_launched(config: str, models: dict[str, str], out: Path, *names: str, **options) -> dict[str, Any]:
     """The scenarios ``names`` (default: all, resumed and evaluations too) under ``configs/accelerate/<config>.yaml``
-    (``options``: :func:`launch`'s; 2 processes in full precision by default): rank 0's report. A launch that ends in
-    gloo's abort is run once more (GLOO_ABORT)."""
-
-    def run() -> subprocess.CompletedProcess:
-        out.mkdir(parents=True, exist_ok=True)
-        models_json = out / "models.json"
-        models_json.write_text(json.dumps(models))
-        worker = str(ROOT / "tests" / "multiprocess_worker.py")
-        return launch(config, worker, str(models_json), str(out), *names, **options)
-
-    proc = run()
-    if proc.returncode != 0 and GLOO_ABORT in proc.stderr:  # once, into a fresh folder (GLOO_ABORT)
-        warnings.warn(
-            f"gloo aborted a process of the {config} launch; launched again:\n{failure(proc.stderr)}", stacklevel=2
-        )
-        shutil.rmtree(out)
-        proc = run()
+    (``options``: :func:`launch`'s; 2 processes in full precision by default): rank 0's report."""
+    out.mkdir(parents=True, exist_ok=True)
+    models_json = out / "models.json"
+    models_json.write_text(json.dumps(models))
+    worker = str(ROOT / "tests" / "multiprocess_worker.py")
+    proc = launch(config, worker, str(models_json), str(out), *names, fresh=out, **options)
     assert proc.returncode == 0, failure(proc.stderr)
     return json.loads((out / "report.json").read_text())
 

@@ -149,15 +149,17 @@ def test_lm_eval_under_accelerate_launch_shares_the_work_and_scores_as_one_proce
     2 + 1, so the noise plan and lm-eval's padding of the shorter share are both exercised."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
-    from multiprocess_scenarios import launch
+    from multiprocess_scenarios import failure, launch
 
     model_args = {"pretrained": str(block_checkpoint), "protocol": "tracerl-dynamic", "max_completion_length": 8}
     args = ",".join(f"{key}={value}" for key, value in model_args.items())
     out = tmp_path / "out"
     cli = ["--model", "stabledrl_dllm", "--model_args", args, "--include_path", "tasks", "--tasks"]
     cli += ["tasks/lmeval/dllm_sudoku.yaml", "--limit", "3", "--batch_size", "2", "--device", "cpu"]
-    proc = launch("ddp", str(REPO / "tests" / "lmeval_cli.py"), *cli, "--output_path", str(out), "--log_samples")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = launch(
+        "ddp", str(REPO / "tests" / "lmeval_cli.py"), *cli, "--output_path", str(out), "--log_samples", fresh=out
+    )
+    assert proc.returncode == 0, failure(proc.stderr)
     shares = re.findall(r"stabledrl_dllm: process (\d) of 2 decodes (\d) of the 3 requests", proc.stderr)
     assert sorted(shares) == [("0", "2"), ("1", "1")]
     (results,) = out.rglob("results_*.json")  # written once

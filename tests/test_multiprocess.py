@@ -87,18 +87,18 @@ def test_only_gloos_abort_is_launched_once_more_into_a_fresh_folder(monkeypatch,
     import multiprocess_scenarios
 
     folders: list[list[str]] = []
+    out = tmp_path / "out"
 
-    def fake_launch(config: str, worker: str, models_json: str, out: str, *names: str, **options):
-        folders.append(sorted(p.name for p in Path(out).iterdir()))
+    def fake_run(cmd: list[str], **kwargs):
+        folders.append(sorted(p.name for p in out.iterdir()))
         Path(out, "checkpoint-2").mkdir()  # what a try leaves behind
         code = results[len(folders) - 1]
         if code == 0:
             Path(out, "report.json").write_text('{"world_size": 2}')
         stderr = "returned a view tensor\n" + ("Traceback: ValueError" if code == 1 else GLOO_ABORT)
-        return subprocess.CompletedProcess([], code, "", stderr)
+        return subprocess.CompletedProcess(cmd, code, "", stderr)
 
-    monkeypatch.setattr(multiprocess_scenarios, "launch", fake_launch)
-    out = tmp_path / "out"
+    monkeypatch.setattr(multiprocess_scenarios.subprocess, "run", fake_run)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if fails:
@@ -110,6 +110,38 @@ def test_only_gloos_abort_is_launched_once_more_into_a_fresh_folder(monkeypatch,
     assert folders == [["models.json"]] * (2 if retried else 1)  # the second try starts from a fresh folder
     said = [str(w.message).partition(":")[0] for w in caught]
     assert said == ["gloo aborted a process of the ddp launch; launched again"] * retried
+
+
+@pytest.mark.parametrize(
+    ("first", "retried"),
+    [
+        ((0, -6), True),  # one node aborted by gloo, the other done: both launched again
+        ((-6, 1), False),  # one aborted by gloo, one failed otherwise: left to the caller
+    ],
+)
+def test_a_multi_node_launch_is_launched_again_only_if_each_failed_node_ended_in_gloos_abort(tmp_path, first, retried):
+    from multiprocess_scenarios import once_more_if_gloo_aborts
+
+    nodes, shared = [tmp_path / "node0", tmp_path / "node1"], tmp_path / "shared"
+    for folder in nodes:
+        folder.mkdir()
+    (nodes[0] / "kept.txt").write_text("there before the launch")
+    tries: list[list[str]] = []
+
+    def attempt() -> list[subprocess.CompletedProcess]:
+        tries.append(sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")))
+        for folder in [*nodes, shared]:
+            (folder / "checkpoint-2").mkdir(parents=True)  # what a try leaves behind
+        codes = first if len(tries) == 1 else (0, 0)
+        stderrs = {0: "", -6: GLOO_ABORT, 1: "Traceback: ValueError"}
+        return [subprocess.CompletedProcess([], code, "", stderrs[code]) for code in codes]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        procs = once_more_if_gloo_aborts("ddp", attempt, [*nodes, shared])
+    assert [proc.returncode for proc in procs] == ([0, 0] if retried else list(first))
+    assert tries == [["node0", "node0/kept.txt", "node1"]] * (2 if retried else 1)  # each folder as first found
+    assert len(caught) == retried
 
 
 def test_each_config_runs_its_own_backend_on_two_processes(launched):
@@ -222,6 +254,7 @@ def two_nodes(models, tmp_path_factory) -> tuple[dict, Path]:
         str(root / "shared"),
         *names,
         folders=folders,
+        fresh=root / "shared",
         mixed_precision="bf16",
     )
     return json.loads((root / "shared" / "report.json").read_text()), root
@@ -303,6 +336,7 @@ def test_opt_in_every_config_on_four_processes_and_two_nodes(config, precision, 
         str(tmp_path / "nodes"),
         f"resume:{SCALED}",
         folders=folders,
+        fresh=tmp_path / "nodes",
         mixed_precision=precision,
     )
     reports = {
@@ -361,7 +395,7 @@ def reproduced_once(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_documented_launch_trains_evaluates_and_resumes_like_one_process(config, reproduced_once, tmp_path):
-    proc = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
+    proc = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path), fresh=tmp_path)
     assert proc.returncode == 0, failure(proc.stderr)
     printed = proc.stdout.splitlines()
     assert sum(line.startswith("leaderboard:") for line in printed) == 1  # one process prints, one process writes
@@ -373,7 +407,7 @@ def test_the_documented_launch_trains_evaluates_and_resumes_like_one_process(con
         assert record["metrics"]["accuracy"] == theirs[key]["metrics"]["accuracy"], key
     training = "results/training/table1-smoke__sudoku.csv"
     assert (tmp_path / training).read_text() == (reproduced_once / training).read_text()
-    # the same command again: every run and record is reused, nothing trains or decodes again
+    # the same command again: every run and record is reused, nothing trains or decodes again (nor if launched twice)
     again = launch(config, "-m", "stabledrl_bench", *_reproduce_args(tmp_path))
     assert again.returncode == 0, failure(again.stderr)
     assert "measured (" not in again.stdout and again.stdout.count("reused") >= 9
@@ -388,7 +422,9 @@ def test_opt_in_the_documented_launch_on_two_nodes_gives_one_process_results(con
     for folder in folders:
         folder.mkdir()
     shared = tmp_path / "shared"
-    outputs = launch_nodes(config, "-m", "stabledrl_bench", *_reproduce_args(shared), folders=folders, per_node=1)
+    outputs = launch_nodes(
+        config, "-m", "stabledrl_bench", *_reproduce_args(shared), folders=folders, per_node=1, fresh=shared
+    )
     printed = "".join(outputs).splitlines()
     assert sum(line.startswith("leaderboard:") for line in printed) == 1  # the global main process prints, writes
     ours, theirs = _records(shared / "results"), _records(reproduced_once / "results")
