@@ -31,7 +31,22 @@ from stabledrl_bench.errors import (
 
 
 def _add_reproduce(sub) -> None:
-    p = sub.add_parser("reproduce", help="train every baseline under one budget, evaluate, write a leaderboard")
+    _comparison_options(
+        sub.add_parser("reproduce", help="train every baseline under one budget, evaluate, write a leaderboard")
+    )
+    p = sub.add_parser(
+        "platforms",
+        help="run a comparison under this machine's kernels and under emulated other CPUs: do its verdicts hold?",
+    )
+    _comparison_options(p)
+    p.add_argument(
+        "--platforms",
+        help="comma-separated platforms (default: native,avx2,scalar; also blas-sse42); see docs/platforms.md",
+    )
+
+
+def _comparison_options(p) -> None:
+    """The options of one comparison (``reproduce`` and ``platforms``)."""
     p.add_argument("table", choices=("table1", "table2"), help="table1 (full attention) or table2 (block diffusion)")
     p.add_argument("--preset", default="auto", help="auto (default), tiny, smoke or paper")
     p.add_argument("--model", help="local weights for the paper preset (LLaDA-8B-Instruct / SDAR-8B)")
@@ -62,6 +77,13 @@ def _add_reproduce(sub) -> None:
         metavar="STEPS",
         help="checkpoint selection: validate every STEPS steps (never on test items) and evaluate each run's best "
         "checkpoint beside its final one, labelled in the leaderboard (default: off)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="run independent stages (methods, seeds, tasks, evaluations) side by side in N processes with the "
+        "threads of their model's size each; records are the same as with 1 (default: as many as the cores hold)",
     )
     _add_skip_check(p)
     _add_trust(p)
@@ -568,8 +590,37 @@ def _cmd_regress(args) -> int:
 
 
 def _cmd_reproduce(args) -> int:
-    from stabledrl_bench.experiments.comparison import comparison
     from stabledrl_bench.experiments.reproduce import reproduce
+
+    reproduce(_comparison(args))
+    return 0
+
+
+def _cmd_platforms(args) -> int:
+    from stabledrl_bench.experiments.platforms import DEFAULT_PLATFORMS, PLATFORMS, run_study
+
+    run = _comparison(args)
+    names = comma_list(args.platforms, "--platforms", choices=PLATFORMS, what="platform") if args.platforms else None
+    run_study(run, _reproduce_argv(args), names or list(DEFAULT_PLATFORMS))
+    return 0
+
+
+# reproduce's options that a platform study hands on to each platform's `reproduce` (its folders it sets itself)
+HANDED_ON = ("preset", "model", "baselines", "tasks", "seeds", "limit", "pass_k", "temperature", "pass_k_lengths")
+HANDED_ON += ("eval_every", "workers")
+HANDED_ON_FLAGS = ("force", "skip_model_check", "trust_remote_code")
+
+
+def _reproduce_argv(args) -> list[str]:
+    argv = [args.table]
+    for name in HANDED_ON:
+        if getattr(args, name) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return argv + [f"--{name.replace('_', '-')}" for name in HANDED_ON_FLAGS if getattr(args, name)]
+
+
+def _comparison(args):
+    from stabledrl_bench.experiments.comparison import comparison
 
     require_folder(args.runs, "--runs")
     run = comparison(
@@ -589,10 +640,10 @@ def _cmd_reproduce(args) -> int:
         temperature=args.temperature,
         pass_k_lengths=args.pass_k_lengths,
         eval_every=args.eval_every,
+        workers=args.workers,
     )
     require_folder(run.results, "--results")
-    reproduce(run)
-    return 0
+    return run
 
 
 COMMANDS = {
@@ -605,6 +656,7 @@ COMMANDS = {
     "leaderboard": _cmd_leaderboard,
     "grade": _cmd_grade,
     "reproduce": _cmd_reproduce,
+    "platforms": _cmd_platforms,
     "regress": _cmd_regress,
 }
 

@@ -135,6 +135,40 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+# Below this many parameters a model's matrices are too small for a second intra-op thread to pay: the tiny
+# models (0.8M) run no faster on two threads than on one, and lose most of their speed when another program keeps a
+# core busy (OpenMP's threads wait for each other at every operation). benchmarks/bench_threads.py measures it.
+SMALL_MODEL_PARAMETERS = 20_000_000
+
+
+def threads_for(parameters: int | None) -> int:
+    """The intra-op thread count for a job on a model of ``parameters`` (None: unknown): one for a small model,
+    torch's default (the cores) otherwise. A CPU run's bits depend on it, so a job's count follows from its size
+    alone, never from how many jobs run beside it (``OMP_NUM_THREADS``, when set, is the default's count)."""
+    if parameters is not None and parameters < SMALL_MODEL_PARAMETERS:
+        return 1
+    return int(os.environ.get("OMP_NUM_THREADS") or 0) or available_cores()
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int):
+    """torch's intra-op thread count set to ``threads`` inside the block, and put back after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` may narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def my_share(count: int) -> range:
     """The indices of ``count`` items (in order) this process takes: every N-th, starting at its rank."""
     state = process_state()

@@ -39,10 +39,16 @@ def parse_tables(markdown: str) -> list[tuple[str, list[dict[str, str]]]]:
             kind = "measured"
         elif line.startswith("**Published"):
             kind = "published"
+        elif line.startswith("**Change from the start over runs"):
+            kind = "runs"
         elif line.startswith("**Change"):
             kind = "change"
         elif line.startswith("**Training"):
             kind = "training"
+        elif line.startswith("**Method against method"):
+            kind = "pairwise"
+        elif line.startswith("**Aggregates"):
+            kind = "aggregates"
         if line.startswith("|"):
             cells = [cell.strip() for cell in line.strip("|").split(" | ")]
             if not previous.startswith("|"):
@@ -56,8 +62,8 @@ def measured_tables(markdown: str) -> list[list[dict[str, str]]]:
     return [rows for kind, rows in parse_tables(markdown) if kind == "measured"]
 
 
-def change_tables(markdown: str) -> list[list[dict[str, str]]]:
-    return [rows for kind, rows in parse_tables(markdown) if kind == "change"]
+def change_tables(markdown: str, kind: str = "change") -> list[list[dict[str, str]]]:
+    return [rows for found, rows in parse_tables(markdown) if found == kind]
 
 
 def store_cells(results_dir: Path, cells: dict[tuple[str, int], list[int]], **overrides: Any) -> None:
@@ -74,8 +80,19 @@ def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
     assert markdown.startswith("# stabledrl-bench leaderboard")
     assert "python -m stabledrl_bench leaderboard" in markdown
     assert markdown.index("## Table 1") < markdown.index("## Table 2")
-    (kind, rows), (change_kind, change_rows), (published_kind, published_rows), *rest = parse_tables(markdown)
-    assert kind == "measured" and change_kind == "change" and published_kind == "published"
+    tables = parse_tables(markdown)
+    assert [kind for kind, _ in tables] == [
+        "measured",
+        "change",
+        "runs",
+        "pairwise",
+        "aggregates",
+        "published",
+        "published",
+    ]  # one seed: every comparison over runs is shown, and none is resolved
+    (_, rows), (_, change_rows), (_, run_rows), *_, (_, published_rows), rest = tables
+    assert [row["GSM8K 128"].endswith("not resolved") for row in run_rows] == [True, True]
+    assert "**Verdicts over runs, comparison `cmp`**: 0 of the 4 comparisons above are resolved" in markdown
     assert [row["Baseline"] for row in change_rows] == ["test_rl_a", "test_rl_b"]  # each against sft
     assert list(rows[0]) == [*ROW_COLUMNS, *TABLE1_HEADERS]
     assert [row["Baseline"] for row in rows] == ["base", "sft", "test_rl_a", "test_rl_b"]
@@ -88,8 +105,7 @@ def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
         ("d1 / diffu-GRPO, no SFT (reproduced by SPG)", "best checkpoint, best mean over the lengths"),
     ]
     # Table 2 has no measured rows here: only its published block.
-    assert [kind for kind, _ in rest] == ["published"]
-    assert list(rest[0][1][0]) == ["Model", "Checkpoint", *TABLE2_HEADERS, "Source"]
+    assert list(rest[1][0]) == ["Model", "Checkpoint", *TABLE2_HEADERS, "Source"]
 
 
 BEST = {"every": 2, "tasks": ["gsm8k"], "lengths": [32], "items": 8, "protocol": "d1", "step": 4, "score": 0.5}
@@ -248,6 +264,9 @@ def test_change_pairs_shared_items_and_averages_seeds_per_item(tmp_path: Path) -
     assert measured_tables(markdown)[0][1]["GSM8K 128"].startswith("50.0 [")
     assert shared["GSM8K 128"] == "+0.0 [+0.0, +0.0]"
     assert seeds["Baseline"] == "test_rl_b" and seeds["GSM8K 128"].startswith("+25.0 [+0.0, ")
+    # over runs: one seed in "cmp"; in "seeds" the start (seed 0) shares no seed with seeds 1 and 2: no run, no table
+    ((one,),) = change_tables(markdown, "runs")
+    assert (one["Runs"], one["GSM8K 128"]) == ("1", "+0.0 [+0.0, +0.0] not resolved")
 
 
 def test_change_average_column_and_reference_choice(tmp_path: Path) -> None:
@@ -550,6 +569,8 @@ def test_training_block_is_shown_with_its_comparison(tmp_path: Path) -> None:
         "Training reward": "0.600",
         "Frozen start": "0.500",
         "Change": "+0.100 [+0.000, +0.200]",
+        "Runs": "1",
+        "Change over runs": "+0.100 [+0.000, +0.200] not resolved",
     }
 
 
@@ -624,3 +645,88 @@ def test_the_paper_layout_is_the_paper_presets() -> None:
     table1, table2 = presets("table1")["paper"], presets("table2")["paper"]
     assert tuple(table1.tasks) == TABLE1_TASKS and tuple(table1.lengths) == TABLE1_LENGTHS
     assert set(table2.tasks) <= set(TABLE2_TASKS) and set(TABLE2_OPTIONAL) <= set(TABLE2_TASKS)
+
+
+# ------------------------------------------------------------------------------------------------ over runs
+def _seeded(results_dir: Path, rows: dict[str, dict[int, list[int]]], **overrides: Any) -> None:
+    """Records of every (row, seed): ``rows[baseline][seed]`` is its per-item correctness at GSM8K 128."""
+    for baseline, seeds in rows.items():
+        for seed, correct in seeds.items():
+            budget = None if baseline == "sft" else BUDGET
+            store(results_dir, [bool(x) for x in correct], baseline=baseline, seed=seed, budget=budget, **overrides)
+
+
+def test_changes_over_runs_resample_the_seeds_and_print_a_verdict_only_where_resolved(tmp_path: Path) -> None:
+    """Worked by hand, items constant within a seed: test_rl_a gains 100 points on every seed, so every resample
+    is +100 (above); test_rl_b gains on two seeds and not on the third, and a resample draws the third seed three
+    times with chance 1/27 > 2.5 %, so its interval reaches 0 (not resolved) while the pooled item interval (each
+    item's mean over the seeds: +2/3 everywhere) is [+66.7, +66.7]. In another comparison test_rl_a loses on every
+    seed: below."""
+    off, on = [0, 0, 0, 0], [1, 1, 1, 1]
+    _seeded(
+        tmp_path,
+        {
+            "sft": {0: off, 1: off, 2: off},
+            "test_rl_a": {0: on, 1: on, 2: on},
+            "test_rl_b": {0: on, 1: on, 2: off},
+        },
+    )
+    _seeded(tmp_path, {"sft": {3: on, 4: on}, "test_rl_a": {3: off, 4: off}}, comparison="lose")
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    pooled = {row["Baseline"]: row["GSM8K 128"] for table in change_tables(markdown) for row in table}
+    assert pooled["test_rl_b"] == "+66.7 [+66.7, +66.7]"  # every item's mean over the seeds gains 2/3
+    gain, lose = change_tables(markdown, "runs")
+    runs = {row["Baseline"]: row for row in gain}
+    assert runs["test_rl_a"]["Runs"] == "3" and runs["test_rl_a"]["GSM8K 128"] == "+100.0 [+100.0, +100.0] above"
+    assert runs["test_rl_b"]["GSM8K 128"] == "+66.7 [+0.0, +100.0] not resolved"
+    assert lose[0]["GSM8K 128"] == "-100.0 [-100.0, -100.0] below"
+    assert runs["test_rl_a"]["GSM8K avg"] == "–"  # an average column needs all of its lengths
+    assert "test_rl_a is above its start in GSM8K 128: +100.0 [+100.0, +100.0] points over 3 runs" in markdown
+    assert "test_rl_a is below its start in GSM8K 128: -100.0" in markdown and "test_rl_b is above" not in markdown
+
+
+def test_methods_are_compared_with_each_other_over_runs(tmp_path: Path) -> None:
+    """test_rl_a beats test_rl_b by 100 points on every item of two seeds (paired by seed and item): better, and
+    P = 1; the verdict list names it once (its mirror, "worse than", is the same statement)."""
+    off, on = [0, 0, 0, 0], [1, 1, 1, 1]
+    _seeded(tmp_path, {"sft": {0: off, 1: off}, "test_rl_a": {0: on, 1: on}, "test_rl_b": {0: off, 1: off}})
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    (matrix,) = change_tables(markdown, "pairwise")
+    by_row = {row["Baseline"]: row for row in matrix}
+    assert by_row["test_rl_a"]["test_rl_b"] == "+100.0 (1.00) better"
+    assert by_row["test_rl_b"]["test_rl_a"] == "-100.0 (0.00) worse"
+    assert by_row["test_rl_a"]["test_rl_a"] == "–"
+    assert "test_rl_a is better than test_rl_b in GSM8K: +100.0 [+100.0, +100.0] points over 2 runs" in markdown
+    assert "is worse than" not in markdown
+    (aggregates,) = change_tables(markdown, "aggregates")
+    assert {row["Baseline"]: row["GSM8K P(run > start)"] for row in aggregates} == {
+        "test_rl_a": "1.00 [1.00, 1.00]",
+        "test_rl_b": "0.50 [0.50, 0.50]",  # ties with its start on every seed
+    }
+    assert aggregates[0]["GSM8K IQM change"] == "+100.0 [+100.0, +100.0]"
+
+
+def test_the_profiles_plot_is_written_beside_the_comparisons(tmp_path: Path) -> None:
+    _seeded(tmp_path / "results", {"sft": {0: [0, 1], 1: [0, 0]}, "test_rl_a": {0: [1, 1], 1: [0, 1]}})
+    markdown = build_leaderboard(
+        tmp_path / "results", NO_PUBLISHED, plots_dir=tmp_path / "plots", markdown_dir=tmp_path
+    )
+    assert "![table1 cmp profiles](plots/table1__cmp__profiles.png)" in markdown
+    assert (tmp_path / "plots" / "table1__cmp__profiles.png").stat().st_size > 1000
+
+
+def test_training_rewards_over_runs_say_whether_the_control_is_beaten(tmp_path: Path) -> None:
+    """Seed 0 gains 0.25 over its control and seed 1 0.125, on every rollout: above the control over runs; a run
+    that gains on one seed and loses as much on the other is not resolved."""
+    store(tmp_path, [True], baseline="sft", budget=None)
+    store(tmp_path, [True], baseline="test_rl_a")
+    rows = [("frozen", seed, step, 0.5) for seed in (0, 1) for step in (1, 3)]
+    rows += [("test_rl_a", seed, step, 0.75 - 0.125 * seed) for seed in (0, 1) for step in (1, 3)]
+    rows += [("test_rl_b", seed, step, 0.625 - 0.25 * seed) for seed in (0, 1) for step in (1, 3)]
+    _training_csv(tmp_path, rows, seeded=True)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    table = {row["Baseline"]: row for row in next(rows for kind, rows in parse_tables(markdown) if kind == "training")}
+    assert table["test_rl_a"]["Runs"] == "2"
+    assert table["test_rl_a"]["Change over runs"] == "+0.188 [+0.125, +0.250] above"
+    assert table["test_rl_b"]["Change over runs"] == "+0.000 [-0.125, +0.125] not resolved"
+    assert "test_rl_a is above the frozen control in Sudoku: +0.188 [+0.125, +0.250] over 2 runs" in markdown

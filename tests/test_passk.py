@@ -233,32 +233,35 @@ def test_reproduce_pass_k_adds_one_sampled_protocol_per_preset_protocol() -> Non
 
 
 # -------------------------------------------------------------------------------------------- leaderboard
+SAMPLED_SETTINGS = {
+    "max_completion_length": 32,
+    "steps": 16,
+    "block_length": 8,
+    "temperature": 1.0,
+    "protocol": {"attention": "full", "pass_at_k": True, "repeats": 2},
+}
+
+
+def store_sampled(results_dir: Path, baseline: str, per_problem: list[list[bool]], **extra) -> None:
+    """A ``d1-n2-t1`` record: ``per_problem[i]`` holds problem i's two decodes."""
+    flags = [flag for flags in per_problem for flag in flags]
+    path = store(results_dir, flags, baseline=baseline, protocol="d1-n2-t1", settings=SAMPLED_SETTINGS, **extra)
+    record = json.loads(path.read_text())
+    samples_path = path.with_name(record["samples_file"])
+    rows = [json.loads(line) for line in samples_path.read_text().splitlines()]
+    for i, row in enumerate(rows):  # problem i // 2, decode i % 2
+        row["doc_id"] = f"{i // 2}#r{i % 2}"
+    record["metrics"] |= sampled_metrics(list(votes_by_problem(rows).values()))
+    record = {k: v for k, v in record.items() if k not in ("schema", "created", "samples_file", "samples_sha256")}
+    path.unlink()
+    samples_path.unlink()
+    write_result(results_dir, record, rows)
+
+
 def test_sampled_records_get_their_own_block_change_table_and_plot(tmp_path: Path) -> None:
-    sampled = {
-        "max_completion_length": 32,
-        "steps": 16,
-        "block_length": 8,
-        "temperature": 1.0,
-        "protocol": {"attention": "full", "pass_at_k": True, "repeats": 2},
-    }
-
-    def store_sampled(baseline: str, per_problem: list[list[bool]], **extra) -> None:
-        flags = [flag for flags in per_problem for flag in flags]
-        path = store(tmp_path, flags, baseline=baseline, protocol="d1-n2-t1", settings=sampled, **extra)
-        record = json.loads(path.read_text())
-        samples_path = path.with_name(record["samples_file"])
-        rows = [json.loads(line) for line in samples_path.read_text().splitlines()]
-        for i, row in enumerate(rows):  # problem i // 2, decode i % 2
-            row["doc_id"] = f"{i // 2}#r{i % 2}"
-        record["metrics"] |= sampled_metrics(list(votes_by_problem(rows).values()))
-        record = {k: v for k, v in record.items() if k not in ("schema", "created", "samples_file", "samples_sha256")}
-        path.unlink()
-        samples_path.unlink()
-        write_result(tmp_path, record, rows)
-
     store(tmp_path, [True, False], baseline="sft", budget=None)  # greedy rows stay in their table
-    store_sampled("sft", [[True, False], [False, False]], budget=None)
-    store_sampled("test_rl_a", [[True, True], [False, False]])
+    store_sampled(tmp_path, "sft", [[True, False], [False, False]], budget=None)
+    store_sampled(tmp_path, "test_rl_a", [[True, True], [False, False]])
     markdown = build_leaderboard(tmp_path, NO_PUBLISHED, plots_dir=tmp_path / "plots", markdown_dir=tmp_path)
     greedy = markdown[: markdown.index("SAMPLED DECODING")]
     assert "d1-n2-t1" not in greedy.split("**Measured by this code — comparison `cmp`**")[-1].split("\n\n")[1]
@@ -267,3 +270,17 @@ def test_sampled_records_get_their_own_block_change_table_and_plot(tmp_path: Pat
     # test_rl_a: pass@1 = (1 + 0) / 2 = 50, pass@2 = 50, maj@2 = 50; change from sft, paired by problem
     assert "| test_rl_a | final | +25.0" in block and "GSM8K 128 pass@2" in block
     assert (tmp_path / "plots" / "table1__cmp__passk.png").stat().st_size > 1000
+    # over runs: one seed, so no verdict; the pass@1 change per problem is +50 and 0
+    runs = block[block.index("**Change from the start over runs**") :]
+    assert "| test_rl_a | final | 1 | +25.0 [+0.0, +50.0] not resolved |" in runs
+    assert "0 of the 3 comparisons above are resolved" in runs
+
+
+def test_sampled_changes_over_runs_resample_the_seeds(tmp_path: Path) -> None:
+    """Two seeds, each raising pass@1 from 0 to 1 on both problems: above the start over runs, and said so."""
+    for seed in (0, 1):
+        store_sampled(tmp_path, "sft", [[False, False]] * 2, budget=None, seed=seed)
+        store_sampled(tmp_path, "test_rl_a", [[True, True]] * 2, seed=seed)
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    assert "| test_rl_a | final | 2 | +100.0 [+100.0, +100.0] above |" in markdown
+    assert "test_rl_a is above its start in GSM8K 128 pass@1: +100.0 [+100.0, +100.0] points over 2 runs" in markdown

@@ -7,6 +7,10 @@ import math
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +39,7 @@ def _run(tmp_path: Path, table: str, *extra: str) -> int:
 
 @pytest.mark.parametrize("table", ["table1", "table2"])
 def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, table, capsys):
-    assert _run(tmp_path, table) == 0
+    assert _run(tmp_path, table, "--workers", "2") == 0
     preset = presets(table)["smoke"]
     records = load_results(tmp_path / "results")
     baselines = {r["baseline"] for r in records}
@@ -55,10 +59,13 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     assert "preset 'smoke'" in out and "the paper preset needs" in out
     assert "vs the frozen start on the same ones" in out
     stages = 3 + 2 * len(TABLE_BASELINES)  # warm start, start eval, each baseline's run and eval, control
-    assert f"[stage 1/{stages} | " in out and "estimate after the first stage] sudoku seed 0" in out
-    assert re.search(rf"\[stage 2/{stages} \| \S+ elapsed, ~\S+ left\] sudoku seed 0", out)  # from the first stage on
+    assert f"[stage 1/{stages} | " in out and "estimate after the first stage, 1 running] sudoku seed 0" in out
+    # from the first stage on, with the workers: stage 2 starts once the warm start it needs has finished
+    assert re.search(rf"\[stage 2/{stages} \| \S+ elapsed, ~\S+ left, 1 running\] sudoku seed 0", out)
+    assert re.search(rf"\[stage 3/{stages} \| \S+ elapsed, ~\S+ left, 2 running\] sudoku seed 0", out)
     assert "results: " in out and "rewritten only when named: --results results --leaderboard leaderboard.md" in out
-    assert f"[stage {stages}/{stages} | " in out and "left] sudoku seed 0: frozen control" in out
+    assert f"[stage {stages}/{stages} | " in out and "sudoku seed 0: frozen control (learning rate 0)" in out
+    assert "workers: 2 processes side by side, 1 thread(s) each" in out
     _check_frozen_control(tmp_path, table, preset)
     assert "**Training reward, " in board
 
@@ -68,7 +75,7 @@ def test_smoke_preset_trains_evaluates_and_writes_the_leaderboard(tmp_path, tabl
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "results").rglob("*.json")}
     assert before == after
     out = capsys.readouterr().out
-    assert "warm start: done" in out and out.count("trained, reused") == len(TABLE_BASELINES) + 1
+    assert "warm start: reused" in out and out.count("trained, reused") == len(TABLE_BASELINES) + 1
 
 
 def _check_frozen_control(tmp_path: Path, table: str, preset) -> None:
@@ -107,7 +114,7 @@ def test_interrupted_training_resumes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(RLTrainer, "train", spy)
     run_dir = tmp_path / "runs" / "table1-smoke" / "sudoku" / "s0" / "grpo"
-    argv = ("--baselines", "grpo", "--eval-every", "2", "--limit", "4")
+    argv = ("--baselines", "grpo", "--eval-every", "2", "--limit", "4", "--workers", "1")  # in this process: the spy
     assert _run(tmp_path, "table1", *argv) == 0
     assert calls == [("grpo", False), ("frozen", False)]
     _check_selection(tmp_path, run_dir)
@@ -144,11 +151,11 @@ def test_seeds_are_replicates_and_a_later_seed_adds_to_them(tmp_path, capsys):
     """A seed is a replicate: warm start, RL, control and evaluation per seed. ``--seeds 1`` after ``--seeds 0``
     (another runs folder, as in a fresh clone whose results/ holds seed 0) keeps seed 0's rollouts in the
     training-reward file; ``--seeds 0,1`` over both runs folders reuses every stage; the board pools the seeds in its
-    cells and shows each seed's change from its own start (mean [min, max] over seeds); training rewards are paired
-    with the control of the same seed. (One test: each seed's runs cost minutes on 2 cores.)"""
+    cells and shows each seed's change from its own start over runs; training rewards are paired with the control of
+    the same seed. (One test: each seed's runs cost minutes on 2 cores.)"""
     import pandas as pd
 
-    argv = ("--baselines", "grpo", "--tasks", "sudoku")
+    argv = ("--baselines", "grpo", "--tasks", "sudoku", "--workers", "2")
     path = tmp_path / "results" / "training" / "table1-smoke__sudoku.csv"
     runs = tmp_path / "runs" / "table1-smoke" / "sudoku"
     assert _run(tmp_path, "table1", *argv, "--seeds", "0") == 0
@@ -163,12 +170,12 @@ def test_seeds_are_replicates_and_a_later_seed_adds_to_them(tmp_path, capsys):
     (tmp_path / "s0").rename(runs / "s0")
     assert _run(tmp_path, "table1", *argv, "--seeds", "0,1") == 0
     out = capsys.readouterr().out
-    assert out.count("warm start: done") == 2 and out.count("trained, reused") == 4  # grpo and control per seed
+    assert out.count("warm start: reused") == 2 and out.count("trained, reused") == 4  # grpo and control per seed
     assert all((runs / f"s{seed}" / name / "final").is_dir() for seed in (0, 1) for name in ("sft", "grpo", "frozen"))
     records = load_results(tmp_path / "results")
     assert sorted({(r["baseline"], r["seed"]) for r in records}) == [("grpo", 0), ("grpo", 1), ("sft", 0), ("sft", 1)]
     board = (tmp_path / "leaderboard.md").read_text()
-    assert "**Change from the start over training seeds** (2 seeds: 0, 1;" in board
+    assert "**Change from the start over runs**" in board and "| grpo | final | 2 |" in board
     assert "| Seeds |" in board and "| 0, 1 |" in board and "Per seed (seed: change)" in board
     rewards = pd.read_csv(path)
     assert sorted(rewards["seed"].unique()) == [0, 1]
@@ -318,3 +325,61 @@ def test_training_rewards_of_an_earlier_invocation_survive_a_later_one_with_othe
     log("grpo", [0.5, 1.0])  # not re-read by the `spg` invocation: its earlier rows stay as they were
     assert summarize("spg") == {"frozen": [0.5, 0.5], "grpo": [0.5, 0.75], "spg": [0.25, 0.5]}
     assert summarize("grpo,spg") == {"frozen": [0.5, 0.5], "grpo": [0.5, 1.0], "spg": [0.25, 0.5]}
+
+
+# ------------------------------------------------------------------------------------------------ --workers
+def _comparable(results: Path, runs: Path) -> dict[str, dict]:
+    """Every record of a results folder by file stem, without what depends on when and where it was made (times,
+    the runs folder's path, the command line): what must equal between two runs of the same comparison."""
+    found = {}
+    for record in load_results(results):
+        stem = Path(record["_path"]).name.rsplit("-", 1)[0]  # the suffix hashes the checkpoint's path
+        text = json.dumps(record).replace(str(runs), "RUNS")
+        kept = json.loads(text)
+        for drop in ("created", "environment", "samples_file", "_path"):
+            kept.pop(drop)
+        for drop in ("wall_time_s", "tokens_per_s"):
+            kept["metrics"].pop(drop)
+        found[stem] = kept
+    return found
+
+
+def test_workers_stop_on_ctrl_c_resume_and_make_the_records_of_one_process(tmp_path):
+    """`reproduce --workers 2`, interrupted by Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
+    while two stages run, stops every worker and says how to go on; run again, it finishes, reusing what was done.
+    Its records are those of `--workers 1` in one process: weights, completions (the samples' hash), metrics."""
+    parallel = tmp_path / "parallel"
+    common = ["reproduce", "table1", "--preset", "smoke", "--baselines", "grpo", "--limit", "8"]
+    argv = [sys.executable, "-m", "stabledrl_bench", *common, "--runs", str(parallel), "--workers", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if "2 running]" in line:
+            break
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 130, "".join(seen) + out + err
+    assert "interrupted: re-run the same command to go on" in err
+    deadline = time.monotonic() + 30  # the group is empty: no worker (nor multiprocessing's helper) is left
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("processes of the interrupted run are still alive")
+
+    resumed = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "reused" in resumed.stdout and (parallel / "table1-smoke" / "logs").is_dir()
+
+    one = tmp_path / "one"
+    assert main([*common, "--runs", str(one), "--workers", "1"]) == 0
+    ours, theirs = _comparable(parallel / "results", parallel), _comparable(one / "results", one)
+    assert len(ours) == 6 and ours == theirs

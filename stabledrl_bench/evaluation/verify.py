@@ -47,7 +47,7 @@ from stabledrl_bench.evaluation.passk import METRIC_PATTERN, sampled_metrics, vo
 from stabledrl_bench.experiments.stress.recheck import recheck
 from stabledrl_bench.reporting.identity import identity_problems
 from stabledrl_bench.reporting.provenance import unknown_commit
-from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result
+from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result, record_paths
 from stabledrl_bench.tasks import get_task
 
 SCORE_TOLERANCE = 1e-9
@@ -194,8 +194,7 @@ def verify_results(
         redecode_seed = secrets.randbelow(2**31)
     if redecode:
         print(f"verify: re-decoding {redecode} random prompts per record, seed {redecode_seed} (--redecode-seed)")
-    stability = root / STABILITY_DIR
-    paths = sorted(p for p in root.rglob("*.json") if stability not in p.parents)
+    paths = record_paths(root)
     readable = []
     for path in paths:
         with contextlib.suppress(UserError):  # an unreadable record is reported below, on its own
@@ -215,7 +214,7 @@ def verify_results(
         )
         for path in paths
     ]
-    stability_paths = sorted(stability.glob("*.json"))
+    stability_paths = sorted((root / STABILITY_DIR).glob("*.json"))
     checks += [(path, functools.partial(recheck, path)) for path in stability_paths]
     failed, consistency_only = 0, []
     for path, check in checks:

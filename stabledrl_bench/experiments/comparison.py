@@ -7,14 +7,21 @@ Why typed and built once: every option of the command line is checked when the :
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from stabledrl_bench.core.baseline import BASELINES, build_baseline
+from stabledrl_bench.core.models import build_tiny
+from stabledrl_bench.core.models.backends import TINY_SPECS
+from stabledrl_bench.core.models.fit import weight_shapes
 from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol, sampled_protocol
 from stabledrl_bench.experiments.presets import Preset, choose_preset
+from stabledrl_bench.processes import available_cores, launched, threads_for
 from stabledrl_bench.reporting.naming import ResultKey
 
 TABLE_BASELINES = ("grpo", "spg", "espo", "trado", "stabledrl")
@@ -49,6 +56,8 @@ class Comparison:
     check_model: bool = True
     sampled: SampledEval | None = None
     eval_every: int = 0  # --eval-every: validation every N steps and the best checkpoint evaluated too (0: off)
+    workers: int = 1  # --workers: stages run side by side in this many processes
+    threads: int = 1  # each stage's intra-op threads: by the model's size (processes.threads_for)
 
     @property
     def name(self) -> str:
@@ -126,6 +135,7 @@ def comparison(
     temperature: float = 1.0,
     pass_k_lengths: str | None = None,
     eval_every: int | None = None,
+    workers: int | None = None,
 ) -> Comparison:
     """The :class:`Comparison` the ``reproduce`` options ask for (the command line's text, checked here): every
     bad option is one line before anything runs, not after the first warm start.
@@ -162,6 +172,7 @@ def comparison(
         check_model=check_model,
         sampled=sampled,
         eval_every=chosen.validation.every if eval_every is None else eval_every,
+        **_parallelism(model or str(chosen.model), workers),
     )
     unknown = sorted(set(chosen.validation.lengths) - set(chosen.lengths))
     if unknown:
@@ -170,6 +181,29 @@ def comparison(
     for baseline in built.baselines:  # a method that cannot learn under the budget fails before any warm start
         build_baseline(baseline).require_groups(chosen.budget.num_generations)
     return built
+
+
+def _parallelism(model: str, workers: int | None) -> dict[str, int]:
+    """``--workers`` (default: as many as the cores hold jobs of the start's size) and each job's threads
+    (:func:`~stabledrl_bench.processes.threads_for`). One worker on a GPU or under a launch: there a job already
+    uses the whole device or every process."""
+    threads = threads_for(start_parameters(model))
+    if launched() or torch.cuda.is_available():
+        if workers is not None and workers > 1:
+            raise UserError(
+                "--workers runs CPU jobs side by side; under a launch or on a GPU the stages run one by one"
+            )
+        return {"workers": 1, "threads": threads}
+    return {"workers": workers or max(1, available_cores() // threads), "threads": threads}
+
+
+def start_parameters(model: str) -> int | None:
+    """The parameter count of a start model, without loading it: a built-in tiny model is built (milliseconds), a
+    checkpoint's weight headers are read; None when neither is found (the thread policy then keeps the default)."""
+    if model in TINY_SPECS:
+        return sum(p.numel() for p in build_tiny(attention=TINY_SPECS[model]).model.parameters())
+    shapes = weight_shapes(model) if Path(model).is_dir() else None
+    return None if not shapes else sum(math.prod(shape) for shape in shapes.values())
 
 
 def _seeds(requested: str | None, default: tuple[int, ...]) -> tuple[int, ...]:

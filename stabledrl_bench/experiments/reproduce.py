@@ -24,8 +24,11 @@ resumable: finished trainings and evaluations are skipped, interrupted trainings
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +50,11 @@ from stabledrl_bench.experiments.runner import (
     ensure_warm_start,
     run_training,
 )
-from stabledrl_bench.experiments.stages import Stages
+from stabledrl_bench.experiments.stages import Planned, Stages
 from stabledrl_bench.experiments.stress import stability_section
 from stabledrl_bench.experiments.summary import training_summary
-from stabledrl_bench.processes import barrier, is_main_process, require_shared_folder
+from stabledrl_bench.experiments.workers import Stage, run_graph
+from stabledrl_bench.processes import barrier, intra_op_threads, is_main_process, require_shared_folder
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
 from stabledrl_bench.reporting.training import CONTROL_RUN
 from stabledrl_bench.tasks import get_task
@@ -81,12 +85,16 @@ def reproduce(run: Comparison) -> None:
     _banner(run)
     require_shared_folder(run.results, "results")  # every node reads the records the main process writes
     accumulation_steps(run.preset.budget.prompts_per_step, run.preset.per_device_prompts)  # before the warm start
-    kinds, work = _plan(run)
-    stages = Stages(kinds, work=work)
-    with on_interrupt(lambda: RERUN):
+    plan, graph = _graph(run)
+    if run.workers > 1:
+        print(
+            f"  workers: {run.workers} processes side by side, {run.threads} thread(s) each; each stage's output goes "
+            f"to {run.runs / LOGS}/"
+        )
+    stages = Stages(plan, workers=run.workers)
+    with on_interrupt(lambda: RERUN), intra_op_threads(run.threads):
+        run_graph(graph, run.workers, run.threads, stages)
         for task in run.tasks:
-            for seed in run.seeds:
-                _replicate(Replicate(run, task, seed), stages)
             training_summary(run, task)
 
     if is_main_process():
@@ -99,11 +107,24 @@ def reproduce(run: Comparison) -> None:
 
 # What re-running an interrupted `reproduce` does (every stage is cached; the trainer adds where its run resumes).
 RERUN = "re-run the same command to go on: finished warm starts, trainings and evaluations are reused"
+LOGS = "logs"  # <runs>/<comparison>/logs/<stage>.log: what each stage printed, when it ran in a worker
 
 
-def _plan(run: Comparison) -> tuple[list[str], list[float]]:
-    """The stages :func:`_replicate` runs, in order: their kinds and their work in token-forwards, from the budget
-    (:mod:`.plan`; the overall progress line estimates from it after the first stage)."""
+@dataclass(frozen=True)
+class Done:
+    """What a stage hands on: its value (the path of the checkpoint it made), whether it only reused what was
+    there (a reused stage says nothing about the cost of a real one), and the lines to print when it ends."""
+
+    value: str | None = None
+    reused: bool = False
+    lines: tuple[str, ...] = ()
+
+
+def _graph(run: Comparison) -> tuple[list[Planned], list[Stage]]:
+    """Every stage of the comparison, in plan order: per task and seed the warm start, the start's evaluation, each
+    baseline's training and evaluation (and its best checkpoint's, with ``--eval-every``), and the frozen control;
+    with their work in token-forwards, from the budget (:mod:`.plan`; the overall progress line estimates from it
+    after the first stage), and the stages each needs."""
     preset, budget = run.preset, run.preset.budget
     attention = get_protocol(preset.protocols[0]).attention
     prompt = budget.max_prompt_length
@@ -111,55 +132,78 @@ def _plan(run: Comparison) -> tuple[list[str], list[float]]:
     def train(baseline: str) -> float:
         return train_work(budget, Method.of(baseline, budget, attention), recompute=preset.gradient_checkpointing)
 
-    kinds, work = [], []
+    plan: list[Planned] = []
+    graph: list[Stage] = []
+
+    def add(replicate: Replicate, name: str, what: str, label: str, work: float, stage: Stage) -> None:
+        key = f"{replicate.task}/s{replicate.seed}/{name}"
+        after = tuple(f"{replicate.task}/s{replicate.seed}/{need}" for need in stage.after)
+        plan.append(Planned(key, f"{replicate.task}:{what}", f"{replicate.where}: {label}", work, after))
+        log = run.runs / LOGS / f"{replicate.task}-s{replicate.seed}-{name}.log"
+        graph.append(dataclasses.replace(stage, key=key, after=after, log=log))
+
     for task in run.tasks:
         evaluation = eval_work(run.evaluations(), len(get_task(task).eval_docs(limit=run.eval_limit)), prompt)
         sft = preset.task_sft(task)
-        one = [("sft", sft_work(sft.max_steps, sft.batch_size, prompt + sft.max_completion_length))] if sft else []
-        one += [("eval", evaluation)]
-        best = [("eval", evaluation)] if run.eval_every else []  # the best checkpoint's evaluation
-        for baseline in run.baselines:
-            one += [("train", train(baseline)), ("eval", evaluation), *best]
-        one += [("train", train(CONTROL_BASELINE))]
-        for _ in run.seeds:
-            kinds += [f"{task}:{kind}" for kind, _ in one]
-            work += [amount for _, amount in one]
-    return kinds, work
+        for seed in run.seeds:
+            replicate = Replicate(run, task, seed)
+            start: tuple[str, ...] = ()
+            if run.preset.sft is not None:
+                work = sft_work(sft.max_steps, sft.batch_size, prompt + sft.max_completion_length) if sft else 1.0
+                add(replicate, "sft", "sft", "warm start (SFT)", work, Stage("", _warm_start, (replicate,)))
+                start = ("sft",)
+            reference = "sft" if run.preset.sft is not None else "base"
+            evaluate = Stage("", _evaluate_start, (replicate, reference), after=start)
+            add(replicate, f"eval-{reference}", "eval", "evaluate the start", evaluation, evaluate)
+            for baseline in run.baselines:
+                trained = Stage("", _train_baseline, (replicate, baseline), after=start)
+                add(replicate, f"train-{baseline}", "train", f"train {baseline}", train(baseline), trained)
+                final = Stage("", _evaluate_final, (replicate, baseline), after=(f"train-{baseline}",))
+                add(replicate, f"eval-{baseline}", "eval", f"evaluate {baseline}", evaluation, final)
+                if run.eval_every:
+                    best = Stage("", _evaluate_best, (replicate, baseline), after=(f"train-{baseline}",))
+                    label = f"evaluate {baseline}'s best checkpoint on validation"
+                    add(replicate, f"eval-best-{baseline}", "eval", label, evaluation, best)
+            control = Stage("", _train_control, (replicate,), after=start)
+            add(replicate, "control", "train", "frozen control (learning rate 0)", train(CONTROL_BASELINE), control)
+    return plan, graph
 
 
-def _replicate(replicate: Replicate, stages: Stages) -> None:
-    """One training seed of one task: warm start, every baseline, the frozen control, and their evaluations."""
-    run, where = replicate.comparison, replicate.where
-    start = run.model
-    if run.preset.sft is not None:
-        stages.begin(f"{where}: warm start (SFT)")
-        path, built = _warm_start(replicate)
-        stages.end(reused=not built)
-        start = str(path)
-    reference = "sft" if run.preset.sft is not None else "base"
-    stages.begin(f"{where}: evaluate the start")
-    stages.end(reused=_evaluate_all(replicate, reference, start))
-    for baseline in run.baselines:
-        config = _train_config(replicate, baseline, start)
-        stages.begin(f"{where}: train {baseline}")
-        final, cached = _train(config, force=run.force)
-        stages.end(reused=cached)
-        stages.begin(f"{where}: evaluate {baseline}")
-        stages.end(reused=_evaluate_all(replicate, baseline, str(final), trained=True))
-        if run.eval_every:
-            best, validation = _best_checkpoint(Path(config.output_dir))
-            stages.begin(f"{where}: evaluate {baseline}'s best checkpoint (validation step {validation['step']})")
-            stages.end(reused=_evaluate_all(replicate, baseline, best, trained=True, validation=validation))
-    control = _train_config(replicate, CONTROL_BASELINE, start, folder=CONTROL_RUN)
-    stages.begin(f"{where}: frozen control (learning rate 0)")
-    stages.end(reused=_train(control_config(control, control.output_dir), force=run.force)[1])
+def _start(replicate: Replicate, inputs: Sequence[Done]) -> str:
+    """The RL start of a replicate: its warm start's checkpoint, else the comparison's model."""
+    return inputs[0].value if inputs else replicate.comparison.model  # type: ignore[return-value]
 
 
-def _warm_start(replicate: Replicate) -> tuple[Path, bool]:
+def _warm_start(replicate: Replicate) -> Done:
     run = replicate.comparison
     spec = warm_start_spec(run.preset, replicate.task, run.model, replicate.seed)
     final, info = ensure_warm_start(spec, replicate.runs / "sft", force=run.force)
-    return final, info["built_now"]
+    how = "built" if info["built_now"] else "reused"
+    return Done(str(final), reused=not info["built_now"], lines=(f"  [{replicate.task}] warm start: {how} ({final})",))
+
+
+def _evaluate_start(replicate: Replicate, reference: str, *inputs: Done) -> Done:
+    return _evaluate_all(replicate, reference, _start(replicate, inputs))
+
+
+def _train_baseline(replicate: Replicate, baseline: str, *inputs: Done) -> Done:
+    return _train(_train_config(replicate, baseline, _start(replicate, inputs)), force=replicate.comparison.force)
+
+
+def _train_control(replicate: Replicate, *inputs: Done) -> Done:
+    config = _train_config(replicate, CONTROL_BASELINE, _start(replicate, inputs), folder=CONTROL_RUN)
+    return _train(control_config(config, config.output_dir), force=replicate.comparison.force)
+
+
+def _evaluate_final(replicate: Replicate, baseline: str, trained: Done) -> Done:
+    return _evaluate_all(replicate, baseline, str(trained.value), trained=True)
+
+
+def _evaluate_best(replicate: Replicate, baseline: str, trained: Done) -> Done:
+    best, validation = _best_checkpoint(replicate.runs / baseline)
+    done = _evaluate_all(replicate, baseline, best, trained=True, validation=validation)
+    note = f"  [{replicate.task}] {baseline}: best checkpoint on validation at step {validation['step']}"
+    return dataclasses.replace(done, lines=(note, *done.lines))
 
 
 def _train_config(replicate: Replicate, baseline: str, start: str, folder: str | None = None) -> TrainConfig:
@@ -199,17 +243,16 @@ def _best_checkpoint(folder: Path) -> tuple[str, dict[str, Any]]:
     return str(folder / "best"), {**settings, "step": best["step"], "score": best["score"]}
 
 
-def _train(config: TrainConfig, *, force: bool) -> tuple[Path, bool]:
+def _train(config: TrainConfig, *, force: bool) -> Done:
     """Train (or reuse, or resume) one run through the experiment runner; a run that diverged stops the job.
-    Returns the final checkpoint and whether the finished run was reused."""
+    Hands on the final checkpoint."""
     out = Path(config.output_dir)
-    print(f"  [{config.task}] {out.name}: {config.budget.max_steps} steps -> {out}")
     summary = run_training(TrainJob(config), force=force)
-    if summary["cached"]:
-        print(f"  [{config.task}] {out.name}: trained, reused ({summary['final']})")
     if summary["final"] is None:
         raise UserError(summary["stopped"] or f"{out}: the run stopped before its last step")
-    return Path(summary["final"]), bool(summary["cached"])
+    how = f"trained, reused ({summary['final']})" if summary["cached"] else f"trained -> {summary['final']}"
+    line = f"  [{config.task}] {out.name}: {config.budget.max_steps} steps, {how}"
+    return Done(str(summary["final"]), reused=bool(summary["cached"]), lines=(line,))
 
 
 def _eval_device() -> tuple[str | None, torch.dtype | None]:
@@ -226,14 +269,14 @@ def _evaluate_all(
     *,
     trained: bool = False,
     validation: dict[str, Any] | None = None,
-) -> bool:
+) -> Done:
     """Evaluate one checkpoint (``trained``: an RL run of ``baseline`` under the preset's budget, else the start)
-    under every protocol and length (a run's best one when ``validation`` says how it was chosen); True when every
-    result was reused."""
+    under every protocol and length (a run's best one when ``validation`` says how it was chosen); reused when every
+    result was."""
     run = replicate.comparison
     budget = run.preset.budget.to_dict() if trained else None
     advantage = build_baseline(baseline).advantage_record() if trained else None
-    reused = True
+    reused, lines = True, []
     device, dtype = _eval_device() if run.preset.bf16 else (None, None)
     dlm = load_model_spec(checkpoint, seed=replicate.seed, device=device, dtype=dtype)
     if checkpoint not in TINY_SPECS and run.check_model:
@@ -257,9 +300,9 @@ def _evaluate_all(
             reused = reused and recorded.reused
             acc = json.loads(recorded.path.read_text())["metrics"]
             how = "reused: same weights and settings" if recorded.reused else f"measured ({recorded.note})"
-            print(
+            lines.append(
                 f"  [{replicate.task}] {baseline}{'' if validation is None else ' (best)'} @ {length} "
                 f"({max_completion_length} tokens, {protocol.name}): "
                 f"accuracy {100 * acc['accuracy']:.1f}%, score {acc.get('score_mean', float('nan')):.3f} [{how}]"
             )
-    return reused
+    return Done(checkpoint, reused=reused, lines=tuple(lines))

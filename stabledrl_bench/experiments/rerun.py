@@ -20,8 +20,9 @@ from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import evaluate_and_record, model_record
 from stabledrl_bench.evaluation.protocols import get_protocol
-from stabledrl_bench.experiments.comparison import Replicate, comparison
+from stabledrl_bench.experiments.comparison import Comparison, Replicate, comparison
 from stabledrl_bench.experiments.reproduce import _best_checkpoint, _train, _train_config, _warm_start
+from stabledrl_bench.processes import intra_op_threads
 from stabledrl_bench.reporting.provenance import cpu_numerics, git_state
 from stabledrl_bench.reporting.results import load_samples, read_result
 
@@ -37,12 +38,16 @@ def rerun(record_path: Path, runs: Path | None = None) -> int:
     print(f"rerun {record_path}: made at {commit[:10]}, rerun at {now[:10]}")
     with tempfile.TemporaryDirectory(prefix="rerun-") as tmp:
         work = Path(tmp)
-        remade = _remake(record, recorded_samples, runs or work / "runs", work / "results")
+        remade, threads = _remake(record, recorded_samples, runs or work / "runs", work / "results")
         samples = load_samples(remade)
-    return _report(record, recorded_samples, remade, samples)
+    with intra_op_threads(threads):
+        return _report(record, recorded_samples, remade, samples)
 
 
-def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, results: Path) -> dict[str, Any]:
+def _remake(
+    record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, results: Path
+) -> tuple[dict[str, Any], int]:
+    """The record made again (as ``reproduce`` makes it, at the thread count of its model's size), and that count."""
     baseline, task, seed = record["baseline"], record["task"], int(record["seed"])
     validation = record.get("validation")  # a run's best checkpoint: trained with the same validation, then chosen
     if record.get("preset") in (None, "custom"):
@@ -63,13 +68,19 @@ def _remake(record: dict[str, Any], samples: list[dict[str, Any]], runs: Path, r
             f"--rerun: the record was trained under budget {record.get('budget_hash')}, the preset "
             f"{record['preset']!r} now has {run.preset.budget.hash()}: it cannot be remade by this code"
         )
-    replicate = Replicate(run, task, seed)
+    with intra_op_threads(run.threads):
+        return _remade(run, record, samples, results), run.threads
+
+
+def _remade(run: Comparison, record: dict[str, Any], samples: list[dict[str, Any]], results: Path) -> dict[str, Any]:
+    baseline, seed, validation = record["baseline"], int(record["seed"]), record.get("validation")
+    replicate = Replicate(run, record["task"], seed)
     checkpoint = run.model
     if run.preset.sft is not None:
-        checkpoint = str(_warm_start(replicate)[0])
+        checkpoint = str(_warm_start(replicate).value)
     if baseline not in STARTS:
         config = _train_config(replicate, baseline, checkpoint)
-        checkpoint = str(_train(config, force=False)[0])
+        checkpoint = str(_train(config, force=False).value)
         if validation is not None:
             checkpoint, validation = _best_checkpoint(Path(config.output_dir))
     dlm = load_model_spec(checkpoint, seed=seed)

@@ -39,6 +39,7 @@ from stabledrl_bench.config import NOT_IDENTITY, stable_hash, to_dict
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.workers import Progress, Stage, run_graph
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.provenance import git_state
 from stabledrl_bench.training.checkpoint import latest_checkpoint
@@ -258,27 +259,27 @@ def control_config(config: TrainConfig, output_dir: Path | str) -> TrainConfig:
     )
 
 
-def _run_in_worker(job: TrainJob) -> dict[str, Any]:
-    import torch
+class _Bar(Progress):
+    """A progress bar over jobs."""
 
-    torch.set_num_threads(1)  # processes, not threads, use the cores: tiny models gain nothing from threads
-    return run_training(job)
+    def __init__(self, total: int, desc: str) -> None:
+        self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
+
+    def end(self, key: str, result: Any) -> None:
+        del key, result
+        self.bar.update()
 
 
 def run_jobs(jobs: Sequence[TrainJob], workers: int, desc: str) -> list[dict[str, Any]]:
-    """Every job's summary, in job order (jobs with the same key run once); ``workers`` > 1 uses spawned worker
-    processes with one thread each."""
+    """Every job's summary, in job order (jobs with the same key run once); ``workers`` > 1 runs them side by side
+    in worker processes with one thread each (:mod:`.workers`)."""
     unique = {job.key(): job for job in jobs}
-    if workers <= 1 or len(unique) <= 1:
-        done = {key: run_training(job) for key, job in tqdm(unique.items(), desc=desc, dynamic_ncols=True)}
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = {pool.submit(_run_in_worker, job): key for key, job in unique.items()}
-            done = {futures[f]: f.result() for f in tqdm(as_completed(futures), total=len(futures), desc=desc)}
+    bar = _Bar(len(unique), desc)
+    try:
+        stages = [Stage(key, run_training, (job,)) for key, job in unique.items()]
+        done = run_graph(stages, workers if len(unique) > 1 else 1, threads=1, progress=bar)
+    finally:
+        bar.bar.close()
     return [done[job.key()] for job in jobs]
 
 

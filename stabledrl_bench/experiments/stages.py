@@ -7,12 +7,22 @@ per unit of work. The rate is refined as stages finish: the stages of a kind (``
 of that kind, else of ``what`` on any task, else the rate of every stage measured so far, so there is an estimate
 as soon as the first stage has run. Reused stages (found in the cache) take no time and say nothing about the cost
 of a real one, so they are left out of the estimate.
+
+With several workers (``reproduce --workers``) stages run side by side, each once the stages it needs have finished.
+The estimate then simulates the rest of the run: the stages not yet finished, in plan order, each on the first
+worker to come free after its inputs are ready, a running stage for what its kind's rate leaves of it. One worker
+gives the plain sum.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stabledrl_bench.experiments.workers import Progress
 
 
 def duration(seconds: float) -> str:
@@ -25,48 +35,66 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-class Stages:
-    """A planned sequence of stage kinds (``"sudoku:train"``...), started and ended in that order."""
+@dataclass(frozen=True)
+class Planned:
+    """One stage of the plan: its key, kind (``task:what``), what the progress line says, its work (any one unit,
+    > 0) and the stages it needs."""
+
+    key: str
+    kind: str
+    label: str
+    work: float = 1.0
+    after: tuple[str, ...] = ()
+
+
+class Stages(Progress):
+    """The planned stages of a job, started and ended by key (in any order their inputs allow) on ``workers``."""
 
     def __init__(
         self,
-        kinds: Sequence[str],
+        plan: Sequence[Planned],
         *,
-        work: Sequence[float] | None = None,
+        workers: int = 1,
         clock: Callable[[], float] = time.monotonic,
         out: Callable[[str], None] = print,
     ) -> None:
-        """``work``: each stage's amount of work in any one unit (None: every stage alike)."""
-        self.kinds = list(kinds)
-        self.work = [1.0] * len(self.kinds) if work is None else [float(w) for w in work]
-        if len(self.work) != len(self.kinds) or not all(w > 0 for w in self.work):
-            raise ValueError(f"work must give a positive amount for each of the {len(self.kinds)} stages")
+        self.plan = {stage.key: stage for stage in plan}
+        if len(self.plan) != len(plan) or not all(stage.work > 0 for stage in plan):
+            raise ValueError(f"a plan needs {len(plan)} distinct keys, each with a positive amount of work")
+        self.workers = max(1, workers)
         self._clock, self._out = clock, out
         self._start = clock()
-        self._done = 0
-        self._began: float | None = None
+        self._started: dict[str, float] = {}  # key -> when it began (running stages)
+        self._finished: set[str] = set()
         self._measured: dict[str, list[tuple[float, float]]] = {}  # kind -> (seconds, work) of each measured stage
 
-    def begin(self, label: str) -> None:
-        """Announce the next planned stage (``label`` says what it does)."""
-        if self._began is not None:
-            raise RuntimeError("begin() called twice without end()")
-        if self._done >= len(self.kinds):
-            raise RuntimeError(f"all {len(self.kinds)} planned stages already ran")
-        self._began = self._clock()
-        elapsed = self._began - self._start
+    def begin(self, key: str, running: int = 1) -> None:
+        """Announce a stage (``running``: how many run now, it included)."""
+        if key in self._started or key in self._finished:
+            raise RuntimeError(f"stage {key} began twice")
+        now = self._clock()
+        self._started[key] = now
         left = self.estimate_left()
         estimate = f"~{duration(left)} left" if left is not None else "estimate after the first stage"
-        self._out(f"[stage {self._done + 1}/{len(self.kinds)} | {duration(elapsed)} elapsed, {estimate}] {label}")
+        side = f", {running} running" if self.workers > 1 else ""
+        number = len(self._finished) + len(self._started)
+        self._out(
+            f"[stage {number}/{len(self.plan)} | {duration(now - self._start)} elapsed, {estimate}{side}] "
+            f"{self.plan[key].label}"
+        )
 
-    def end(self, *, reused: bool = False) -> None:
-        """The current stage finished; a reused one (from the cache) does not enter the estimate."""
-        if self._began is None:
-            raise RuntimeError("end() called before begin()")
-        if not reused:
-            measured = (self._clock() - self._began, self.work[self._done])
-            self._measured.setdefault(self.kinds[self._done], []).append(measured)
-        self._done, self._began = self._done + 1, None
+    def end(self, key: str, result: Any = None) -> None:
+        """A stage finished; one whose result says ``reused`` (found in the cache) does not enter the estimate.
+        The lines its result carries (``lines``) are printed."""
+        if key not in self._started:
+            raise RuntimeError(f"stage {key} ended before it began")
+        began = self._started.pop(key)
+        self._finished.add(key)
+        stage = self.plan[key]
+        if not getattr(result, "reused", False):
+            self._measured.setdefault(stage.kind, []).append((self._clock() - began, stage.work))
+        for line in getattr(result, "lines", ()):
+            self._out(line)
 
     def _rate(self, kind: str) -> float | None:
         """Seconds per unit of work for a stage of ``kind``: its kind's, else its ``what``'s, else every measured
@@ -82,10 +110,26 @@ class Stages:
         return None
 
     def estimate_left(self) -> float | None:
-        """Seconds the stages not yet finished should take (the current one whole); None before the first stage
-        has been measured."""
-        left = range(self._done, len(self.kinds))
-        rates = [self._rate(self.kinds[i]) for i in left]
-        if any(rate is None for rate in rates):
+        """Seconds until every stage has finished (see the module docstring); None before the first stage has been
+        measured."""
+        left = [stage for key, stage in self.plan.items() if key not in self._finished]
+        rates = {stage.key: self._rate(stage.kind) for stage in left}
+        if any(rate is None for rate in rates.values()):
             return None
-        return float(sum(rate * self.work[i] for rate, i in zip(rates, left, strict=True)))  # type: ignore[operator]
+        now = self._clock()
+        remaining = {key: rates[key] * self.plan[key].work for key in rates}  # type: ignore[operator]
+        ends: dict[str, float] = {}
+        free: list[float] = []
+        for key, began in self._started.items():
+            ends[key] = max(0.0, remaining[key] - (now - began))
+            free.append(ends[key])
+        free += [0.0] * max(0, self.workers - len(free))
+        heapq.heapify(free)
+        for stage in left:
+            if stage.key in ends:
+                continue
+            ready = max((ends.get(need, 0.0) for need in stage.after), default=0.0)
+            start = max(heapq.heappop(free), ready)
+            ends[stage.key] = start + remaining[stage.key]
+            heapq.heappush(free, ends[stage.key])
+        return max(ends.values(), default=0.0)

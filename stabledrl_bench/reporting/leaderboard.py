@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,22 @@ from stabledrl_bench.reporting.layout import TABLE_TITLES, Column, extra_notes, 
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.measured import MeasuredRow, compared_rows, measured_rows, paired_change, starting_points
 from stabledrl_bench.reporting.naming import slugify
+from stabledrl_bench.reporting.overruns import (
+    Finding,
+    aggregate_table,
+    measured_findings,
+    pairwise_table,
+    profiles_plot,
+    run_change_table,
+    task_groups,
+    verdict_list,
+)
 from stabledrl_bench.reporting.published import EMPTY_BLOCK, load_published, published_block
 from stabledrl_bench.reporting.results import load_results
 from stabledrl_bench.reporting.sampled import sampled_blocks
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.reporting.stats import N_RESAMPLES, Interval
-from stabledrl_bench.reporting.training import training_block
+from stabledrl_bench.reporting.training import training_block, training_findings
 from stabledrl_bench.tasks import get_task
 
 ROW_COLUMNS = ("Baseline", "Checkpoint", "Model", "Preset", "Protocol", "Budget", "Hardware", "Code", "Seeds")
@@ -77,8 +88,9 @@ def _format_measured(interval: Interval | None, spec: str = ".1f") -> str:
     return MISSING if interval is None else interval.text(spec)
 
 
-def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
-    """Every RL row minus its starting point (:func:`~.measured.starting_points`), paired by item."""
+def _change_block(rows: list[MeasuredRow], columns: list[Column], found: Sequence[Finding]) -> str:
+    """Every RL row minus its starting point (:func:`~.measured.starting_points`): paired by item with the seeds
+    pooled, then over runs with its verdicts (``found``: :func:`~.overruns.measured_findings`)."""
     starts = starting_points(rows)
     others = compared_rows(rows, starts)
     if not others:
@@ -94,47 +106,18 @@ def _change_block(rows: list[MeasuredRow], columns: list[Column]) -> str:
     start = starts[others[0].protocols]
     caption = (
         f"**Change from the starting point** (`{start.info['Baseline']}`, {start.info['Model']}), in percentage "
-        "points, paired by test item, with a percentile-bootstrap 95% interval over the items. An interval above "
-        "0 is a learning signal beyond the test-set sampling noise; it does not cover the spread over training "
-        "seeds.\n"
+        "points, paired by test item with the seeds pooled, with a percentile-bootstrap 95% interval over the items. "
+        "It covers the test-set sampling noise only, not the spread over training seeds or machines: the verdicts "
+        "are read from the tables over runs below.\n"
     )
-    return caption + "\n" + markdown_table(display) + _seed_spread(starts, others, columns)
-
-
-def _seed_spread(starts: Mapping[str, MeasuredRow], others: list[MeasuredRow], columns: list[Column]) -> str:
-    """With several training seeds: each seed's paired change from the same seed's start, as mean [min, max] over
-    the seeds. This is the spread a conclusion must survive; the intervals above cover only the test items."""
-    rows = [(row, starts[row.protocols]) for row in others]
-    seeds = sorted(set.intersection(*(set(row.per_seed) & set(start.per_seed) for row, start in rows)))
-    if len(seeds) < 2:
-        return ""
-
-    def per_seed(row: MeasuredRow, start: MeasuredRow, column: Column) -> str:
-        changes = []
-        for seed in seeds:
-            ours = MeasuredRow(row.info, {}, row.per_seed[seed], {})
-            theirs = MeasuredRow(start.info, {}, start.per_seed[seed], {})
-            change = paired_change(ours, theirs, column)
-            if change is None:
-                return MISSING
-            changes.append(100 * change.mean)
-        return f"{np.mean(changes):+.1f} [{min(changes):+.1f}, {max(changes):+.1f}]"
-
-    display = pd.DataFrame(
-        [
-            {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"]}
-            | ({"Protocol": row.info["Protocol"]} if len(starts) > 1 else {})
-            | {c.header: per_seed(row, start, c) for c in columns}
-            for row, start in rows
-        ]
-    )
-    caption = (
-        f"\n**Change from the start over training seeds** ({len(seeds)} seeds: {', '.join(map(str, seeds))}; each "
-        "seed repeats warm start, RL and evaluation): mean [min, max] over the seeds of each seed's paired change "
-        "from its own start, in percentage points. A conclusion that holds on every seed has min and max of one "
-        "sign.\n"
-    )
-    return caption + "\n" + markdown_table(display)
+    groups = task_groups(columns, others)
+    parts = [
+        caption + "\n" + markdown_table(display),
+        run_change_table(starts, others, columns, found),
+        pairwise_table(others, groups, found),
+        aggregate_table(starts, others, groups),
+    ]
+    return "\n".join(part for part in parts if part)
 
 
 APPROXIMATE_NOTE = (
@@ -240,6 +223,56 @@ def _plot(path: Path, title: str, rows: list[MeasuredRow], columns: list[Column]
     save_png(figure, path, dpi=100, rect=(0, 0, 0.88, 1))
 
 
+@dataclass
+class Block:
+    """One measured block: a comparison's rows under exact or approximate decoding, and its comparisons over runs."""
+
+    comparison: str
+    approximate: bool
+    group: pd.DataFrame
+    columns: list[Column]
+    rows: list[MeasuredRow]
+    found: list[Finding]
+
+    @property
+    def label(self) -> str:
+        return self.comparison + (" (approximate decoding)" if self.approximate else "")
+
+
+def measured_blocks(table: str, frame: pd.DataFrame, records: list[dict[str, Any]]) -> list[Block]:
+    """The measured blocks of ``table`` (greedy records): exact and approximate decoding never share one."""
+    subset = frame[(frame["table"] == table) & ~frame["sampled"]]
+    blocks = []
+    for (comparison, approximate), group in subset.groupby(["comparison", "approximate"], sort=True):
+        columns = table_columns(table, set(group["task"]))
+        rows = measured_rows(group, records, columns)
+        label = comparison + (" (approximate decoding)" if approximate else "")
+        found = measured_findings(label, rows, starting_points(rows), columns)
+        blocks.append(Block(comparison, bool(approximate), group, columns, rows, found))
+    return blocks
+
+
+def findings(results_dir: Path | str) -> list[Finding]:
+    """Every comparison over runs the leaderboard of ``results_dir`` reports (each RL row against its start, the
+    frozen control and every other row; the sampled decoding's changes), with its verdict: what the platform study
+    compares between platforms."""
+    results_dir = Path(results_dir)
+    records = load_results(results_dir)
+    frame = records_frame(records)
+    check_consistency(frame)
+    found: list[Finding] = []
+    for table in ("table1", "table2"):
+        blocks = measured_blocks(table, frame, records)
+        found += [finding for block in blocks for finding in block.found]
+        found += [
+            f
+            for comparison in sorted({b.comparison for b in blocks})
+            for f in training_findings(results_dir, comparison)
+        ]
+        found += sampled_blocks(table, frame, records, None, Path("."))[1]
+    return found
+
+
 def _measured_blocks(
     results_dir: Path,
     table: str,
@@ -248,40 +281,58 @@ def _measured_blocks(
     plots_dir: Path | None,
     markdown_dir: Path,
 ) -> str:
-    subset = frame[(frame["table"] == table) & ~frame["sampled"]]
-    sampled = sampled_blocks(table, frame, records, plots_dir, markdown_dir)
-    if subset.empty:
+    sampled, sampled_found = sampled_blocks(table, frame, records, plots_dir, markdown_dir)
+    for comparison in sorted({finding.comparison for finding in sampled_found}):
+        ours = [finding for finding in sampled_found if finding.comparison == comparison]
+        sampled += "\n" + verdict_list(ours, f"{comparison}, sampled decoding")
+    blocks = measured_blocks(table, frame, records)
+    if not blocks:
         return sampled or "**Measured by this code**: no results for this table yet.\n"
-    blocks, trained = [], set()
-    # exact and approximate decoding never share a block (nor its change-from-start table or its plot)
-    for (comparison, approximate), group in subset.groupby(["comparison", "approximate"], sort=True):
-        columns = table_columns(table, set(group["task"]))
-        rows = measured_rows(group, records, columns)
+    texts, trained = [], set()
+    for block in blocks:
+        comparison, rows, columns, group = block.comparison, block.rows, block.columns, block.group
         display = pd.DataFrame(
             [row.info | {c.header: _format_measured(row.estimates[c.key]) for c in columns} for row in rows]
         )
-        block = _caption(comparison, table, group, approximate) + "\n" + markdown_table(display)
-        change = _change_block(rows, columns)
+        text = _caption(comparison, table, group, block.approximate) + "\n" + markdown_table(display)
+        change = _change_block(rows, columns, block.found)
         if change:
-            block += "\n" + change
-        training = ""
+            text += "\n" + change
+        found = list(block.found)
         if comparison not in trained:  # once per comparison
             training = training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
+            if training:
+                text += "\n" + training
+                found += training_findings(results_dir, comparison)
         trained.add(comparison)
-        if training:
-            block += "\n" + training
         if plots_dir is not None:
-            name = slugify(comparison, 80) + ("__approximate" if approximate else "")
+            name = slugify(comparison, 80) + ("__approximate" if block.approximate else "")
             plot_path = Path(plots_dir) / f"{table}__{name}.png"
-            title = f"{TABLE_TITLES[table]}: {comparison}" + (" (approximate decoding)" if approximate else "")
+            title = f"{TABLE_TITLES[table]}: {block.label}"
             canvases = (
                 dict(zip(group["length"], group["max_completion_length"], strict=True)) if table == "table1" else {}
             )
             _plot(plot_path, title, rows, columns, canvases)
-            link = Path(os.path.relpath(plot_path.resolve(), markdown_dir.resolve())).as_posix()
-            block += f"\n![{table} {comparison}]({link})\n"
-        blocks.append(block)
-    return "\n".join([*blocks, sampled] if sampled else blocks)
+            text += f"\n![{table} {comparison}]({_link(plot_path, markdown_dir)})\n"
+            starts = starting_points(rows)
+            profiles = profiles_plot(
+                plot_path.with_name(f"{plot_path.stem}__profiles.png"),
+                title,
+                starts,
+                compared_rows(rows, starts),
+                task_groups(columns, rows),
+            )
+            if profiles is not None:
+                text += f"\n![{table} {comparison} profiles]({_link(profiles, markdown_dir)})\n"
+        listing = verdict_list(found, block.label)
+        if listing:
+            text += "\n" + listing
+        texts.append(text)
+    return "\n".join([*texts, sampled] if sampled else texts)
+
+
+def _link(path: Path, markdown_dir: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), markdown_dir.resolve())).as_posix()
 
 
 # -------------------------------------------------------------------------------------------- markdown

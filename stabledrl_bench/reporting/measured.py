@@ -16,6 +16,7 @@ from stabledrl_bench.reporting.frame import ROW_KEY, checkpoint_label, join_uniq
 from stabledrl_bench.reporting.layout import CellKey, Column
 from stabledrl_bench.reporting.markdown import MISSING
 from stabledrl_bench.reporting.results import load_samples
+from stabledrl_bench.reporting.runlevel import RunInterval, paired_differences, two_level_bootstrap
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
 from stabledrl_bench.tasks import get_task
@@ -84,25 +85,63 @@ def _item_means(samples: Sequence[Mapping[str, Any]], field: str) -> dict[str, f
     return {doc: float(np.mean(values)) for doc, values in by_item.items()}
 
 
+def _differences(
+    ours: Mapping[CellKey, dict[str, float]], theirs: Mapping[CellKey, dict[str, float]], column: Column
+) -> list[np.ndarray] | None:
+    """Per cell of ``column``, the per-item differences ``ours - theirs`` (None if a cell is missing or shares no
+    item)."""
+    differences = []
+    for part in column.parts:
+        if part not in ours or part not in theirs:
+            return None
+        difference = paired_differences(ours[part], theirs[part])
+        if difference is None:
+            return None
+        differences.append(difference)
+    return differences
+
+
 def paired_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> Interval | None:
-    """Change of ``row`` over ``reference`` in one column, paired by test item.
+    """Change of ``row`` over ``reference`` in one column, paired by test item, seeds pooled.
 
     Why paired: both rows answered the same test items, so the per-item difference d_i = x_i - x_ref_i removes
     the item difficulty that dominates the spread of either row alone; the interval is the bootstrap of
     (1/K) Σ_c mean(d_c) over the column's cells c (:func:`bootstrap_mean_ci` on the differences). It measures the
-    test-set sampling noise only: one training seed says nothing about the spread over training seeds.
+    test-set sampling noise only: it says nothing about the spread over training seeds (:func:`run_change` does).
     ``None`` when a cell is missing in either row or the two rows share no item.
     """
-    differences = []
-    for part in column.parts:
-        if part not in row.per_item or part not in reference.per_item:
-            return None
-        ours, theirs = row.per_item[part], reference.per_item[part]
-        shared = sorted(ours.keys() & theirs.keys())
-        if not shared:
-            return None
-        differences.append(np.asarray([ours[doc] - theirs[doc] for doc in shared], dtype=np.float64))
-    return bootstrap_mean_ci(differences)
+    differences = _differences(row.per_item, reference.per_item, column)
+    return None if differences is None else bootstrap_mean_ci(differences)
+
+
+def shared_seeds(row: MeasuredRow, reference: MeasuredRow, column: Column) -> list[int]:
+    """The training seeds on which both rows measured every cell of ``column``."""
+    return [
+        seed
+        for seed in sorted(row.per_seed.keys() & reference.per_seed.keys())
+        if all(part in row.per_seed[seed] and part in reference.per_seed[seed] for part in column.parts)
+    ]
+
+
+def run_change(row: MeasuredRow, reference: MeasuredRow, column: Column) -> RunInterval | None:
+    """Change of ``row`` over ``reference`` in one column over runs: each training seed's change from the same
+    seed's ``reference`` (paired by item), with the two-level bootstrap over the seeds and then the items
+    (:func:`~.runlevel.two_level_bootstrap`). This is the interval a verdict is read from: a change of machine or
+    of seed moves a run by more than the test items do. ``None`` when no seed has every cell in both rows."""
+    runs = [
+        _differences(row.per_seed[seed], reference.per_seed[seed], column)
+        for seed in shared_seeds(row, reference, column)
+    ]
+    present = [run for run in runs if run is not None]
+    return two_level_bootstrap(present) if present else None
+
+
+def run_scores(row: MeasuredRow, column: Column, seeds: Sequence[int]) -> np.ndarray:
+    """Runs x cells: each seed's mean headline value per cell of ``column`` (the few-run aggregates' input)."""
+    return np.asarray(
+        [[np.mean(list(row.per_seed[seed][part].values())) for part in column.parts] for seed in seeds],
+        dtype=np.float64,
+    )
 
 
 def starting_points(rows: list[MeasuredRow]) -> dict[str, MeasuredRow]:

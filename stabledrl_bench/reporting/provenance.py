@@ -109,7 +109,9 @@ def cpu_numerics() -> dict[str, Any]:
     Measured on the tiny preset: the same code and seed give the same weights bit for bit run after run on one
     machine, whatever the load, but other bits at another thread count or on another CPU model (the BLAS and
     oneDNN kernels block and reduce differently). A rerun is only expected to match bit for bit where these match.
+    ``emulated`` lists the variables that forced other kernels (:data:`EMULATION_VARIABLES`), when any is set.
     """
+    emulated = {name: value for name in EMULATION_VARIABLES if (value := os.environ.get(name))}
     try:
         import torch  # here, not at the top: optional, and slow to import for a reader of records
     except ImportError:
@@ -119,7 +121,13 @@ def cpu_numerics() -> dict[str, Any]:
         "cpu_signature": cpu_signature(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
+        **({"emulated": emulated} if emulated else {}),  # another platform's kernels, forced (the platform study)
     }
+
+
+# What forces other kernels on one machine (the platform study, `regress --measure-tolerance`): torch's vector
+# instruction set, and the code paths of the BLAS (MKL) and of oneDNN.
+EMULATION_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def _package_version(name: str) -> str | None:

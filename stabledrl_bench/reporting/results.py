@@ -44,7 +44,15 @@ from stabledrl_bench.reporting.schema import (
     validate_samples,
 )
 
-STABILITY_DIR = "stability"
+STABILITY_DIR = "stability"  # the stress tests' records: another schema, their own leaderboard section
+PLATFORMS_DIR = "platforms"  # the platform study's runs of a comparison under other kernels, and its report
+
+
+def record_paths(root: Path) -> list[Path]:
+    """Every result record's path under ``root`` (sorted), outside the folders that hold other things: the stress
+    tests' records and the platform study's (whose platforms are folders of records of their own)."""
+    skipped = [root / STABILITY_DIR, root / PLATFORMS_DIR]
+    return sorted(path for path in root.rglob("*.json") if not any(folder in path.parents for folder in skipped))
 
 
 # ------------------------------------------------------------------------------------------- records
@@ -155,7 +163,8 @@ def read_result(path: Path | str) -> dict[str, Any]:
 
 
 def load_results(results_dir: Path | str) -> list[dict[str, Any]]:
-    """All result records under ``results_dir`` (recursively, sorted by path), except ``<results_dir>/stability``.
+    """All result records under ``results_dir`` (recursively, sorted by path), except ``<results_dir>/stability`` and
+    ``<results_dir>/platforms`` (:func:`record_paths`).
 
     Every other ``*.json`` must be a valid record: a corrupt or foreign file is an error, not something to skip,
     because skipping it would silently drop a row from the leaderboard. So is a record whose identity disagrees
@@ -165,9 +174,7 @@ def load_results(results_dir: Path | str) -> list[dict[str, Any]]:
     root = Path(results_dir)
     if not root.is_dir():
         raise UserError(f"results directory {root} does not exist")
-    stability = root / STABILITY_DIR
-    paths = sorted(path for path in root.rglob("*.json") if stability not in path.parents)
-    records = [read_result(path) for path in paths]
+    records = [read_result(path) for path in record_paths(root)]
     problems = identity_problems(records)
     if problems:
         path, problem = next(iter(problems.items()))

@@ -28,7 +28,9 @@ from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import ROW_KEY, checkpoint_label, join_unique, row_name, row_order
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
+from stabledrl_bench.reporting.overruns import ABOVE, BELOW, START, Finding
 from stabledrl_bench.reporting.results import load_samples
+from stabledrl_bench.reporting.runlevel import RunInterval, paired_differences, two_level_bootstrap
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
 
@@ -45,6 +47,13 @@ class SampledCell:
 
     def interval(self, metric: str) -> Interval:
         return bootstrap_mean_ci([np.fromiter(self.values[metric].values(), dtype=np.float64)])
+
+    def seeds(self) -> list[int]:
+        return sorted({seed for values in self.values.values() for seed, _ in values})
+
+    def of_seed(self, metric: str, seed: int) -> dict[str, float]:
+        """Each problem's value on one training seed."""
+        return {problem: value for (ours, problem), value in self.values[metric].items() if ours == seed}
 
     def per_problem(self, metric: str) -> dict[str, float]:
         """Each problem's value, averaged over the seeds that decoded it (what a paired change compares)."""
@@ -108,11 +117,57 @@ def _paired_change(row: SampledRow, start: SampledRow, cell: Cell, metric: str) 
     """Mean over shared problems of (row - start) in ``metric``, bootstrapped over the problems."""
     if cell not in row.cells or cell not in start.cells or metric not in start.cells[cell].values:
         return None
-    ours, theirs = row.cells[cell].per_problem(metric), start.cells[cell].per_problem(metric)
-    shared = sorted(ours.keys() & theirs.keys())
-    if not shared:
+    difference = paired_differences(row.cells[cell].per_problem(metric), start.cells[cell].per_problem(metric))
+    return None if difference is None else bootstrap_mean_ci([difference])
+
+
+def _run_change(row: SampledRow, start: SampledRow, cell: Cell, metric: str) -> RunInterval | None:
+    """Each seed's change from the same seed's start, paired by problem, over runs (seeds, then problems)."""
+    if cell not in row.cells or cell not in start.cells or metric not in start.cells[cell].values:
         return None
-    return bootstrap_mean_ci([np.asarray([ours[p] - theirs[p] for p in shared], dtype=np.float64)])
+    ours, theirs = row.cells[cell], start.cells[cell]
+    runs = []
+    for seed in sorted(set(ours.seeds()) & set(theirs.seeds())):
+        difference = paired_differences(ours.of_seed(metric, seed), theirs.of_seed(metric, seed))
+        if difference is not None:
+            runs.append([difference])
+    return two_level_bootstrap(runs) if runs else None
+
+
+def _findings(comparison: str, others: Sequence[SampledRow], start: SampledRow, columns: Sequence) -> list[Finding]:
+    found = []
+    for row in others:
+        for cell, metric in columns:
+            change = _run_change(row, start, cell, metric)
+            if change is not None:
+                name = row.info["Baseline"]
+                found.append(Finding(comparison, "sampled decoding", name, START, _header(cell, metric), change))
+    return found
+
+
+def _runs_table(others: Sequence[SampledRow], columns: Sequence[tuple[Cell, str]], found: Sequence[Finding]) -> str:
+    """Each RL row's change from the start over runs, with its verdict, per cell and metric."""
+    by_cell = {(f.subject, f.column): f for f in found}
+
+    def over_runs(row: SampledRow, header: str) -> str:
+        finding = by_cell.get((row.info["Baseline"], header))
+        return MISSING if finding is None else finding.interval.cell(ABOVE, BELOW)
+
+    def runs(row: SampledRow) -> str:
+        return str(max((f.interval.runs for f in found if f.subject == row.info["Baseline"]), default=0))
+
+    table = pd.DataFrame(
+        [
+            {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"], "Runs": runs(row)}
+            | {_header(cell, metric): over_runs(row, _header(cell, metric)) for cell, metric in columns}
+            for row in others
+        ]
+    )
+    return (
+        "**Change from the start over runs**: each seed's change from its own start, paired by problem, with a "
+        "two-level bootstrap 95% interval (the seeds resampled, then the problems within each); `above` / `below` "
+        "where it excludes 0, else `not resolved` at this budget.\n\n" + markdown_table(table)
+    )
 
 
 def _change_text(row: SampledRow, start: SampledRow, cell: Cell, metric: str) -> str:
@@ -170,10 +225,11 @@ def _plot(path: Path, title: str, rows: Sequence[SampledRow]) -> None:
 
 def sampled_blocks(
     table: str, frame: pd.DataFrame, records: Sequence[Mapping[str, Any]], plots_dir: Path | None, markdown_dir: Path
-) -> str:
-    """The markdown of every comparison of ``table`` that has sampled records in ``frame`` (none: ``""``)."""
+) -> tuple[str, list[Finding]]:
+    """The markdown of every comparison of ``table`` that has sampled records in ``frame`` (none: ``""``), and its
+    comparisons over runs (:class:`~.overruns.Finding`)."""
     subset = frame[(frame["table"] == table) & frame["sampled"]]
-    blocks = []
+    blocks, found = [], []
     for comparison, group in subset.groupby("comparison", sort=True):
         rows = _rows(group, records)
         columns = _columns(rows)
@@ -204,10 +260,13 @@ def sampled_blocks(
                 "RL that sharpens what the start already solved raises pass@1 and lowers pass@n; RL that widens "
                 "what the model can solve raises both.\n\n" + markdown_table(change)
             )
+            ours = _findings(comparison, others, start, columns)
+            found += ours
+            block += "\n" + _runs_table(others, columns, ours)
         if plots_dir is not None:
             path = Path(plots_dir) / f"{table}__{slugify(comparison, 80)}__passk.png"
             _plot(path, f"{comparison}: sampled decoding", rows)
             link = Path(os.path.relpath(path.resolve(), markdown_dir.resolve())).as_posix()
             block += f"\n![pass@k {comparison}]({link})\n"
         blocks.append(block)
-    return "\n".join(blocks)
+    return "\n".join(blocks), found

@@ -14,6 +14,8 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.migrations import upgraded_training_rewards
 from stabledrl_bench.reporting.markdown import markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
+from stabledrl_bench.reporting.overruns import ABOVE, BELOW, CONTROL, Finding
+from stabledrl_bench.reporting.runlevel import two_level_bootstrap
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
 from stabledrl_bench.training.runlog import plot_runs
 
@@ -30,8 +32,10 @@ def training_path(results_dir: Path | str, comparison: str, task: str) -> Path:
 def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd.DataFrame:
     """Each run's mean training reward over its last ``window`` rollouts, minus the frozen control's on the same
     rollouts (same seed and step = same prompts and random numbers), with a bootstrap 95% interval over those
-    rollouts (pooled over seeds) and each seed's own mean change (``per_seed``, by seed: a seed whose rows are
-    missing for a run is then visible by its absence, not hidden in a shorter list).
+    rollouts (pooled over seeds), the same over runs (``over_runs``: the seeds resampled, then the rollouts within
+    each, :func:`~.runlevel.two_level_bootstrap`; what a verdict is read from) and each seed's own mean change
+    (``per_seed``, by seed: a seed whose rows are missing for a run is then visible by its absence, not hidden in a
+    shorter list).
 
     ``rewards`` has :data:`TRAINING_COLUMNS` for one task; the control is the run named :data:`CONTROL_RUN`.
     Why paired: a rollout's reward depends on the prompts drawn; the difference at equal steps removes that.
@@ -61,10 +65,12 @@ def training_changes(rewards: pd.DataFrame, window: int = TRAINING_WINDOW) -> pd
                 "reward": float(np.mean(ours_all)),
                 "frozen": float(np.mean(frozen_all)),
                 "change": bootstrap_mean_ci([np.concatenate(differences)]),
+                "over_runs": two_level_bootstrap([[difference] for difference in differences]),
                 "per_seed": per_seed,
             }
         )
-    return pd.DataFrame(rows, columns=["run", "seeds", "rollouts", "reward", "frozen", "change", "per_seed"])
+    columns = ["run", "seeds", "rollouts", "reward", "frozen", "change", "over_runs", "per_seed"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def read_training(path: Path) -> pd.DataFrame:
@@ -97,10 +103,25 @@ def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path |
     )
 
 
+def training_findings(results_dir: Path, comparison: str) -> list[Finding]:
+    """Every run of ``comparison`` against the frozen control, per task, over runs."""
+    found = []
+    for path in _training_files(results_dir, comparison):
+        rewards = read_training(path)
+        label = task_label(rewards["task"].iloc[0])
+        for change in training_changes(rewards).itertuples():
+            found.append(Finding(comparison, "training reward", change.run, CONTROL, label, change.over_runs))
+    return found
+
+
+def _training_files(results_dir: Path, comparison: str) -> list[Path]:
+    return sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv"))
+
+
 def training_block(results_dir: Path, comparison: str, markdown_dir: Path | None) -> str:
     """The training-reward table of every task of ``comparison`` (and, given ``markdown_dir``, its curves)."""
     blocks = []
-    for path in sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv")):
+    for path in _training_files(results_dir, comparison):
         rewards = read_training(path)
         changes = training_changes(rewards)
         if changes.empty:
@@ -112,6 +133,8 @@ def training_block(results_dir: Path, comparison: str, markdown_dir: Path | None
                 "Training reward": changes["reward"].map("{:.3f}".format),
                 "Frozen start": changes["frozen"].map("{:.3f}".format),
                 "Change": changes["change"].map(lambda c: c.text("+.3f", scale=1.0)),
+                "Runs": changes["seeds"].map(str),
+                "Change over runs": changes["over_runs"].map(lambda c: c.cell(ABOVE, BELOW, "+.3f", scale=1.0)),
             }
         )
         if changes["seeds"].max() > 1:
@@ -123,7 +146,9 @@ def training_block(results_dir: Path, comparison: str, markdown_dir: Path | None
             f"**Training reward, {task_label(task)}** (`{path.name}`): mean reward of each run's last "
             f"rollouts (sampled at the budget's temperature) against the frozen start, trained with learning rate 0 "
             f"on the same prompts with the same random numbers; change with a percentile-bootstrap 95% interval over "
-            f"the rollouts.\n\n" + markdown_table(display)
+            f"the rollouts (seeds pooled), and over runs: the seeds resampled, then the rollouts within each "
+            f"(`above` / `below` the control where that interval excludes 0, else `not resolved`).\n\n"
+            + markdown_table(display)
         )
         plot = _plot_training(path, rewards, comparison) if markdown_dir is not None else None
         if plot is not None and markdown_dir is not None:

@@ -1,0 +1,105 @@
+"""The platform study: the analysis on hand-made records of two platforms (which verdicts hold, pooled runs, the
+spread of a seed's change), and the command end to end on the smoke preset (an emulated platform's records say
+which kernels made them, and the leaderboard never reads them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_results import store
+
+from stabledrl_bench.cli import main
+from stabledrl_bench.experiments.comparison import comparison
+from stabledrl_bench.experiments.platforms import analyse, folders, report
+from stabledrl_bench.reporting.leaderboard import findings
+from stabledrl_bench.reporting.results import load_results
+
+ON, OFF = [1, 1, 1, 1], [0, 0, 0, 0]
+
+
+def _study(tmp_path: Path):
+    return comparison(
+        "table1",
+        preset="smoke",
+        baselines="test_rl_a,test_rl_b",
+        tasks="sudoku",
+        seeds="0,1,2",
+        runs=str(tmp_path / "runs"),
+        results=str(tmp_path / "results"),
+    )
+
+
+def _platform(results: Path, rows: dict[str, dict[int, list[int]]]) -> None:
+    for baseline, seeds in rows.items():
+        for seed, correct in seeds.items():
+            for length in (128, 256, 512):
+                store(
+                    results,
+                    [bool(x) for x in correct],
+                    comparison="table1-smoke",
+                    preset="smoke",
+                    task="sudoku",
+                    length=length,
+                    baseline=baseline,
+                    seed=seed,
+                    budget=None if baseline == "sft" else json.loads(json.dumps(_budget())),
+                )
+
+
+def _budget():
+    from test_results import BUDGET
+
+    return BUDGET
+
+
+def test_a_verdict_holds_only_with_one_sign_on_every_platform(tmp_path: Path) -> None:
+    """test_rl_a gains on every seed of both platforms (+100 and +50 points): above its start, and it holds.
+    test_rl_b gains 100 points on every seed of this machine's kernels but loses 50 on every seed of the emulated
+    AVX2 machine: resolved here, and it does not hold; pooled over the six runs (three at +100, three at -50) a
+    resample of six draws at most one of the +100 runs with chance 7/64 > 2.5 %, which puts the interval's lower end
+    below 0: not resolved."""
+    run = _study(tmp_path)
+    seeds = (0, 1, 2)
+    native = {"sft": OFF, "test_rl_a": ON, "test_rl_b": ON}
+    avx2 = {"sft": [1, 1, 0, 0], "test_rl_a": ON, "test_rl_b": OFF}
+    _platform(folders(run, "native")[1], {name: dict.fromkeys(seeds, flags) for name, flags in native.items()})
+    _platform(folders(run, "avx2")[1], {name: dict.fromkeys(seeds, flags) for name, flags in avx2.items()})
+    document = analyse(run, ["native", "avx2"])
+    rows = {tuple(row["comparison"]): row for row in document["findings"]}
+    a = rows[("change from the start", "test_rl_a", "its start", "Sudoku avg")]
+    assert (a["native"]["mean"], a["avx2"]["mean"], a["holds"]) == (1.0, 0.5, True)
+    b = rows[("change from the start", "test_rl_b", "its start", "Sudoku avg")]
+    assert b["native"]["verdict"] == "above" and b["avx2"]["verdict"] == "below" and not b["holds"]
+    assert b["pooled"]["runs"] == 6 and b["pooled"]["low"] < 0 and b["pooled"]["verdict"] == "not resolved"
+    pair = rows[("method against method", "test_rl_a", "test_rl_b", "Sudoku")]
+    assert pair["native"]["verdict"] == "not resolved" and pair["avx2"]["verdict"] == "better"
+    summary = document["summary"]
+    assert summary["resolved on native"] == 8  # each method above its start in 3 lengths and their average
+    assert summary["resolved on native that hold on every platform"] == 4  # test_rl_a's
+    # the same seed moves by 50 (test_rl_a) or 150 points (test_rl_b) between platforms, and not at all between seeds
+    spread = document["spread"]
+    assert spread["platform range"]["max"] == 150.0 and spread["seed range"]["max"] == 0.0
+    assert spread["seed changes whose sign a platform flips"] == [12, 24]
+    text = report({**document, "command": "python -m stabledrl_bench platforms table1"})
+    assert "| test_rl_b vs its start (Sudoku avg) |" in text and "| NO |" in text
+
+
+def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path: Path, capsys) -> None:
+    results = tmp_path / "results"
+    argv = ["platforms", "table1", "--preset", "smoke", "--baselines", "grpo", "--seeds", "0", "--limit", "4"]
+    argv += ["--platforms", "native,blas-sse42", "--workers", "2", "--runs", str(tmp_path / "runs")]
+    assert main([*argv, "--results", str(results), "--leaderboard", str(tmp_path / "lb.md")]) == 0
+    out = capsys.readouterr().out
+    assert "[platform 2/2] blas-sse42: MKL at SSE4.2" in out
+    emulated = load_results(results / "platforms" / "blas-sse42")
+    assert len(emulated) == 6
+    assert {json.dumps(r["environment"]["hardware"]["emulated"]) for r in emulated} == {
+        json.dumps({"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"})
+    }
+    native = load_results(results)  # the comparison's own records only: the platforms' are not the board's
+    assert len(native) == 6 and all("emulated" not in r["environment"]["hardware"] for r in native)
+    assert findings(results)  # the board's comparisons over runs read the native records
+    study = (results / "platforms" / "study.md").read_text()
+    assert study.startswith("# Platform study: `table1-smoke`") and "`blas-sse42`: MKL at SSE4.2" in study
+    assert json.loads((results / "platforms" / "study.json").read_text())["seeds"] == [0]

@@ -1,0 +1,100 @@
+"""The worker pool and the stage scheduler: the same results as one process, inputs before the stages that need
+them, one thread each, errors named, and Ctrl-C stopping every job through its own interrupt path."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import worker_jobs
+
+from stabledrl_bench.errors import UserError, rerun_notes
+from stabledrl_bench.experiments.workers import Progress, Stage, run_graph
+
+
+class Recorder(Progress):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, int]] = []
+
+    def begin(self, key: str, running: int) -> None:
+        self.events.append(("begin", key, running))
+
+    def end(self, key: str, result) -> None:
+        self.events.append(("end", key, result))
+
+
+def _diamond(tmp_path: Path) -> list[Stage]:
+    """a -> (b, c) -> d, listed with d first: the scheduler waits for the inputs, not for the listing."""
+    return [
+        Stage("d", worker_jobs.add, (1000,), after=("b", "c"), log=tmp_path / "d.log"),
+        Stage("a", worker_jobs.add, (1,), log=tmp_path / "a.log"),
+        Stage("b", worker_jobs.add, (10,), after=("a",), log=tmp_path / "b.log"),
+        Stage("c", worker_jobs.add, (100,), after=("a",), log=tmp_path / "c.log"),
+    ]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_graph_gives_the_same_results_on_one_or_several_workers(tmp_path: Path, workers: int, capsys) -> None:
+    progress = Recorder()
+    results = run_graph(_diamond(tmp_path), workers, threads=1, progress=progress)
+    assert results == {"a": 1, "b": 11, "c": 101, "d": 1112}
+    began = [key for kind, key, _ in progress.events if kind == "begin"]
+    ended = [key for kind, key, _ in progress.events if kind == "end"]
+    assert began.index("d") > max(ended.index("b"), ended.index("c")) and began[0] == "a"
+    out = capsys.readouterr().out
+    if workers == 1:  # here, printing to the terminal
+        assert "adding 1000 to [11, 101]" in out and not (tmp_path / "d.log").exists()
+    else:  # in a worker, printing to the stage's log
+        assert "adding" not in out and (tmp_path / "d.log").read_text() == "adding 1000 to [11, 101]\n"
+        assert max(running for kind, _, running in progress.events if kind == "begin") == 2
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_runs_at_the_thread_count_it_was_given() -> None:
+    stages = [Stage(str(i), worker_jobs.threads) for i in range(2)]
+    assert set(run_graph(stages, 2, threads=1).values()) == {1}
+
+
+def test_bad_graphs_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown: \\['x'\\]"):
+        run_graph([Stage("a", worker_jobs.add, (1,), after=("x",))], 1, threads=1)
+    with pytest.raises(ValueError, match="wait for each other"):
+        run_graph(
+            [Stage("a", worker_jobs.add, (1,), after=("b",)), Stage("b", worker_jobs.add, (1,), after=("a",))], 1, 1
+        )
+
+
+def test_a_failing_job_is_named_and_stops_the_run(tmp_path: Path) -> None:
+    slow = Stage("slow", worker_jobs.wait_for_stop, (str(tmp_path),))
+    with pytest.raises(UserError, match=r"^bad input$"):  # a user's error stays one clear line
+        run_graph([slow, Stage("refuse", worker_jobs.refuse, ("bad input", str(tmp_path)))], 2, threads=1)
+    assert list(tmp_path.glob("cleaned-*"))  # the other job was stopped through its interrupt path
+    with pytest.raises(RuntimeError, match=r"crash failed \(its output: .*crash.log\): a bug in a job"):
+        run_graph([Stage("crash", worker_jobs.crash, log=tmp_path / "crash.log"), slow], 2, threads=1)
+    with pytest.raises(RuntimeError, match="the worker running die died"):
+        run_graph([Stage("die", worker_jobs.die), Stage("other", worker_jobs.add, (1,))], 2, threads=1)
+    assert not multiprocessing.active_children()
+
+
+def test_ctrl_c_stops_every_job_through_its_interrupt_path(tmp_path: Path) -> None:
+    """Ctrl-C reaches the scheduler (the workers ignore the terminal's SIGINT): each running job is interrupted
+    inside (its cleanup runs, its note on resuming comes back), and no worker is left."""
+    stages = [Stage(f"wait{i}", worker_jobs.wait_for_stop, (str(tmp_path),)) for i in range(2)]
+
+    def ctrl_c() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        run_graph(stages, 2, threads=1)
+    assert rerun_notes(caught.value) == ["the waiting job resumes"]
+    assert len(list(tmp_path.glob("cleaned-*"))) == 2
+    assert not multiprocessing.active_children()
