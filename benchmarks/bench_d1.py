@@ -180,7 +180,7 @@ def harness_step(checkpoint: Path) -> dict[str, float]:
     """One step of the harness's ``grpo`` at the same settings (its own process, this environment)."""
     import torch
 
-    import stabledrl_bench.training.trainer as trainer_module
+    import stabledrl_bench.core.rollouts as rollouts_module
     from stabledrl_bench.core.estimators import D1OneStep
     from stabledrl_bench.training.budget import Budget
     from stabledrl_bench.training.optim import OptimConfig
@@ -215,7 +215,7 @@ def harness_step(checkpoint: Path) -> dict[str, float]:
         )
         trainer = RLTrainer(cfg)
         clock = Clock()
-        clock.wrap(trainer_module, "generate", "sampling")
+        clock.wrap(rollouts_module, "generate", "sampling")  # the default rollout scheme samples through it
         clock.wrap(D1OneStep, "evaluate", likelihood_part)
         clock.wrap(trainer.acc, "backward", "backward")
         start = time.perf_counter()

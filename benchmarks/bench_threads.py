@@ -44,7 +44,9 @@ SIZES = {  # build_tiny overrides -> a model of about this many parameters
 
 
 def one_stage(steps: int, threads: int, size: dict[str, Any]) -> dict[str, float]:
-    """Run ``steps`` SFT steps of the tiny preset's Sudoku warm start on a model of ``size`` (in this process)."""
+    """Seconds per step of the tiny preset's Sudoku warm start on a model of ``size`` (in this process): a run of one
+    step, then a run of ``steps`` steps; their difference over ``steps - 1`` leaves out what a run spends outside
+    its steps (building the model and the puzzles, saving)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -53,16 +55,22 @@ def one_stage(steps: int, threads: int, size: dict[str, Any]) -> dict[str, float
     from stabledrl_bench.training.sft import run_sft
 
     spec = warm_start_spec(presets("table1")["tiny"], "sudoku", "tiny", 0).sft
+    seconds = {}
     with tempfile.TemporaryDirectory() as tmp:
         dlm = build_tiny(**size)
         parameters = sum(p.numel() for p in dlm.model.parameters())
         save_diffusion_lm(dlm, Path(tmp) / "init")
         model = str(Path(tmp) / "init")
-        config = dataclasses.replace(spec, model=model, max_steps=steps, output_dir=tmp, save_every=0, progress=False)
-        start = time.perf_counter()
-        run_sft(config)
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "per_step": seconds / steps, "parameters": parameters, "threads": threads}
+        for count in (1, steps):
+            out = Path(tmp) / f"run{count}"
+            config = dataclasses.replace(
+                spec, model=model, max_steps=count, output_dir=str(out), save_every=0, progress=False
+            )
+            start = time.perf_counter()
+            run_sft(config)
+            seconds[count] = time.perf_counter() - start
+    per_step = (seconds[steps] - seconds[1]) / (steps - 1)
+    return {"seconds": seconds[steps], "per_step": per_step, "parameters": parameters, "threads": threads}
 
 
 def _measure(steps: int, threads: int, size: str, busy: bool, pair: bool = False) -> dict[str, Any]:
@@ -156,7 +164,8 @@ def report(document: dict[str, Any]) -> str:
         all_idle, all_busy = _median(runs[f"{cores} thread(s), idle"]), _median(runs[f"{cores} thread(s), busy"])
         paired = _median(runs["1 thread(s), paired"])
         lines += [
-            f"## One stage under load ({load['steps']} SFT steps of the tiny preset's Sudoku warm start)",
+            f"## One stage under load ({load['steps']} SFT steps of the tiny preset's Sudoku warm start, their time "
+            "per step without what a run spends outside its steps)",
             "",
             _when(load),
             "",
@@ -175,7 +184,8 @@ def report(document: dict[str, Any]) -> str:
     size = document.get("size")
     if size:
         lines += [
-            f"## Where a second thread pays (idle; {size['steps']} SFT steps per measurement)",
+            f"## Where a second thread pays (idle; {size['steps']} SFT steps per measurement, their time per step "
+            "without what a run spends outside its steps)",
             "",
             _when(size),
             "",
@@ -217,7 +227,7 @@ def main() -> None:
         help="comma-separated parts to measure: load, size, front-door (about 30 minutes); default load,size",
     )
     parser.add_argument("--front-door-repeats", type=int, default=1)
-    parser.add_argument("--size-steps", type=int, default=5, help="SFT steps per measurement of the size part")
+    parser.add_argument("--size-steps", type=int, default=6, help="SFT steps per measurement of the size part")
     parser.add_argument("--out", help="write <out>.json and <out>.md (parts measured before are kept)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a measurement, in its own process
     args = parser.parse_args()

@@ -291,6 +291,7 @@ REGISTRIES = {
     "baselines": ("stabledrl_bench.core.baseline", "BASELINES"),
     "estimators": ("stabledrl_bench.core.estimators", "ESTIMATORS"),
     "advantages": ("stabledrl_bench.core.advantages", "ADVANTAGES"),
+    "rollouts": ("stabledrl_bench.core.rollouts", "ROLLOUTS"),
     "tasks": ("stabledrl_bench.tasks", "TASKS"),
     "reward-profiles": ("stabledrl_bench.tasks", "REWARD_PROFILES"),
     "protocols": ("stabledrl_bench.evaluation.protocols", "PROTOCOLS"),

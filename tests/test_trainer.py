@@ -16,6 +16,7 @@ import yaml
 from conftest import BUILTIN_BASELINES, SMALL, small_budget
 
 from stabledrl_bench.config import from_dict
+from stabledrl_bench.core import rollouts as rollouts_module
 from stabledrl_bench.core.baseline import BASELINES
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
@@ -487,7 +488,7 @@ def test_trainer_decodes_rollouts_with_the_budgets_mode(small_models, tmp_path, 
         used.append(settings)
         return generate(dlm, prompt_ids, prompt_mask, settings, generator=generator)
 
-    monkeypatch.setattr(trainer_module, "generate", recording)
+    monkeypatch.setattr(rollouts_module, "generate", recording)  # the default rollout scheme's sampler call
     RLTrainer(cfg).train()
     assert used and all(s.cache == "dual" and s.strategy == "dynamic" and s.stop_at_eos for s in used)
     info = json.loads((tmp_path / "run.json").read_text())

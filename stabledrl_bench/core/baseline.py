@@ -29,6 +29,7 @@ from stabledrl_bench.core.advantages import ADVANTAGES, min_group_size
 from stabledrl_bench.core.estimators import Estimate, Estimator
 from stabledrl_bench.core.losses import need, per_row
 from stabledrl_bench.core.registry import Registry, subclass_check
+from stabledrl_bench.core.rollouts import Independent, RolloutScheme
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.migrations import BASELINE_OPTION_RENAMES, renamed_keys
 
@@ -112,6 +113,11 @@ class Baseline:
     def estimator(self) -> Estimator:
         """The likelihood estimator, with this baseline's settings (the trainer adapts it to the model)."""
         raise NotImplementedError
+
+    def rollout(self) -> RolloutScheme:
+        """How this method draws its completions (:mod:`~stabledrl_bench.core.rollouts`): by default each one on its
+        own by the budget's sampler."""
+        return Independent()
 
     def advantage_options(self) -> dict[str, Any]:
         """Keyword options of the advantage rule (none for most rules)."""

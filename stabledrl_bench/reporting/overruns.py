@@ -106,6 +106,11 @@ def change_findings(
     return found
 
 
+def _selected(row: MeasuredRow) -> bool:
+    """Whether a row is its runs' best checkpoint on validation (compared only with other best checkpoints)."""
+    return row.info["Checkpoint"].startswith("best")
+
+
 def _name(row: MeasuredRow) -> str:
     name = row.info["Baseline"]
     return name if row.info["Checkpoint"] in ("final", "start") else f"{name} ({row.info['Checkpoint']})"
@@ -149,11 +154,11 @@ def run_change_table(
 
 # ------------------------------------------------------------------------------------------------ method vs method
 def method_findings(comparison: str, others: Sequence[MeasuredRow], groups: Sequence[Column]) -> list[Finding]:
-    """Every ordered pair of RL rows of one protocol family and checkpoint kind, per task: the row's change over the
-    other, paired by seed and item (both trained from each seed's one start)."""
+    """Every ordered pair of RL rows of one protocol family and checkpoint kind (final, or best on validation), per
+    task: the row's change over the other, paired by seed and item (both trained from each seed's one start)."""
     found = []
     for ours, theirs in itertools.permutations(others, 2):
-        if ours.protocols != theirs.protocols or ours.info["Checkpoint"] != theirs.info["Checkpoint"]:
+        if ours.protocols != theirs.protocols or _selected(ours) != _selected(theirs):
             continue
         for group in groups:
             if _has(ours, group) and _has(theirs, group):

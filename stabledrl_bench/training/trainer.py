@@ -45,7 +45,6 @@ from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, load_model_spec
 from stabledrl_bench.core.models.checkpointing import enable_activation_checkpointing
 from stabledrl_bench.core.models.probes import require_conventions
-from stabledrl_bench.core.sampling import generate
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.processes import gather_lists, keyed_generator, process_state, require_shared_folder
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
@@ -247,6 +246,7 @@ class RLTrainer:
         REWARD_PROFILES.get(cfg.reward_profile)  # an unknown profile fails here, not at the first reward
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         self.baseline.require_groups(cfg.budget.num_generations)
+        self.scheme = self.baseline.rollout()
         self.grad_accum = accumulation_steps(cfg.budget.prompts_per_step, cfg.per_device_prompts)
         # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed)
         self.acc = make_accelerator(
@@ -338,6 +338,7 @@ class RLTrainer:
             "baseline_config": to_dict(self.baseline.config),
             "advantage": self.baseline.advantage_record(),
             "estimator": type(self.estimator).name,
+            "rollout": self.scheme.settings(),
             "model": self.dlm.config_summary(),
             "world_size": self.acc.num_processes,
             "distributed": str(self.acc.distributed_type).rsplit(".", 1)[-1],
@@ -388,7 +389,7 @@ class RLTrainer:
                 max_prompt_length=budget.max_prompt_length,
             )
             with self.acc.autocast():
-                out = generate(self.dlm, prompt_ids, prompt_mask, self.decode, generator=rollout_gen)
+                out = self.scheme.sample(self.dlm, prompt_ids, prompt_mask, self.decode, rollout_gen)
             texts = self.dlm.decode(out.completion_ids)
             doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
             # the whole chunk at once: math tasks check it concurrently on every math-verify worker
