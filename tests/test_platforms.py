@@ -103,3 +103,39 @@ def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path:
     study = (results / "platforms" / "study.md").read_text()
     assert study.startswith("# Platform study: `table1-smoke`") and "`blas-sse42`: MKL at SSE4.2" in study
     assert json.loads((results / "platforms" / "study.json").read_text())["seeds"] == [0]
+
+
+def test_a_stated_verdict_must_be_the_studys_and_hold() -> None:
+    from stabledrl_bench.experiments.platforms import stated_problems
+
+    def entry(mean: float, low: float, high: float, verdict: str) -> dict:
+        return {"mean": mean, "low": low, "high": high, "runs": 5, "verdict": verdict}
+
+    study = {
+        "platforms": {"native": {}, "avx2": {}},
+        "findings": [
+            {
+                "comparison": ["change from the start", "trado", "its start", "Sudoku 128"],
+                "native": entry(0.417, 0.011, 0.895, "above"),
+                "avx2": entry(0.3, 0.01, 0.6, "above"),
+                "holds": True,
+            },
+            {
+                "comparison": ["method against method", "espo", "spg", "Sudoku"],
+                "native": entry(0.01, 0.002, 0.02, "better"),
+                "avx2": entry(-0.01, -0.02, 0.0, "not resolved"),
+                "holds": False,
+            },
+        ],
+    }
+    text = """
+- trado is above its start in Sudoku 128: +41.7 [+1.1, +89.5] points over 5 runs
+- espo is better than spg in Sudoku: +1.0 [+0.2, +2.0] points over 5 runs
+- `trado` is below its start in Sudoku 128: +41.7 [+1.1, +89.5]
+- grpo is above its start in Sudoku 512: +1.0 [+0.1, +2.0]
+"""
+    problems = stated_problems(text, study, "doc.md")
+    assert len(problems) == 3 and problems[0].startswith("doc.md: espo is better than spg")
+    assert "does not hold on every platform" in problems[0]
+    assert "the study has above +41.7 [+1.1, +89.5] on native" in problems[1]
+    assert "not a comparison of the platform study" in problems[2]

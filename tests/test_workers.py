@@ -98,3 +98,15 @@ def test_ctrl_c_stops_every_job_through_its_interrupt_path(tmp_path: Path) -> No
     assert rerun_notes(caught.value) == ["the waiting job resumes"]
     assert len(list(tmp_path.glob("cleaned-*"))) == 2
     assert not multiprocessing.active_children()
+
+
+def test_stages_that_others_wait_for_start_first(tmp_path: Path) -> None:
+    """Three independent stages listed first, then a stage three others need: on two workers the needed one starts
+    at once (a later seed's warm start is not left until every earlier evaluation has run)."""
+    stages = [Stage(f"leaf{i}", worker_jobs.add, (i,)) for i in range(3)]
+    stages += [Stage("start", worker_jobs.add, (10,))]
+    stages += [Stage(f"after{i}", worker_jobs.add, (i,), after=("start",)) for i in range(3)]
+    progress = Recorder()
+    run_graph(stages, 2, threads=1, progress=progress)
+    began = [key for kind, key, _ in progress.events if kind == "begin"]
+    assert began[0] == "start" and began[1] == "leaf0"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -304,6 +305,41 @@ def _spread(changes: Mapping[str, Mapping[tuple[str, str], Mapping[int, float]]]
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
     return {"median": float(np.median(values)), "max": float(np.max(values)), "count": len(values)} if values else {}
+
+
+# ------------------------------------------------------------------------------------------------ stated verdicts
+# A verdict as the leaderboard's verdict lists and the docs word it (Finding.sentence): "<subject> is <verdict>
+# <other> in <column>: <estimate> [<low>, <high>]".
+_STATED = re.compile(
+    r"^- `?(?P<subject>[\w.()-]+)`? is (?P<verdict>above|below|better|worse) (?:than `?(?P<method>[\w.()-]+)`?|"
+    r"(?P<other>its start|the frozen control)) in (?P<column>[^:]+): "
+    r"(?P<interval>[+-][\d.]+ \[[+-][\d.]+, [+-][\d.]+\])",
+    re.MULTILINE,
+)
+
+
+def stated_problems(text: str, study: Mapping[str, Any], where: str) -> list[str]:
+    """Every verdict ``text`` states (bullets worded as the verdict lists word them) that the platform study does not
+    back: not one of its comparisons, another verdict or interval on this machine's kernels, or not holding on every
+    platform. Empty when each stated verdict is resolved here and holds everywhere."""
+    first = next(iter(study["platforms"]))
+    rows = {tuple(row["comparison"][1:]): row for row in study["findings"]}  # (subject, other, column)
+    problems = []
+    for match in _STATED.finditer(text):
+        other = match["method"] or match["other"]
+        row = rows.get((match["subject"], other, match["column"]))
+        said = f"{where}: {match.group(0)[2:]}"
+        if row is None:
+            problems.append(f"{said}: not a comparison of the platform study")
+            continue
+        native = row[first]
+        scale, spec = (1.0, "+.3f") if row["comparison"][0] == "training reward" else (100.0, "+.1f")
+        interval = f"{scale * native['mean']:{spec}} [{scale * native['low']:{spec}}, {scale * native['high']:{spec}}]"
+        if native["verdict"] != match["verdict"] or interval != match["interval"]:
+            problems.append(f"{said}: the study has {native['verdict']} {interval} on {first}")
+        elif not row["holds"]:
+            problems.append(f"{said}: does not hold on every platform of the study")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------ the report

@@ -9,9 +9,9 @@ as soon as the first stage has run. Reused stages (found in the cache) take no t
 of a real one, so they are left out of the estimate.
 
 With several workers (``reproduce --workers``) stages run side by side, each once the stages it needs have finished.
-The estimate then simulates the rest of the run: the stages not yet finished, in plan order, each on the first
-worker to come free after its inputs are ready, a running stage for what its kind's rate leaves of it. One worker
-gives the plain sum.
+The estimate then simulates the rest of the run: the stages not yet finished, in the scheduler's order (those other
+stages wait for first, then plan order), each on the first worker to come free after its inputs are ready, a
+running stage for what its kind's rate leaves of it. One worker gives the plain sum.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stabledrl_bench.experiments.workers import Progress
+from stabledrl_bench.experiments.workers import Progress, waiting_on
 
 
 def duration(seconds: float) -> str:
@@ -62,6 +62,9 @@ class Stages(Progress):
         if len(self.plan) != len(plan) or not all(stage.work > 0 for stage in plan):
             raise ValueError(f"a plan needs {len(plan)} distinct keys, each with a positive amount of work")
         self.workers = max(1, workers)
+        # the scheduler's order: stages others wait for first, then plan order (workers.run_graph)
+        waiting = waiting_on({stage.key: stage.after for stage in plan})
+        self._order = sorted(self.plan, key=lambda key: (-waiting[key], list(self.plan).index(key)))
         self._clock, self._out = clock, out
         self._start = clock()
         self._started: dict[str, float] = {}  # key -> when it began (running stages)
@@ -112,7 +115,7 @@ class Stages(Progress):
     def estimate_left(self) -> float | None:
         """Seconds until every stage has finished (see the module docstring); None before the first stage has been
         measured."""
-        left = [stage for key, stage in self.plan.items() if key not in self._finished]
+        left = [self.plan[key] for key in (self._order if self.workers > 1 else self.plan) if key not in self._finished]
         rates = {stage.key: self._rate(stage.kind) for stage in left}
         if any(rate is None for rate in rates.values()):
             return None

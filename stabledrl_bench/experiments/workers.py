@@ -235,11 +235,31 @@ def run_graph(stages: Sequence[Stage], workers: int, threads: int, progress: Pro
     return results
 
 
+def waiting_on(after: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """For every stage (key -> the stages it needs), how many stages wait for it, directly or through others."""
+    needed_by: dict[str, set[str]] = {key: set() for key in after}
+    for key, needs in after.items():
+        for need in needs:
+            needed_by[need].add(key)
+    counts: dict[str, set[str]] = {}
+
+    def behind(key: str) -> set[str]:
+        if key not in counts:
+            counts[key] = set().union(*(behind(other) | {other} for other in needed_by[key]))
+        return counts[key]
+
+    return {key: len(behind(key)) for key in after}
+
+
 def _drive(pool: WorkerPool, pending: list[Stage], results: dict[str, Any], progress: Progress) -> Outcome | None:
-    """Submit every stage whose inputs are ready to a free worker until all have run; the first job that does not
-    end normally stops it (returned)."""
+    """Submit the stages whose inputs are ready to the free workers until all have run, those that others wait for
+    first (a warm start before the evaluations of another seed: the later seeds' work is not left to the end), then
+    in plan order; the first job that does not end normally stops it (returned)."""
+    order = {stage.key: i for i, stage in enumerate(pending)}
+    waiting = waiting_on({stage.key: stage.after for stage in pending})
     while pending or pool.running:
-        for stage in [s for s in pending if all(need in results for need in s.after)]:
+        ready = [s for s in pending if all(need in results for need in s.after)]
+        for stage in sorted(ready, key=lambda s: (-waiting[s.key], order[s.key])):
             if not pool.free:
                 break
             pending.remove(stage)

@@ -30,7 +30,7 @@ from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.layout import Column
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.measured import MeasuredRow, compared_rows, run_change, run_scores, shared_seeds
-from stabledrl_bench.reporting.runlevel import NOT_RESOLVED, RunInterval, improvement_interval, iqm_interval
+from stabledrl_bench.reporting.runlevel import MIN_RUNS, NOT_RESOLVED, RunInterval, improvement_interval, iqm_interval
 
 ABOVE, BELOW = "above", "below"  # a row against its start, a run against the frozen control
 BETTER, WORSE = "better", "worse"  # a method against another
@@ -305,9 +305,16 @@ def verdict_list(found: Sequence[Finding], comparison: str) -> str:
         return ""
     # a method better than another is listed once: its mirror ("worse than") says the same
     lines = [f"- {finding.sentence()}" for finding in resolved if finding.verdict != WORSE] or ["- none"]
+    few = max(finding.interval.runs for finding in found) < MIN_RUNS
+    hint = (
+        " One run resolves nothing: every seed of `--seeds` is another run (the tiny preset's committed comparisons "
+        "run five, docs/platforms.md)."
+        if few
+        else ""
+    )
     return (
         f"**Verdicts over runs, comparison `{comparison}`**: {len(resolved)} of the {counted} comparisons above are "
-        "resolved (their run-level 95% interval excludes 0); the others are not resolved at this budget.\n\n"
+        f"resolved (their run-level 95% interval excludes 0); the others are not resolved at this budget.{hint}\n\n"
         + "\n".join(lines)
         + "\n"
     )
