@@ -245,3 +245,26 @@ def test_verify_re_decodes_by_default_and_names_what_it_only_checked_for_consist
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"1 whose checkpoint is not here: {name}")
     verify_help = build_parser()._subparsers._group_actions[0].choices["verify"].format_help()
     assert f"(default {DEFAULT_REDECODE}; 0: consistency checks only)" in " ".join(verify_help.split())
+
+
+def test_verify_names_the_opt_in_when_a_checkpoint_ships_its_own_code(tmp_path, checkpoint, monkeypatch, capsys):
+    """A record whose checkpoint folder ships Python code is not re-decoded without the user's opt-in, and the
+    summary names the flag that gives it (``verify`` takes it, as every command that loads a model does)."""
+    from stabledrl_bench.core.models import backends
+    from stabledrl_bench.evaluation import verify
+
+    name = _evaluate(tmp_path / "results", checkpoint).path.relative_to(tmp_path / "results")
+
+    def refuse(source, **_):  # what the loader says for a folder with code it would have to run
+        monkeypatch.setattr(backends, "_code_files", lambda _source: ["modeling_x.py"])
+        backends._not_native(str(source), "config.json lacks n_layers", strict=False, trust=False)
+
+    monkeypatch.setattr(verify, "load_model_spec", refuse)
+    assert main(["verify", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert "weights not checked" in out and "--trust-remote-code" in out
+    assert out.splitlines()[-1].endswith(
+        f"1 whose checkpoint ships its own code (--trust-remote-code lets verify load it): {name}"
+    )
+    assert main(["verify", "--results", str(tmp_path / "results"), "--trust-remote-code", "--no-such-option"]) == 2
+    assert capsys.readouterr().err.strip() == "error: unrecognized arguments: --no-such-option"
