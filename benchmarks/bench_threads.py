@@ -8,7 +8,8 @@
    second thread starts to pay, which sets ``SMALL_MODEL_PARAMETERS`` (``stabledrl_bench/processes.py``).
 3. **The front door.** ``reproduce table1`` (the tiny preset's default: Sudoku, seed 0, five methods, the frozen
    control, 18 evaluations) into an empty runs folder, so nothing is reused: at ``--workers 1`` and at the default
-   (as many workers as the cores hold), wall time each (``--parts front-door``; about half an hour).
+   (as many workers as the cores hold), wall time each and when the warm start, which runs alone, ended
+   (``--parts front-door``; about 40 minutes on 2 cores; ``--front-door-workers default`` measures only the default).
 
 Every measurement runs in a fresh process (its thread count set before any work), the variants of a part alternate
 ``--repeats`` times, and the report gives medians, each run's time, and the load averages before and after. Run it
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -122,18 +124,33 @@ def size_part(steps: int, repeats: int) -> dict[str, Any]:
     return {"runs": runs, "parameters": parameters}
 
 
-def front_door(repeats: int) -> dict[str, list[float]]:
-    runs: dict[str, list[float]] = {"--workers 1": [], "default --workers": []}
+VARIANTS = {"1": ("--workers 1", ["--workers", "1"]), "default": ("default --workers", [])}
+_SECOND_STAGE = re.compile(r"^\[stage 2/\d+ \| (?:(\d+)h)?(?:(\d+)m)?(\d+)?s? ?elapsed", re.MULTILINE)
+
+
+def _elapsed(match: re.Match) -> float:
+    hours, minutes, seconds = (int(group or 0) for group in match.groups())
+    return 3600 * hours + 60 * minutes + seconds
+
+
+def front_door(repeats: int, variants: list[str]) -> dict[str, Any]:
+    """Wall time of each variant and, from its progress lines, when its second stage began: the warm start runs
+    alone before it (every other stage needs it), so that is the part no number of workers shortens."""
+    runs: dict[str, list[float]] = {VARIANTS[v][0]: [] for v in variants}
+    warm_start: dict[str, list[float]] = {VARIANTS[v][0]: [] for v in variants}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for repeat in range(repeats):
-        for name, extra in (("--workers 1", ["--workers", "1"]), ("default --workers", [])):
+        for name, extra in (VARIANTS[v] for v in variants):
             with tempfile.TemporaryDirectory(prefix="front-door-") as tmp:
                 command = [sys.executable, "-m", "stabledrl_bench", "reproduce", "table1", "--runs", tmp, *extra]
                 start = time.perf_counter()
-                subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True)
+                done = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
                 runs[name].append(time.perf_counter() - start)
+            second = _SECOND_STAGE.search(done.stdout)
+            if second:
+                warm_start[name].append(_elapsed(second))
             print(f"front door {repeat + 1}/{repeats}: {name}: {runs[name][-1]:.0f} s")
-    return runs
+    return {"runs": runs, "warm_start": warm_start}
 
 
 def _median(values: list[float]) -> float:
@@ -198,22 +215,30 @@ def report(document: dict[str, Any]) -> str:
         lines.append("")
     door = document.get("front_door")
     if door:
-        runs = door["runs"]
-        one, default = _median(runs["--workers 1"]), _median(runs["default --workers"])
         lines += [
             "## `reproduce table1` into an empty runs folder (the tiny preset's default run)",
             "",
             _when(door),
             "",
-            "| workers | wall time | each run (s) |",
-            "| --- | --- | --- |",
-            f"| 1 | {one:.0f} s ({one / 60:.1f} min) | {', '.join(f'{v:.0f}' for v in runs['--workers 1'])} |",
-            f"| default ({door['default_workers']}) | {default:.0f} s ({default / 60:.1f} min) | "
-            f"{', '.join(f'{v:.0f}' for v in runs['default --workers'])} |",
-            "",
-            f"The default workers take {default / one:.2f} of the time of one.",
-            "",
+            "| workers | wall time | each run (s) | the warm start, alone before every other stage (s) |",
+            "| --- | --- | --- | --- |",
         ]
+        medians = {}
+        for name, runs in door["runs"].items():
+            medians[name] = _median(runs)
+            label = "1" if name == "--workers 1" else f"default ({door['default_workers']})"
+            starts = door.get("warm_start", {}).get(name) or []
+            lines.append(
+                f"| {label} | {medians[name]:.0f} s ({medians[name] / 60:.1f} min) | "
+                f"{', '.join(f'{v:.0f}' for v in runs)} | {', '.join(f'{v:.0f}' for v in starts) or '?'} |"
+            )
+        lines.append("")
+        if len(medians) == 2:
+            lines += [
+                f"The default workers take {medians['default --workers'] / medians['--workers 1']:.2f} of the "
+                "time of one.",
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -227,6 +252,11 @@ def main() -> None:
         help="comma-separated parts to measure: load, size, front-door (about 30 minutes); default load,size",
     )
     parser.add_argument("--front-door-repeats", type=int, default=1)
+    parser.add_argument(
+        "--front-door-workers",
+        default="1,default",
+        help="comma-separated --workers variants of the front door: 1, default (the machine's choice)",
+    )
     parser.add_argument("--size-steps", type=int, default=6, help="SFT steps per measurement of the size part")
     parser.add_argument("--out", help="write <out>.json and <out>.md (parts measured before are kept)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a measurement, in its own process
@@ -265,7 +295,7 @@ def main() -> None:
         meta = {**measured(), "repeats": args.front_door_repeats}
         workers = max(1, _cores() // threads_for(830_848))
         document["front_door"] = {
-            "runs": front_door(args.front_door_repeats),
+            **front_door(args.front_door_repeats, args.front_door_workers.split(",")),
             "default_workers": workers,
             "measured": meta,
         }
