@@ -307,7 +307,7 @@ def verdict_list(found: Sequence[Finding], comparison: str) -> str:
     lines = [f"- {finding.sentence()}" for finding in resolved if finding.verdict != WORSE] or ["- none"]
     few = max(finding.interval.runs for finding in found) < MIN_RUNS
     hint = (
-        " One run resolves nothing: every seed of `--seeds` is another run (the tiny preset's committed comparisons "
+        " One run resolves nothing: every seed of `--seeds` is one more run (the tiny preset's committed comparisons "
         "run five, docs/platforms.md)."
         if few
         else ""
