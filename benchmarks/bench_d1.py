@@ -181,8 +181,8 @@ def harness_step(checkpoint: Path) -> dict[str, float]:
     import torch
 
     import stabledrl_bench.core.rollouts as rollouts_module
+    from stabledrl_bench.core.budget import Budget
     from stabledrl_bench.core.estimators import D1OneStep
-    from stabledrl_bench.training.budget import Budget
     from stabledrl_bench.training.optim import OptimConfig
     from stabledrl_bench.training.trainer import LoraSettings, RLTrainer, TrainConfig
 

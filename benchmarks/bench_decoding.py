@@ -210,7 +210,7 @@ def bench_implementations(args: argparse.Namespace) -> None:
 
 def bench_rl_step(args: argparse.Namespace) -> None:
     """Wall time of RL steps (rollout + loss + update) with exact vs fast rollouts, interleaved."""
-    from stabledrl_bench.training.budget import Budget
+    from stabledrl_bench.core.budget import Budget
     from stabledrl_bench.training.optim import OptimConfig
     from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 

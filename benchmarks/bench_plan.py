@@ -40,12 +40,12 @@ from pathlib import Path
 import torch
 
 from stabledrl_bench.atomic import atomic_write_text
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm
 from stabledrl_bench.core.models.convert import save_tiny_as
 from stabledrl_bench.experiments.plan import ACTIVATION_VALUES_OUTSIDE_BLOCKS, Method, Shape, phase_forwards, plan
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.processes import process_state
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 

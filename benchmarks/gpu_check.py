@@ -29,11 +29,11 @@ import torch
 from timing import timed
 
 from stabledrl_bench.atomic import atomic_write_text
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.core.sampling import DECODE_MODES, FullDecode, generate
 from stabledrl_bench.experiments.comparison import TABLE_BASELINES
 from stabledrl_bench.processes import is_main_process
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 

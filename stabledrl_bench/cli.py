@@ -510,7 +510,7 @@ def _run_training(run: Path) -> tuple[dict, dict | None]:
     """The budget recorded in a training run folder's ``run.json``, checked like a recipe's, and its advantage rule
     (None in run folders written before it was recorded): both go into the records of its checkpoint."""
     from stabledrl_bench.config import from_dict, parse_json
-    from stabledrl_bench.training.budget import Budget
+    from stabledrl_bench.core.budget import Budget
 
     run_json = run / "run.json"
     if not run_json.is_file():
@@ -546,7 +546,7 @@ def _cmd_verify(args) -> int:
         from stabledrl_bench.experiments.rerun import rerun
 
         return rerun(Path(args.rerun), Path(args.rerun_runs) if args.rerun_runs else None)
-    from stabledrl_bench.evaluation.verify import verify_results
+    from stabledrl_bench.experiments.verify import verify_results
 
     redecode = 0 if args.no_weights else args.redecode  # None: verify's default
     summary = verify_results(

@@ -13,7 +13,7 @@ either read under its new name (files this package wrote: records, logs) or refu
 * baseline options (:data:`BASELINE_OPTION_RENAMES`: refused with the new name given).
 
 Two compatibilities are structural and live where they must: a budget's ``rollout_decode`` is left out of its hash
-at its default (``training/budget.py``), and decode settings recorded before a field existed read back at that
+at its default (``core/budget.py``), and decode settings recorded before a field existed read back at that
 field's default, exact decoding (``evaluation/native.py: stored_settings``).
 
 This module imports nothing of the package, so every layer may use it.

@@ -16,13 +16,13 @@ from unittest import mock
 
 import torch
 
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import block_diffusion_generate, llada_generate
 from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM
 from stabledrl_bench.evaluation.native import evaluate
 from stabledrl_bench.tasks.base import GradeResult, RewardResult
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.trainer import RLTrainer, TrainConfig

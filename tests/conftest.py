@@ -40,7 +40,7 @@ SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "i
 
 def small_budget(**overrides):
     """The cheapest RL budget that still has every part (2 prompts x 4 completions, mu 2, a 16-token canvas)."""
-    from stabledrl_bench.training.budget import Budget
+    from stabledrl_bench.core.budget import Budget
 
     fields = {
         "max_steps": 2,

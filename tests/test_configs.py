@@ -10,11 +10,11 @@ import yaml
 
 from stabledrl_bench.config import deep_merge, read_mapping, read_recipe
 from stabledrl_bench.core.baseline import build_baseline
+from stabledrl_bench.core.budget import PAPER_RECIPE, Budget, paper_budget
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments import presets as presets_module
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
-from stabledrl_bench.training.budget import PAPER_RECIPE, Budget, paper_budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import TrainConfig
 

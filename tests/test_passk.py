@@ -18,7 +18,12 @@ from test_verify import SMALL, _evaluate, _rewrite
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM
-from stabledrl_bench.evaluation.passk import (
+from stabledrl_bench.evaluation.protocols import get_protocol, sampled_protocol
+from stabledrl_bench.evaluation.verify import verify_record
+from stabledrl_bench.experiments.comparison import comparison
+from stabledrl_bench.experiments.presets import presets
+from stabledrl_bench.reporting.leaderboard import build_leaderboard
+from stabledrl_bench.reporting.passk import (
     k_values,
     maj_at_k,
     majority_correct,
@@ -26,11 +31,6 @@ from stabledrl_bench.evaluation.passk import (
     sampled_metrics,
     votes_by_problem,
 )
-from stabledrl_bench.evaluation.protocols import get_protocol, sampled_protocol
-from stabledrl_bench.evaluation.verify import verify_record
-from stabledrl_bench.experiments.comparison import comparison
-from stabledrl_bench.experiments.presets import presets
-from stabledrl_bench.reporting.leaderboard import build_leaderboard
 from stabledrl_bench.reporting.results import load_results, write_result
 from stabledrl_bench.tasks import get_task
 

@@ -1,11 +1,12 @@
-"""Run-log helpers: the multi-run reward plot."""
+"""Run logs and the plots of their curves: the multi-run reward plot, old logs read, huge ratios drawn."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from stabledrl_bench.plots import LOG_AXIS_MAX
-from stabledrl_bench.training.runlog import plot_curves, plot_runs, read_log
+from stabledrl_bench.reporting.curves import plot_curves, plot_runs
+from stabledrl_bench.training.runlog import read_log
 
 
 def test_plot_runs_writes_one_png_and_ignores_runs_without_data(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments import runner
 from stabledrl_bench.experiments.runner import (
@@ -20,7 +21,6 @@ from stabledrl_bench.experiments.runner import (
     sample_rollouts,
 )
 from stabledrl_bench.experiments.stress.common import NoiseInjection
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig

@@ -18,13 +18,13 @@ from conftest import BUILTIN_BASELINES, SMALL, small_budget
 from stabledrl_bench.config import from_dict
 from stabledrl_bench.core import rollouts as rollouts_module
 from stabledrl_bench.core.baseline import BASELINES
+from stabledrl_bench.core.budget import Budget, paper_budget
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
 from stabledrl_bench.core.sampling import BlockDecode, FullDecode, generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.training import sft as sft_module
 from stabledrl_bench.training import trainer as trainer_module
-from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, encode_targets, run_sft, sft_loss

@@ -173,7 +173,7 @@ def _copy(path: Path, edit, *, rename: bool) -> Path:
 
 def _as_grpo(record: dict) -> None:
     """The SFT start's record passed off as a GRPO run (with the budget an RL record must state)."""
-    from stabledrl_bench.training.budget import paper_budget
+    from stabledrl_bench.core.budget import paper_budget
 
     record.update(baseline="grpo", budget=paper_budget().to_dict(), budget_hash=paper_budget().hash())
 

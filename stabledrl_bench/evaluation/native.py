@@ -20,11 +20,11 @@ from tqdm.auto import tqdm
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.sampling import DecodeSettings, FullDecode, generate
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.evaluation.passk import sampled_metrics, votes_by_problem
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.migrations import upgraded_settings
 from stabledrl_bench.processes import barrier, gather_lists, is_main_process, keyed_generator, my_share
 from stabledrl_bench.reporting.naming import result_path
+from stabledrl_bench.reporting.passk import sampled_metrics, votes_by_problem
 from stabledrl_bench.reporting.results import read_result, result_exists, write_result
 from stabledrl_bench.tasks import get_task
 
@@ -54,7 +54,7 @@ def evaluate(
     Accuracy is the mean of the task grader's ``correct`` verdicts; for Sudoku the d1 cell accuracy goes into
     ``d1_accuracy``, for math tasks the d1-parser verdict does (so both graders are reported side by side). A
     protocol that decodes every problem several times also reports ``pass@k`` and ``maj@k``
-    (:mod:`stabledrl_bench.evaluation.passk`).
+    (:mod:`stabledrl_bench.reporting.passk`).
 
     Under a launch of N processes each decodes every N-th batch and all of them return the whole outcome, equal to
     one process's: the batches are the same (prompts sorted by length), and a protocol that samples draws each

@@ -21,7 +21,7 @@ Each protocol names one such evaluator (docs/protocols.md gives each one's setti
   same with a prefix cache (neither cache runs on LLaDA's own remote code: use ``d1-parallel`` there); ``d1-parallel`` /
   ``tiny-parallel``: threshold 0.9 + EOS stop without a cache. Their numbers are never shown next to exact ones
   without saying so (:attr:`EvalProtocol.approximate`).
-* Sampled evaluation for pass@k / maj@k (:mod:`stabledrl_bench.evaluation.passk`): any protocol above decoded n
+* Sampled evaluation for pass@k / maj@k (:mod:`stabledrl_bench.reporting.passk`): any protocol above decoded n
   times per problem at temperature T is the protocol ``<name>-n<n>-t<T>`` (e.g. ``tiny-n16-t1``, ``d1-n8-t0.6``),
   built on request by :func:`get_protocol`; its records are shown apart from greedy ones.
 """

@@ -1,4 +1,4 @@
-"""``verify``: check that every stored result adds up, from its own files and, where present, its checkpoint.
+"""``verify``, one result record: check that it adds up, from its own files and, where present, its checkpoint.
 
 A result record claims a lot: these completions, graded so, averaging to this accuracy, produced by these
 weights at this commit. Loading a record already checks its schema, its samples' sha256, ``n`` and ``accuracy``.
@@ -23,16 +23,14 @@ This goes further, record by record:
 
 What cannot be checked after the fact: the hardware and whether the tree was dirty; they are reported as
 recorded. Without the checkpoint, a record that was rewritten consistently everywhere (fields, file name, path,
-completions regraded) proves its completions and grades, not which run made them: the summary names every record
-that was checked for consistency only, and why.
+completions regraded) proves its completions and grades, not which run made them: the summary
+(:func:`stabledrl_bench.experiments.verify.verify_results`) names every record that was checked for consistency only,
+and why.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,11 +41,9 @@ from stabledrl_bench.core.models.backends import TINY_SPECS, load_model_spec
 from stabledrl_bench.core.sampling import generate, recorded_decode
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.native import stored_settings, weights_sha256
-from stabledrl_bench.evaluation.passk import METRIC_PATTERN, sampled_metrics, votes_by_problem
-from stabledrl_bench.experiments.stress.recheck import recheck
-from stabledrl_bench.reporting.identity import identity_problems
+from stabledrl_bench.reporting.passk import METRIC_PATTERN, sampled_metrics, votes_by_problem
 from stabledrl_bench.reporting.provenance import unknown_commit
-from stabledrl_bench.reporting.results import STABILITY_DIR, load_samples, read_result, record_paths
+from stabledrl_bench.reporting.results import load_samples, read_result
 from stabledrl_bench.tasks import get_task
 
 SCORE_TOLERANCE = 1e-9
@@ -145,7 +141,8 @@ def verify_record(
     path: Path, *, weights: bool = True, redecode: int = 0, redecode_seed: int = 0, identity: list[str] | None = None
 ) -> tuple[list[str], list[str]]:
     """``(problems, notes)`` for one result file; no problems means it adds up as far as it can be checked.
-    ``identity``: the record's identity problems found among all records (:func:`verify_results`)."""
+    ``identity``: the record's identity problems found among all records
+    (:func:`stabledrl_bench.experiments.verify.verify_results`)."""
     try:
         record = read_result(path)
         samples = load_samples(record)
@@ -173,80 +170,3 @@ def verify_record(
             problems += found
             notes += said
     return problems, notes
-
-
-def verify_results(
-    results_dir: Path | str,
-    *,
-    weights: bool = True,
-    redecode: int = DEFAULT_REDECODE,
-    redecode_seed: int | None = None,
-) -> dict[str, Any]:
-    """Verify every result record under ``results_dir`` (:func:`verify_record`) and every stability record
-    (:func:`~stabledrl_bench.experiments.stress.recheck.recheck`); prints as it goes.
-
-    ``redecode_seed`` None draws a seed (printed). The summary's ``consistency_only`` lists the result records that
-    were read, regraded and recomputed but not re-derived from their checkpoint (no re-decode), each with why."""
-    root = Path(results_dir)
-    if not root.is_dir():
-        raise UserError(f"results directory {root} does not exist")
-    if redecode and redecode_seed is None:
-        redecode_seed = secrets.randbelow(2**31)
-    if redecode:
-        print(f"verify: re-decoding {redecode} random prompts per record, seed {redecode_seed} (--redecode-seed)")
-    paths = record_paths(root)
-    readable = []
-    for path in paths:
-        with contextlib.suppress(UserError):  # an unreadable record is reported below, on its own
-            readable.append(read_result(path))
-    identity = identity_problems(readable)
-    checks = [
-        (
-            path,
-            functools.partial(
-                verify_record,
-                path,
-                weights=weights,
-                redecode=redecode,
-                redecode_seed=redecode_seed,
-                identity=identity.get(str(path)),
-            ),
-        )
-        for path in paths
-    ]
-    stability_paths = sorted((root / STABILITY_DIR).glob("*.json"))
-    checks += [(path, functools.partial(recheck, path)) for path in stability_paths]
-    failed, consistency_only = 0, []
-    for path, check in checks:
-        problems, notes = check()
-        failed += bool(problems)
-        if path not in stability_paths and not problems and not any(n.startswith(REDECODED) for n in notes):
-            consistency_only.append((path.relative_to(root), _why_not_rederived(notes, redecode, weights)))
-        print(f"{'FAIL' if problems else 'ok  '} {path}")
-        for line in problems[:20] + [f"({len(problems) - 20} more)"] * (len(problems) > 20):
-            print(f"       problem: {line}")
-        for line in notes:
-            print(f"       note: {line}")
-    return {
-        "records": len(paths),
-        "stability": len(stability_paths),
-        "failed": failed,
-        "consistency_only": consistency_only,
-    }
-
-
-def _why_not_rederived(notes: list[str], redecode: int, weights: bool) -> str:
-    """Why a record that adds up was not re-decoded, as the phrase after a count in the summary (its notes say it
-    in full)."""
-    if not (redecode and weights):
-        return "(--no-weights)" if not weights else "(--redecode 0)"
-    text = " ".join(notes)
-    if "--trust-remote-code" in text:
-        return "whose checkpoint ships its own code (--trust-remote-code lets verify load it)"
-    if "is not here" in text:
-        return "whose checkpoint is not here"
-    if "no weights hash" in text:
-        return "without a weights hash"
-    if "sampled decodes" in text:
-        return "of sampled decodes"
-    return "evaluated on a GPU"

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.core.baseline import build_baseline
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.estimators import Estimator, TraceReplay
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.experiments.comparison import TABLE_BASELINES
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.trainer import TrainConfig
 
 GiB = 2**30

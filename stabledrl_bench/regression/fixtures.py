@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.estimators import SequenceBatch
 from stabledrl_bench.processes import keyed_generator
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 
 FIXTURES = Path(__file__).resolve().parent / "golden" / "fixtures"

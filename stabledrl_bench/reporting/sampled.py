@@ -2,7 +2,7 @@
 pass@k plot.
 
 Records of a sampled protocol (``<protocol>-n<N>-t<T>``: every test problem decoded N times at temperature T,
-:mod:`stabledrl_bench.evaluation.passk`) never fill a greedy table's cells; they get a block of their own per
+:mod:`stabledrl_bench.reporting.passk`) never fill a greedy table's cells; they get a block of their own per
 comparison. Each value is computed from the stored samples, per problem, and averaged over problems (the seeds of
 a row pooled: each seed's problems are separate items), with a percentile-bootstrap 95% interval over them.
 
@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.evaluation.passk import k_values, per_problem, votes_by_problem
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import ROW_KEY, checkpoint_label, join_unique, row_name, row_order
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.overruns import ABOVE, BELOW, START, Finding
+from stabledrl_bench.reporting.passk import k_values, per_problem, votes_by_problem
 from stabledrl_bench.reporting.results import load_samples
 from stabledrl_bench.reporting.runlevel import RunInterval, paired_differences, two_level_bootstrap
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES

@@ -15,7 +15,7 @@ Record fields (schema ``stabledrl-bench/result/v2``; v1 records are read too, se
   Table 1), ``protocol``, ``seed``;
 * ``model`` (``family, name, checkpoint, parameters``, and in newer records ``weights_sha256`` -- a hash of the
   evaluated weights, :func:`stabledrl_bench.evaluation.native.weights_sha256` -- and ``dtype``), ``budget`` (a
-  complete :class:`~stabledrl_bench.training.budget.Budget` as a dict, required for RL rows) and ``budget_hash``
+  complete :class:`~stabledrl_bench.core.budget.Budget` as a dict, required for RL rows) and ``budget_hash``
   (:func:`budget_hash` of it), ``settings`` (decode settings), ``advantage`` (RL rows written since it was added: the
   method's advantage rule and its options, ``{"rule": ..., "options": {...}}``; null for base/sft rows);
 * ``metrics``: ``accuracy`` = mean of the per-sample ``correct`` flags (checked against the JSONL), ``n`` = number of
@@ -43,11 +43,11 @@ from typing import Any
 
 from stabledrl_bench.config import from_dict, stable_hash
 from stabledrl_bench.core.baseline import BASELINES
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.evaluation.passk import METRIC_PATTERN
 from stabledrl_bench.migrations import upgraded_result
+from stabledrl_bench.reporting.passk import METRIC_PATTERN
 from stabledrl_bench.tasks import TASKS
-from stabledrl_bench.training.budget import Budget
 
 SCHEMA = "stabledrl-bench/result/v2"
 REFERENCE_BASELINES = ("base", "sft")

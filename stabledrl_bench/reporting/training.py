@@ -12,12 +12,12 @@ import pandas as pd
 
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.migrations import upgraded_training_rewards
+from stabledrl_bench.reporting.curves import plot_runs
 from stabledrl_bench.reporting.markdown import markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
 from stabledrl_bench.reporting.overruns import ABOVE, BELOW, CONTROL, Finding
 from stabledrl_bench.reporting.runlevel import two_level_bootstrap
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
-from stabledrl_bench.training.runlog import plot_runs
 
 TRAINING_DIR = "training"  # <results>/training/<comparison>__<task>.csv: per-rollout training rewards
 CONTROL_RUN = "frozen"  # the run trained with learning rate 0 on the same rollouts

@@ -39,6 +39,7 @@ from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.core.models.backends import load_model_spec
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.processes import require_shared_folder
+from stabledrl_bench.reporting.curves import plot_curves
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.training.checkpoint import (
     exclusive,
@@ -52,7 +53,7 @@ from stabledrl_bench.training.checkpoint import (
 from stabledrl_bench.training.data import PromptStream, training_docs
 from stabledrl_bench.training.distributed import configure_deepspeed, declare_fsdp_blocks, make_accelerator
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
-from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
+from stabledrl_bench.training.runlog import RunLog, read_log
 
 
 @dataclass

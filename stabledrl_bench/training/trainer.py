@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import deep_merge, from_dict, read_mapping, require_positive, to_dict
 from stabledrl_bench.core.baseline import LossInputs, bound_estimator, build_baseline, training_estimator
+from stabledrl_bench.core.budget import Budget, paper_budget
 from stabledrl_bench.core.estimators import ESPOElbo, Estimate, Estimator, SequenceBatch
 from stabledrl_bench.core.losses import anchor_kl
 from stabledrl_bench.core.models import DiffusionLM
@@ -47,8 +48,8 @@ from stabledrl_bench.core.models.checkpointing import enable_activation_checkpoi
 from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.processes import gather_lists, keyed_generator, process_state, require_shared_folder
+from stabledrl_bench.reporting.curves import plot_curves
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
-from stabledrl_bench.training.budget import Budget, paper_budget
 from stabledrl_bench.training.checkpoint import (
     exclusive,
     export_model,
@@ -71,7 +72,7 @@ from stabledrl_bench.training.distributed import (
     uses_deepspeed,
 )
 from stabledrl_bench.training.optim import OptimConfig, build_optimizer, build_scheduler
-from stabledrl_bench.training.runlog import RunLog, plot_curves, read_log
+from stabledrl_bench.training.runlog import RunLog, read_log
 from stabledrl_bench.training.validation import ValidationConfig, Validator
 
 VALIDATION_FILE = "validation.json"  # a run's validation history and its best step (when validation is on)

@@ -24,8 +24,8 @@ import datasets
 
 import stabledrl_bench.evaluation.lmeval_adapter  # noqa: F401  (registers the "stabledrl_dllm" model for the lm_eval CLI)
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.evaluation.passk import sampled_metrics
 from stabledrl_bench.evaluation.protocols import get_protocol
+from stabledrl_bench.reporting.passk import sampled_metrics
 from stabledrl_bench.tasks import Task, get_task
 from stabledrl_bench.tasks.countdown import CountdownTask
 from stabledrl_bench.tasks.sudoku import SudokuTask

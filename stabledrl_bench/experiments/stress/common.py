@@ -27,8 +27,8 @@ import torch
 from stabledrl_bench.core.estimators import Estimate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.plots import LOG_AXIS_MAX, log_axis_values, new_figure, save_png
+from stabledrl_bench.reporting.curves import finite, running_mean
 from stabledrl_bench.reporting.results import STABILITY_DIR, read_json_record, write_json_record
-from stabledrl_bench.training.runlog import finite, running_mean
 
 if TYPE_CHECKING:
     from stabledrl_bench.experiments.runner import WarmStart

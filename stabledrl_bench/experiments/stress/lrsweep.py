@@ -49,8 +49,8 @@ from stabledrl_bench.experiments.stress.settings import TrainSettings, train_set
 from stabledrl_bench.experiments.stress.sweep import RunSpec, add_costs, reanalyse, run_sweep
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import METHODS, effective_options
+from stabledrl_bench.reporting.curves import finite
 from stabledrl_bench.reporting.stats import bootstrap_mean_ci
-from stabledrl_bench.training.runlog import finite
 
 LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 

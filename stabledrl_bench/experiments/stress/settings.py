@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.stress.common import (
     STRESS_CANVAS,
@@ -22,7 +23,6 @@ from stabledrl_bench.experiments.stress.common import (
     stress_warm_start,
 )
 from stabledrl_bench.experiments.stress.options import ModelOptions, StressOptions, SweepOptions, check_positive
-from stabledrl_bench.training.budget import Budget
 from stabledrl_bench.training.optim import OptimConfig
 
 if TYPE_CHECKING:
