@@ -139,3 +139,16 @@ def test_a_stated_verdict_must_be_the_studys_and_hold() -> None:
     assert "does not hold on every platform" in problems[0]
     assert "the study has above +41.7 [+1.1, +89.5] on native" in problems[1]
     assert "not a comparison of the platform study" in problems[2]
+
+
+def test_the_docs_state_only_verdicts_the_committed_study_backs() -> None:
+    """Every verdict docs/tiny-preset.md states for the committed comparison is the committed platform study's
+    (the same interval on this machine's kernels) and keeps its sign on every platform the study ran."""
+    from stabledrl_bench.experiments.platforms import STATED, stated_problems
+
+    root = Path(__file__).resolve().parents[1]
+    study = json.loads((root / "results" / "platforms" / "study.json").read_text())
+    text = (root / "docs" / "tiny-preset.md").read_text()
+    assert len(STATED.findall(text)) >= 3  # the docs do state verdicts: the check below is not vacuous
+    assert stated_problems(text, study, "docs/tiny-preset.md") == []
+    assert len(study["platforms"]) >= 2 and study["seeds"] == [0, 1, 2, 3, 4]

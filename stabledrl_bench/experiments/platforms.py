@@ -310,7 +310,7 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ stated verdicts
 # A verdict as the leaderboard's verdict lists and the docs word it (Finding.sentence): "<subject> is <verdict>
 # <other> in <column>: <estimate> [<low>, <high>]".
-_STATED = re.compile(
+STATED = re.compile(
     r"^- `?(?P<subject>[\w.()-]+)`? is (?P<verdict>above|below|better|worse) (?:than `?(?P<method>[\w.()-]+)`?|"
     r"(?P<other>its start|the frozen control)) in (?P<column>[^:]+): "
     r"(?P<interval>[+-][\d.]+ \[[+-][\d.]+, [+-][\d.]+\])",
@@ -325,7 +325,7 @@ def stated_problems(text: str, study: Mapping[str, Any], where: str) -> list[str
     first = next(iter(study["platforms"]))
     rows = {tuple(row["comparison"][1:]): row for row in study["findings"]}  # (subject, other, column)
     problems = []
-    for match in _STATED.finditer(text):
+    for match in STATED.finditer(text):
         other = match["method"] or match["other"]
         row = rows.get((match["subject"], other, match["column"]))
         said = f"{where}: {match.group(0)[2:]}"
