@@ -1,9 +1,9 @@
 """Benchmark tasks: GSM8K, MATH500, AIME 2024/2025, Countdown and 4x4 Sudoku (also on larger or harder
-generated test sets).
+generated test sets), and Code I/O (generated one-line Python functions, graded by running them in the sandbox).
 
 Each task loads its shipped data (``data/``, see ``data/README.md``), builds prompts per protocol (``d1``,
 ``d1_train``, ``stabledrl``, ``tiny``), computes rewards per profile (``d1``, ``stabledrl``), grades completions
-and writes gold completions; Countdown and Sudoku also generate new puzzles. The contract is
+and writes gold completions; Countdown, Sudoku and Code I/O also generate new problems. The contract is
 :class:`~stabledrl_bench.tasks.base.Task`.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..core.registry import Registry, subclass_check
 from .aime import Aime24Task, Aime25Task
 from .base import REWARD_PROFILES, GradeResult, PromptSpec, RewardResult, Task
+from .code_io import CodeIOTask
 from .countdown import CountdownLargeTask, CountdownTask
 from .gsm8k import GSM8KTask
 from .math500 import Math500Task
@@ -21,7 +22,8 @@ from .sudoku import SudokuHardTask, SudokuTask
 # registers one with ``TASKS.register``).
 TASKS: Registry[type[Task]] = Registry("task", "tasks", check=subclass_check(Task))
 _PAPER = (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task)
-for _cls in (*_PAPER, CountdownLargeTask, SudokuHardTask):  # the paper's test sets, then larger/harder generated ones
+# the paper's test sets, then larger/harder generated ones, then tasks outside the paper
+for _cls in (*_PAPER, CountdownLargeTask, SudokuHardTask, CodeIOTask):
     TASKS.register(_cls.name, _cls)
 
 

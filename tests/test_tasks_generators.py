@@ -129,6 +129,8 @@ def _test_keys(task) -> set:
         ("countdown_large", "train_cd3", {}),
         ("gsm8k", "train", {}),
         ("math500", "train", {}),
+        ("code_io", "generated", {}),
+        ("code_io", "train", {}),
     ],
 )
 def test_validation_docs_are_never_test_items(name: str, source: str, options: dict) -> None:

@@ -3,7 +3,8 @@ arithmetic evaluator), Sudoku (validity, solution counting, d1's cell accuracy).
 
 Module map: :mod:`.text` (linear-time tag/box extraction), :mod:`.d1` (d1-compatible parsers),
 :mod:`.isolation` (killable worker processes), :mod:`.mathverify` (math-verify in those workers),
-:mod:`.math_answers`, :mod:`.arithmetic`, :mod:`.countdown`, :mod:`.sudoku`.
+:mod:`.math_answers`, :mod:`.arithmetic`, :mod:`.countdown`, :mod:`.sudoku`, :mod:`.sandbox` (confined processes for
+generated programs) and :mod:`.code_io` (Code I/O: an ``ast`` format check, then the tests run in the sandbox).
 """
 
 from .arithmetic import NUMBER_RULES, Arithmetic, NumberRule, evaluate, parse_arithmetic, uses_numbers

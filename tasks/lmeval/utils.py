@@ -1,10 +1,12 @@
 """lm-eval glue for the harness's tasks (``lm_eval --include_path tasks/`` or ``TaskManager(include_path=...)``).
 
 The YAMLs next to this file implement the evaluation protocols (docs/protocols.md), d1's by default: zero-shot,
-GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025, and two generated sets
-that are not d1's: Countdown on 1,024 cd3-like puzzles (``dllm_countdown_large``) and Sudoku on 256 12-blank puzzles
-(``dllm_sudoku_hard``; see ``stabledrl_bench.tasks.countdown`` and ``.sudoku``). Data come from the package's
-shipped files (resolved relative to the package, never the working directory), so nothing is downloaded.
+GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025, and three generated
+sets that are not d1's: Countdown on 1,024 cd3-like puzzles (``dllm_countdown_large``), Sudoku on 256 12-blank
+puzzles (``dllm_sudoku_hard``; see ``stabledrl_bench.tasks.countdown`` and ``.sudoku``) and Code I/O's 256 problems
+(``dllm_code_io``, graded by running each answer in the sandbox; ``stabledrl_bench.tasks.code_io``). Data come from
+the package's shipped files (resolved relative to the package, never the working directory), so nothing is
+downloaded.
 ``doc_to_text`` returns the *user message* (under d1: d1 system prompt + question); the model adapter applies the
 chat template and the prefill (d1: ``<reasoning>``). ``process_results`` grades with the harness's graders and
 reports both the robust verdict (``acc``) and d1's (``acc_d1``).
@@ -76,6 +78,10 @@ def load_sudoku_hard(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("sudoku_hard", metadata)
 
 
+def load_code_io(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("code_io", metadata)
+
+
 def load_aime24(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("aime24", metadata)
 
@@ -116,7 +122,10 @@ def doc_to_target(doc: dict[str, Any]) -> str:
 
 def process_registered(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """``dllm_task``'s metrics, which every task has: ``acc`` (the grader's verdict) and ``score`` (its per-item
-    score, e.g. Sudoku's cell accuracy; the verdict again for most tasks)."""
+    score, e.g. Sudoku's cell accuracy; the verdict again for most tasks). Several decodes (a ``*_pass16`` task
+    built on it): as :func:`process_results`."""
+    if isinstance(results[0], list):
+        return process_results(doc, results)
     grade = _task(doc["task"]).grade(results[0], doc)
     return {"acc": float(grade.correct), "score": float(grade.score)}
 
