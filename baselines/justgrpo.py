@@ -23,8 +23,15 @@ clip 1.0, full-parameter training, canvas 256 decoded in 256 steps with block le
 Where it departs from GRPO (``grpo.py``): the likelihood is exact (the AR factorisation, L passes) rather than d1's
 one-step mean-field estimate; advantages are divided by the group std; the loss sums every canvas position (EOS
 padding included) and divides by L and the number of informative completions instead of taking a token mean; eps
-0.2; no KL. The official ``valid_samples`` is averaged over the devices of a step; here it is counted in the
-micro-batch (the same number with one prompt per micro-batch, the official layout).
+0.2; no KL.
+
+Two departures in how a step's pieces combine (``train.py`` lines 157-219, ``grpo.py`` lines 31-32), not yet closed:
+the official loop calls ``backward`` once per accumulation round on a plain ``Accelerator()`` and never divides, so
+its rounds' gradients are summed, where the trainer averages its micro-batches; and its ``valid_samples`` is the mean
+over the devices of each device's count of completions with a non-zero advantage (``accelerator.gather(...).mean()``),
+where here it is the micro-batch's own count. The two normalisers agree only when every device of a round has the
+same count: with one prompt per device and some groups all-equal (advantage 0 everywhere) they differ, and the
+official gradient of a round is scaled by the ratio of its device's count to the devices' mean.
 
 Rollouts: the harness samples with the budget's decoder. JustGRPO's recipe (``configs/recipes/justgrpo/``) sets
 block length 1 and as many steps as the canvas, which is the official autoregressive rollout; under any other budget
