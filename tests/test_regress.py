@@ -157,6 +157,7 @@ def test_a_changed_warm_start_recipe_fails_its_cases_only(pinned, monkeypatch, c
             "table1-countdown",
             "table1-countdown_large",
             "table1-sudoku_hard",
+            "table1-code_io",
             "table2-sudoku",
         )
     }
