@@ -135,9 +135,11 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-# Below this many parameters a model's matrices are too small for a second intra-op thread to pay: the tiny
-# models (0.8M) run no faster on two threads than on one, and lose most of their speed when another program keeps a
-# core busy (OpenMP's threads wait for each other at every operation). benchmarks/bench_threads.py measures it.
+# Below this many parameters a job gets one intra-op thread. A tiny-model stage alone gains about 1.6 times from a
+# second thread, but two one-thread stages side by side do more work (1.2 times), and a two-thread stage loses two
+# thirds of its speed when another program keeps a core busy (OpenMP's threads wait for each other at every
+# operation) while a one-thread stage keeps it (benchmarks/bench_threads.py). Above it a comparison's stages are few
+# and long, and get the cores as threads; the threshold is a judgment, not a measured optimum (docs/platforms.md).
 SMALL_MODEL_PARAMETERS = 20_000_000
 
 
