@@ -214,7 +214,7 @@ def test_a_batch_runs_one_sandbox_program_per_completion(monkeypatch: pytest.Mon
         return real(source, **kwargs)
 
     monkeypatch.setattr(grader.sandbox, "run_program", counting)
-    monkeypatch.setattr(grader, "_CACHE", type(grader._CACHE)())
+    grader._outputs.cache_clear()
     texts = [_answer(f"def f(x):return 2*x+{b}") for b in range(1, 10)] + ["no tag"] * 3
     rewards = TASK.reward_many(texts, [DOC] * len(texts), "d1")
     assert len(runs) == 9 and [r.total for r in rewards] == [0.5] * 8 + [2.5] + [0.0] * 3

@@ -15,7 +15,7 @@ A completion's program is the text of its last ``<answer>`` tag. Two checks, in 
 Why one process per program and not per test case: starting a sandbox (namespaces, a fresh interpreter) costs
 tens of milliseconds, calling a one-line function microseconds. A batch runs its programs on a thread pool (the
 sandbox offers no pool of its own; each program is a separate process that a thread waits on), as wide as the
-machine has CPUs. Results are cached by (program, inputs) for the life of the process, so a trainer that rewards
+machine has CPUs. Results are cached by (program, inputs) (the latest ``CACHE_SIZE``), so a trainer that rewards
 and then grades the same rollouts (TraDo) runs each program once.
 
 Where the sandbox is unavailable, every call raises :class:`~.sandbox.SandboxUnavailable` (one line) and no
@@ -27,12 +27,10 @@ from __future__ import annotations
 import ast
 import json
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from . import sandbox
 from .text import last_answer_tag
@@ -149,25 +147,13 @@ def require_sandbox(task: str) -> None:
         )
 
 
-_CACHE: OrderedDict[tuple[str, tuple[int, ...]], tuple[tuple[int | None, ...], str]] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-
-
+@lru_cache(maxsize=CACHE_SIZE)
 def _outputs(program: str, inputs: tuple[int, ...]) -> tuple[tuple[int | None, ...], str]:
-    """The function's output on each input (None: an exception or not an int) and the sandbox status; cached."""
-    key = (program, inputs)
-    with _CACHE_LOCK:
-        if key in _CACHE:
-            _CACHE.move_to_end(key)
-            return _CACHE[key]
+    """The function's output on each input (None: an exception or not an int) and the sandbox status; the latest
+    ``CACHE_SIZE`` are kept."""
     outcome = sandbox.run_program(driver_source(program, inputs), limits=LIMITS)
     results = parse_results(outcome.stdout, len(inputs)) if outcome.passed else None
-    found = (tuple(results) if results is not None else (None,) * len(inputs), outcome.status)
-    with _CACHE_LOCK:
-        _CACHE[key] = found
-        while len(_CACHE) > CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return found
+    return (tuple(results) if results is not None else (None,) * len(inputs), outcome.status)
 
 
 def run_tests(
