@@ -17,7 +17,7 @@ from conftest import BUILTIN_BASELINES, SMALL, small_budget
 
 from stabledrl_bench.config import from_dict
 from stabledrl_bench.core import rollouts as rollouts_module
-from stabledrl_bench.core.baseline import BASELINES
+from stabledrl_bench.core.baseline import BASELINES, build_baseline
 from stabledrl_bench.core.budget import Budget, paper_budget
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm, save_diffusion_lm
@@ -781,3 +781,49 @@ def test_validation_keeps_the_best_checkpoint_resumes_and_leaves_training_alone(
         assert all(torch.equal(best[k], shown[0][k]) for k in best) and not all(
             torch.equal(best[k], runs[name][k]) for k in best
         )
+
+
+# JustGRPO on 4 micro-batches of one prompt each, devices = 2: rounds (0, 1) and (2, 3). Counts of completions with a
+# non-zero advantage: 4, 0 | 2, 4, so valid_samples = 2 and 3, and the official loop sums K = 2 rounds.
+JUSTGRPO_ADVANTAGES = ([1.0, -1.0, 0.5, -0.5], [0.0, 0.0, 0.0, 0.0], [2.0, 0.0, 0.0, -2.0], [1.0, -1.0, 1.0, -1.0])
+JUSTGRPO_ROUND_MEANS = (2.0, 2.0, 3.0, 3.0)
+
+
+def test_justgrpo_combines_a_steps_micro_batches_as_its_official_loop(small_models, tmp_path, monkeypatch):
+    """The first step's gradient is the official ``(1 / D) sum`` over rounds and devices of each device's loss scaled
+    by its round's mean count (train.py lines 157-219, grpo.py lines 31-32), computed here one micro-batch at a time
+    from the official formula at ratio 1: ``-(1 / (L (V + 1e-5))) sum_i A_i sum_t log pi(y_it)``."""
+    from stabledrl_bench.core.baseline import training_estimator
+
+    budget = dataclasses.replace(small_budget(), prompts_per_step=4)
+    cfg = _config(small_models["full"], tmp_path, "justgrpo", budget=budget, baseline_options={"devices": 2})
+    trainer = RLTrainer(cfg)
+    designed = iter(JUSTGRPO_ADVANTAGES)
+
+    def advantages(rewards, group_ids, correct=None):
+        return torch.tensor(next(designed)), torch.ones_like(rewards, dtype=torch.bool)
+
+    monkeypatch.setattr(trainer.baseline, "advantages", advantages)
+    micro_batches, _ = trainer.rollout()
+    assert [mb.context for mb in micro_batches] == [{"valid_samples": v, "rounds": 2} for v in JUSTGRPO_ROUND_MEANS]
+    grad_norm = trainer.optimizer_step(micro_batches, 0)["grad_norm"]
+
+    dlm = load_diffusion_lm(small_models["full"])  # the weights the trainer started from
+    estimator = training_estimator(build_baseline("justgrpo"), dlm, block_length=budget.block_length)
+    objective = torch.zeros(())
+    for mb, valid in zip(micro_batches, JUSTGRPO_ROUND_MEANS, strict=True):
+        est = estimator.evaluate(dlm, mb.batch, estimator.draw(mb.batch, torch.Generator().manual_seed(0)))
+        per_completion = torch.zeros(len(mb.advantages)).index_add(
+            0, est.row_to_seq, torch.where(est.token_mask, est.token_logp, 0.0).sum(dim=1)
+        )
+        canvas = mb.batch.completion_ids.shape[1]
+        objective = objective - (mb.advantages * per_completion).sum() / (canvas * (valid + 1e-5)) / 2  # / D
+    objective.backward()
+    official = torch.cat([p.grad.flatten() for p in dlm.model.parameters() if p.grad is not None]).norm()
+    assert math.isclose(grad_norm, float(official), rel_tol=1e-4), (grad_norm, float(official))
+
+
+def test_justgrpo_refuses_a_step_its_devices_do_not_split(small_models, tmp_path):
+    cfg = _config(small_models["full"], tmp_path, "justgrpo", baseline_options={"devices": 3})
+    with pytest.raises(UserError, match="does not split into accumulation rounds of devices=3"):
+        RLTrainer(cfg)

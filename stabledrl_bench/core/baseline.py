@@ -44,6 +44,8 @@ class LossInputs:
     advantages: torch.Tensor  # [B]
     completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
     group_ids: torch.Tensor  # [B] long, the prompt each completion belongs to
+    # what the loss needs from the other micro-batches of its optimizer step (Baseline.step_context); empty for most
+    context: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def token_rows(
         self, baseline: str
@@ -144,6 +146,23 @@ class Baseline:
                 f"other (advantage rule {self.advantage!r}), which needs at least {least} per prompt; with fewer every "
                 "advantage is 0 and nothing is learned"
             )
+
+    def require_micro_batches(self, count: int) -> None:
+        """Refuse an optimizer step of ``count`` micro-batches that this method cannot combine its way
+        (:meth:`step_context`); any count does for a method that averages them."""
+        del count
+
+    def step_context(self, advantages: list[torch.Tensor]) -> list[dict[str, float]] | None:
+        """What each micro-batch's loss needs from the others of its optimizer step, for a method whose official loop
+        combines them otherwise than the trainer does (it averages the micro-batches' losses, on one process or many).
+
+        ``advantages``: every micro-batch's, of every process, in the step's order. Returns one dict per micro-batch,
+        its ``LossInputs.context`` (JustGRPO: the mean count of informative completions over the micro-batches one
+        official accumulation round spreads over its devices, and the number of rounds its loop sums). None, the
+        default: each loss sees its own micro-batch only, and the trainer gathers nothing.
+        """
+        del advantages
+        return None
 
     def advantages(
         self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.config import deep_merge, from_dict, read_mapping, require_positive, to_dict
-from stabledrl_bench.core.baseline import LossInputs, bound_estimator, build_baseline, training_estimator
+from stabledrl_bench.core.baseline import Baseline, LossInputs, bound_estimator, build_baseline, training_estimator
 from stabledrl_bench.core.budget import Budget, paper_budget
 from stabledrl_bench.core.estimators import ESPOElbo, Estimate, Estimator, SequenceBatch
 from stabledrl_bench.core.losses import anchor_kl
@@ -191,6 +191,7 @@ class MicroBatch:
     generators: dict[str, torch.Generator]  # this micro-batch's "mask" and "noise" (and "anchor") streams
     weight: float = 1.0
     anchor: list[tuple[Any, Estimate]] = field(default_factory=list)  # per inner iteration: masks, reference ELBO
+    context: dict[str, float] = field(default_factory=dict)  # from the step's other micro-batches (step_context)
 
 
 @dataclass
@@ -249,6 +250,7 @@ class RLTrainer:
         self.baseline.require_groups(cfg.budget.num_generations)
         self.scheme = self.baseline.rollout()
         self.grad_accum = accumulation_steps(cfg.budget.prompts_per_step, cfg.per_device_prompts)
+        self.baseline.require_micro_batches(cfg.budget.prompts_per_step // cfg.per_device_prompts)
         # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed)
         self.acc = make_accelerator(
             grad_accum=self.grad_accum, bf16=cfg.bf16, log_with=cfg.log_with or None, project_dir=cfg.output_dir
@@ -450,6 +452,9 @@ class RLTrainer:
                 micro_batches.append(
                     self._pre_estimate(batch, advantages.to(self.dlm.device), group_ids, generators, weight)
                 )
+        contexts = self._step_contexts([mb.advantages for mb in micro_batches])
+        for mb, context in zip(micro_batches, contexts, strict=True):
+            mb.context = context
         self.dlm.model.train()
         # every process's rows, in the order one process would hold them: the metrics of the whole rollout
         shares = gather_lists([(sampled_rows(sampled), informative, kept, sum(s.nfe for s in sampled))])
@@ -470,6 +475,19 @@ class RLTrainer:
         }
         metrics.update({f"reward/{k}": sum(v) / len(v) for k, v in components.items()})
         return micro_batches, metrics
+
+    def _step_contexts(self, advantages: list[torch.Tensor]) -> list[dict[str, float]]:
+        """This process's share of the baseline's :meth:`~Baseline.step_context` over the whole step: the
+        advantages of every process's micro-batches are gathered only for a method that overrides it (the others
+        get empty contexts, and no collective call)."""
+        if type(self.baseline).step_context is Baseline.step_context:
+            return [{} for _ in advantages]
+        shares = gather_lists([[a.detach().cpu() for a in advantages]])  # rank order: the step's order
+        contexts = self.baseline.step_context([a for share in shares for a in share])
+        if contexts is None:
+            return [{} for _ in advantages]
+        start = sum(len(share) for share in shares[: process_state().process_index])
+        return contexts[start : start + len(advantages)]
 
     def _pre_estimate(
         self, batch: SequenceBatch, advantages, group_ids, generators: dict[str, torch.Generator], weight: float
@@ -588,6 +606,7 @@ class RLTrainer:
             advantages=mb.advantages,
             completion_mask=mb.batch.completion_mask,
             group_ids=mb.group_ids.to(mb.advantages.device),
+            context=mb.context,
         )
         loss, metrics = self.baseline.loss(inputs)
         if self.anchor is not None:
