@@ -218,7 +218,10 @@ def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
         return {"unsupported": {"reason": str(exc)}}
     batch = fixed.batch
     correct = method.correctness(fixed.correct, dlm.response_lengths(batch.completion_ids), canvas=CANVAS)
-    advantages, keep = method.advantages(fixed.rewards, fixed.group_ids, correct)
+    try:  # a method whose advantages need its own rollout's records (EGSPO) cannot take the committed rollouts
+        advantages, keep = method.advantages(fixed.rewards, fixed.group_ids, correct, records=batch.records)
+    except UserError as exc:
+        return {"unsupported": {"reason": str(exc)}}
     values: dict[str, Value] = {**digest("advantages", advantages), **digest("keep", keep)}
     if not bool(keep.any()):
         return {"loss": {**values, "dropped": True}}
