@@ -99,7 +99,7 @@ class _StepRecorder:
     """The observer of :class:`EntropySteps`: per step and row, the mean entropy of the committed tokens'
     distributions and the one-step denoised prediction of the state before the step."""
 
-    def __init__(self, rows: int, steps: int, prompt_len: int, length: int, mask_id: int, device: torch.device):
+    def __init__(self, rows: int, steps: int, prompt_len: int, length: int, mask_id: int, device: torch.device) -> None:
         self.prompt_len = prompt_len
         self.mask_id = mask_id
         self.entropy = torch.full((rows, steps), float("-inf"), dtype=torch.float64, device=device)
