@@ -21,6 +21,7 @@ name                        file                 in one line
 ``justgrpo``                ``justgrpo.py``      JustGRPO: GRPO on the exact left-to-right likelihood
 ``gdsd``                    ``gdsd.py``          GDSD: clamped change of the denoising log-prob regressed on A
 ``bgpo``                    ``bgpo.py``          BGPO: PPO linear in each ELBO sample, dual clip (DARE's port)
+``egspo``                   ``egspo.py``         EGSPO: step PPO on the highest-entropy sampler steps, stepwise A
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -53,6 +54,7 @@ BUILTIN_MODULES = (
     "justgrpo",
     "gdsd",
     "bgpo",
+    "egspo",
 )  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:

@@ -193,6 +193,8 @@ def rl_step(
     )
     if baseline == "trado":  # on an 8-token canvas TraDo's overlong rule (>= canvas - 5) would mark every answer wrong
         overrides.setdefault("baseline_options", {"overlong_margin": None})
+    if baseline == "egspo":  # EGSPO chooses K of the sampler's steps: 2 of these 4
+        overrides.setdefault("baseline_options", {"logps_eval_num_steps": 2})
     cfg = TrainConfig(
         baseline=baseline,
         task="sudoku",

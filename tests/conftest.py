@@ -34,6 +34,7 @@ BUILTIN_BASELINES = (
     "justgrpo",
     "gdsd",
     "bgpo",
+    "egspo",
 )
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

@@ -442,11 +442,14 @@ def test_compute_dtype_rule() -> None:
         assert compute_dtype(*(torch.zeros(1, dtype=d) for d in dtypes), None) == expected
 
 
+BETAS = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01, "cj_grpo": 0.04, "agrpo": 0.01, "gdsd": 1e-3, "egspo": 0.04}
+
+
 @pytest.mark.parametrize("name", BUILTIN_BASELINES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
 def test_every_loss_computes_and_returns_at_least_the_input_precision(name: str, dtype: torch.dtype) -> None:
     """float64 in -> float64 out; bf16 / fp16 in -> computed in float32: the very number float32 inputs give."""
-    beta = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01, "cj_grpo": 0.04, "agrpo": 0.01, "gdsd": 1e-3}.get(name, 0.0)
+    beta = BETAS.get(name, 0.0)
     loss, grads = _loss_and_grads(name, _inputs(dtype, x=0.5, adv=1.0), beta=beta)
     single, _ = _loss_and_grads(name, _inputs(torch.float32, x=0.5, adv=1.0), beta=beta)
     assert loss.dtype == torch.promote_types(dtype, torch.float32) and all(g.dtype == dtype for g in grads)
@@ -461,7 +464,7 @@ def test_every_loss_stays_float32_inside_bf16_autocast(name: str) -> None:
     """The trainer computes the losses inside the forward's autocast: none of them has a matrix product autocast
     would run in bf16, so the loss and its gradients are float32's to the bit (non-dyadic values: bf16 would
     round them)."""
-    beta = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01, "cj_grpo": 0.04, "agrpo": 0.01, "gdsd": 1e-3}.get(name, 0.0)
+    beta = BETAS.get(name, 0.0)
     plain, plain_grads = _loss_and_grads(name, _inputs(torch.float32, x=0.3, adv=0.7), beta=beta)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cast, cast_grads = _loss_and_grads(name, _inputs(torch.float32, x=0.3, adv=0.7), beta=beta)
@@ -604,7 +607,10 @@ PASSING_FACTOR = {
     "gdpo": 0.5,
     "trado": 0.5,
     "stabledrl_clip_only": -0.25 * 4.75,
+    "egspo": 1 / 6,  # one ratio per row (the product over its 3 tokens), each row's term over 3 tokens, 4 rows
 }
+# EGSPO's ratio is a step's: the product of its tokens' ratios, so a row of three tokens at log-ratio x / 3 has x
+STEP_TOKENS = {"egspo": 3}
 
 
 @pytest.mark.parametrize("name", BUILTIN_BASELINES)
@@ -614,7 +620,8 @@ def test_unclipped_term_is_finite_when_its_value_is(name: str, dtype: torch.dtyp
     the passing term is the finite number it is, not inf (nor NaN), for the methods that let it pass."""
     t = min(x, math.log(torch.finfo(dtype).max) - 20)
     options = {"beta": 0.0, **UNCLAMPED.get(name, {})}
-    loss, grads = _loss_and_grads(name, _inputs(dtype, x=x, adv=-math.exp(t - x)), **options)
+    per_token = x / STEP_TOKENS.get(name, 1)
+    loss, grads = _loss_and_grads(name, _inputs(dtype, x=per_token, adv=-math.exp(t - x)), **options)
     assert _finite(loss, grads)
     if name in PASSING_FACTOR:
         assert close(loss.item() / math.exp(t), PASSING_FACTOR[name], 1e-4)

@@ -20,6 +20,7 @@ baseline without editing this repository through the ``stabledrl_bench.baselines
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,7 +42,7 @@ class LossInputs:
     new: Estimate  # current policy pi_theta (with grad)
     old: Estimate | None  # rollout policy pi_theta_old (no grad); None when the baseline needs no ratio
     ref: Estimate | None  # frozen reference policy (no grad); None when beta == 0
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B] (a stepwise method's: [B, K], one column per chosen step, Estimate.row_column)
     completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
     group_ids: torch.Tensor  # [B] long, the prompt each completion belongs to
     # what the loss needs from the other micro-batches of its optimizer step (Baseline.step_context); empty for most
@@ -165,9 +166,18 @@ class Baseline:
         return None
 
     def advantages(
-        self, rewards: torch.Tensor, group_ids: torch.Tensor, correct: torch.Tensor | None = None
+        self,
+        rewards: torch.Tensor,
+        group_ids: torch.Tensor,
+        correct: torch.Tensor | None = None,
+        records: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(advantages [B], keep [B] bool)`` by the ``advantage`` rule; ``keep`` drops whole groups."""
+        """``(advantages [B], keep [B] bool)`` by the ``advantage`` rule; ``keep`` drops whole groups.
+
+        ``records`` are what the method's rollout scheme recorded per completion (``SequenceBatch.records``); the
+        rules of rewards alone ignore them, a method with stepwise advantages (EGSPO: [B, K]) reads them.
+        """
+        del records
         rule = ADVANTAGES.get(self.advantage)
         return rule(rewards, group_ids, correct, **self.advantage_options())
 

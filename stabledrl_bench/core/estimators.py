@@ -30,6 +30,7 @@ name                proxy                                                       
 ``trace_replay``    TraceRL: exact per-step log-probs along the sampler trajectory   token_logp [R, L]
 ``trace_sample``    AGRPO: the replay at Monte-Carlo sampled steps of the trajectory  token_logp [B K, L]
 ``ar_replay``       JustGRPO: the left-to-right (autoregressive) factorisation       token_logp [R, L]
+``chosen_steps``    EGSPO: the replay at the steps the rollout chose per sequence     token_logp [B K, L]
 ``staircase_elbo``  block-diffusion ELBO, all blocks in one staircase pass           elbo, eubo [B] (+ tokens)
 ==================  ===============================================================  ==========================
 """
@@ -60,6 +61,9 @@ class SequenceBatch:
     completion_ids: torch.Tensor  # [B, L] long
     completion_mask: torch.Tensor  # [B, L] bool, True up to and including the first EOS
     unmask_step: torch.Tensor | None = None  # [B, L] long, sampler step that committed each token (TraceRL)
+    # What a rollout scheme recorded beyond the completions, one row per sequence (docs/rollouts.md): e.g. the
+    # sampler steps EGSPO chose and its intermediate predictions' rewards. Empty for the default scheme.
+    records: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def select(self, keep: torch.Tensor) -> SequenceBatch:
         """The rows where ``keep`` [B] bool is True (a baseline dropping whole groups keeps the rest)."""
@@ -70,6 +74,7 @@ class SequenceBatch:
             completion_ids=self.completion_ids[keep],
             completion_mask=self.completion_mask[keep],
             unmask_step=None if self.unmask_step is None else self.unmask_step[keep],
+            records={name: value[keep.to(value.device)] for name, value in self.records.items()},
         )
 
 
@@ -90,6 +95,9 @@ class Estimate:
     # [B, K] one value per Monte-Carlo sample, whose mean over K is ``elbo``, for the losses that treat every sample
     # on its own (GDSD, BGPO); filled by the estimators that keep them.
     elbo_samples: torch.Tensor | None = None
+    # [R] long: for rows that replay steps a rollout chose per sequence (EGSPO), which of its sequence's chosen steps
+    # each row is, the column of the per-step advantages [B, K] it takes.
+    row_column: torch.Tensor | None = None
 
     def detach(self) -> Estimate:
         return Estimate(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
@@ -135,6 +143,13 @@ class TraceSampleNoise:
 
 
 @dataclass
+class ChosenStepsNoise:
+    """EGSPO: which of each sequence's chosen steps (columns of ``records["steps"]``) this estimate replays."""
+
+    columns: torch.Tensor  # [C] long
+
+
+@dataclass
 class StratifiedNoise:
     """BGPO's masks: per sequence, ``count`` stratified over the K samples, a uniform subset of the valid tokens."""
 
@@ -175,6 +190,7 @@ Noise = (
     | ESPONoise
     | TraceNoise
     | TraceSampleNoise
+    | ChosenStepsNoise
     | StratifiedNoise
     | StaircaseNoise
     | CoupledNoise
@@ -344,6 +360,15 @@ class Estimator(ABC):
     @abstractmethod
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> Noise:
         """Every random choice of one estimate (masks, counts, chosen blocks), from ``generator`` only."""
+
+    def draw_for(self, batch: SequenceBatch, generator: torch.Generator, iteration: int, iterations: int) -> Noise:
+        """The noise of inner iteration ``iteration`` (0-based) of ``iterations`` on one rollout.
+
+        Every estimator draws alike at every iteration (this is :meth:`draw`), except one whose iterations take
+        turns over parts of the rollout (EGSPO's chosen steps: :class:`ChosenSteps`).
+        """
+        del iteration, iterations
+        return self.draw(batch, generator)
 
     @abstractmethod
     def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: Noise) -> Estimate:
@@ -1045,6 +1070,74 @@ class ARReplay(TraceReplay):
         return trace_replay_plan(
             order, batch.completion_mask, shrink=self.shrink, post_num=self.post_num, block_size=block_size
         )
+
+
+@ESTIMATORS.register("chosen_steps")
+@dataclass(frozen=True, kw_only=True)
+class ChosenSteps(TraceReplay):
+    """EGSPO's likelihood (docs/estimators.md#chosen_steps): the exact log-probs of the tokens the sampler committed
+    at the steps its rollout chose for each sequence (``batch.records["steps"]`` [B, K], the ``entropy_steps``
+    scheme), one replay row per (sequence, chosen step).
+
+    ``vishnutez/egspo-dllm-rl: egspo/egspo_trainer.py: _get_per_token_logps_unbiased`` (lines 488-542, the 2-D
+    path, ``pred_state="next"``): the row of step s is the sampler's state before s (every completion token
+    committed at a step < s clean, the rest masked); its targets are the tokens step s committed. The noise is
+    deterministic (which columns to replay); :meth:`draw` replays all K, :meth:`draw_for` shares them out over the
+    inner iterations in the official order: the trainer calls ``compute_loss`` K times per rollout with
+    ``eval_time_step_idx = _step % K`` after ``_step`` was already incremented (lines 93, 559-564), so the columns
+    come in the order 1, 2, ..., K-1, 0, and ``gradient_accumulation_steps`` consecutive ones make an optimizer
+    step: iteration i of mu takes the i-th of mu equal runs of that order (mu >= K: column ``order[i mod K]``).
+    Estimate rows are sequence-major, ``row_column`` says which chosen step each row is.
+    """
+
+    post_num: int | None = None
+
+    @staticmethod
+    def order(steps: int) -> list[int]:
+        """The official order of the K chosen steps over a rollout's ``compute_loss`` calls: 1, ..., K-1, 0."""
+        return [(k + 1) % steps for k in range(steps)]
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> ChosenStepsNoise:
+        del generator
+        steps = self._chosen(batch)
+        return ChosenStepsNoise(columns=torch.arange(steps.shape[1], device=steps.device))
+
+    def draw_for(
+        self, batch: SequenceBatch, generator: torch.Generator, iteration: int, iterations: int
+    ) -> ChosenStepsNoise:
+        del generator
+        steps = self._chosen(batch)
+        k = steps.shape[1]
+        order = self.order(k)
+        if iterations >= k:
+            chosen = [order[iteration % k]]
+        else:
+            chosen = order[iteration * k // iterations : (iteration + 1) * k // iterations]
+        return ChosenStepsNoise(columns=torch.tensor(chosen, dtype=torch.long, device=steps.device))
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: ChosenStepsNoise) -> Estimate:
+        steps = self._chosen(batch)
+        _require(batch.unmask_step is not None, "chosen_steps needs the sampler's unmask_step for every completion")
+        assert batch.unmask_step is not None
+        n_seq, dev = steps.shape[0], steps.device
+        columns = noise.columns.to(dev)
+        seq = torch.arange(n_seq, device=dev).repeat_interleave(columns.shape[0])
+        column = columns.repeat(n_seq)
+        committed = batch.unmask_step[seq]  # [R, L]
+        step = steps[seq, column][:, None]
+        # never-committed positions (EOS filled after an early stop) were MASK in every state
+        plan = TracePlan(row_to_seq=seq, masked=(committed >= step) | (committed < 0), targets=committed == step)
+        return dataclasses.replace(self.replay(model, batch, plan), row_column=column)
+
+    @staticmethod
+    def _chosen(batch: SequenceBatch) -> torch.Tensor:
+        steps = batch.records.get("steps")
+        _require(
+            steps is not None,
+            "chosen_steps needs the steps the rollout chose (records['steps'], drawn by the entropy_steps scheme)",
+        )
+        assert steps is not None
+        return steps.long()
 
 
 # ====================================================================================== staircase

@@ -55,9 +55,12 @@ def scaled_exp(log_scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 
 def conditional_clip(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float
+    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon: float, epsilon_high: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO surrogate min(rho A, clip(rho, 1-eps, 1+eps) A) and where its clipped branch is active.
+
+    ``epsilon_high`` (None: ``epsilon``) is the upper bound's own range, clip(rho, 1 - eps, 1 + eps_high) (DAPO's
+    clip-higher, EGSPO's ``epsilon_high``); everything below holds with 1 + eps_high in place of 1 + eps.
 
     ``clipped`` marks the entries whose gradient the min zeroes: rho > 1+eps with A > 0, or rho < 1-eps with
     A < 0 (the definition of TRL's ``clip_ratio/region``). The other two cases pass the raw ratio through. So
@@ -73,9 +76,10 @@ def conditional_clip(
     """
     dtype = compute_dtype(log_ratio, advantages)
     log_ratio, advantages = log_ratio.to(dtype), advantages.to(dtype)
+    high = epsilon if epsilon_high is None else epsilon_high
     ratio = torch.exp(log_ratio.detach())
-    clipped = ((ratio > 1 + epsilon) & (advantages > 0)) | ((ratio < 1 - epsilon) & (advantages < 0))
-    bounded = torch.where(advantages > 0, advantages * (1 + epsilon), advantages * (1 - epsilon))
+    clipped = ((ratio > 1 + high) & (advantages > 0)) | ((ratio < 1 - epsilon) & (advantages < 0))
+    bounded = torch.where(advantages > 0, advantages * (1 + high), advantages * (1 - epsilon))
     objective = torch.where(clipped, bounded, scaled_exp(torch.where(clipped, 0.0, log_ratio), advantages))
     return objective, clipped
 

@@ -25,7 +25,8 @@ import torch
 
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.registry import Registry, subclass_check
-from stabledrl_bench.core.sampling import DecodeSettings, generate
+from stabledrl_bench.core.sampling import DecodeSettings, DecodeStep, FullDecode, generate
+from stabledrl_bench.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ class RolloutScheme(ABC):
         """The scheme and its options, as run folders record them."""
         return {"name": self.name, **dataclasses.asdict(self)}  # type: ignore[call-overload]
 
+    def check(self, settings: DecodeSettings) -> None:
+        """Refuse, with one line (:class:`~stabledrl_bench.errors.UserError`), decode settings this scheme cannot
+        draw with, so that a run stops before its first rollout; every setting is fine by default."""
+        del settings
+
 
 ROLLOUTS: Registry[type[RolloutScheme]] = Registry(
     "rollout scheme", "rollouts", builtins=["stabledrl_bench.core.rollouts"], check=subclass_check(RolloutScheme)
@@ -85,4 +91,101 @@ class Independent(RolloutScheme):
         return Rollout(out.completion_ids, out.unmask_step, out.nfe)
 
 
-__all__ = ["ROLLOUTS", "Independent", "Rollout", "RolloutScheme"]
+ENTROPY_EPS = 1e-8  # inside the log of the step entropies, as the official code (egspo_trainer.py line 687)
+SELECTIONS = ("high_entropy", "uniform", "random")
+
+
+class _StepRecorder:
+    """The observer of :class:`EntropySteps`: per step and row, the mean entropy of the committed tokens'
+    distributions and the one-step denoised prediction of the state before the step."""
+
+    def __init__(self, rows: int, steps: int, prompt_len: int, length: int, mask_id: int, device: torch.device) -> None:
+        self.prompt_len = prompt_len
+        self.mask_id = mask_id
+        self.entropy = torch.full((rows, steps), float("-inf"), dtype=torch.float64, device=device)
+        self.predictions = torch.full((rows, steps, length), mask_id, dtype=torch.long, device=device)
+
+    def __call__(self, step: DecodeStep) -> None:
+        probs = torch.softmax(step.block_logits, dim=-1)
+        entropy = -(probs * torch.log(probs + ENTROPY_EPS)).sum(dim=-1)  # [R, b]
+        count = step.selected.sum(dim=1)
+        mean = torch.where(step.selected, entropy, 0.0).sum(dim=1) / count.clamp(min=1)
+        # a step that commits nothing has no entropy to rank (the official mean over no token is NaN)
+        self.entropy[step.rows, step.index] = torch.where(count > 0, mean, float("-inf"))
+        state = step.state[:, self.prompt_len :]
+        logits = step.logits[:, self.prompt_len :]
+        greedy = logits.argmax(dim=-1)
+        if bool((greedy == self.mask_id).any()):  # MASK is never an output (as in the sampler): the runner-up
+            fix = greedy == self.mask_id
+            scores = logits[fix].clone()
+            scores[:, self.mask_id] = float("-inf")
+            greedy[fix] = scores.argmax(dim=-1)
+        self.predictions[step.rows, step.index] = torch.where(state == self.mask_id, greedy, state)
+
+
+@ROLLOUTS.register("entropy_steps")
+@dataclass(frozen=True)
+class EntropySteps(RolloutScheme):
+    """EGSPO's rollout (``vishnutez/egspo-dllm-rl: egspo/egspo_trainer.py``): the LLaDA sampler, recording at
+    every step the entropies of the distributions its committed tokens were drawn from and the one-step denoised
+    prediction of the state it started from; then ``num_steps`` steps are chosen per completion.
+
+    Records (docs/rollouts.md#entropy_steps), per row: ``entropy`` [T] the mean over the step's committed tokens of
+    H(p) = -sum_v p_v log(p_v + 1e-8), p the untempered softmax of the logits (``generate`` lines 279-342 and
+    ``_get_high_entropy_time_steps`` lines 675-715); ``steps`` [K] the chosen steps; ``predictions`` [K, L] the
+    one-step prediction at each chosen step: every masked position of the state filled with the argmax of that
+    step's logits, committed positions kept (``x0_greedy``, lines 272-275; the trainer rewards them). ``selection``
+    (``logps_eval_time_steps_mode``, lines 742-758): ``high_entropy`` the K steps of highest entropy, highest first
+    (ties: the earlier step); ``uniform`` linspace(0, T-2, K-1) then T-1; ``random`` K-1 uniform draws in
+    [0, T-2] shared by the micro-batch (from its generator), then T-1. The extra cost is a softmax over each block
+    and an argmax over each forward, no extra forward.
+    """
+
+    description: ClassVar[str] = "the LLaDA sampler recording step entropies and one-step predictions (EGSPO)"
+    num_steps: int = 8  # K: logps_eval_num_steps
+    selection: str = "high_entropy"  # logps_eval_time_steps_mode
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1:
+            raise UserError(f"entropy_steps: num_steps must be a positive integer, got {self.num_steps!r}")
+        if self.selection not in SELECTIONS:
+            raise UserError(f"entropy_steps: selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
+
+    def check(self, settings: DecodeSettings) -> None:
+        if not isinstance(settings, FullDecode):
+            raise UserError(
+                "the entropy_steps rollout (EGSPO) records the LLaDA sampler's one-step predictions: it needs a "
+                "full-attention model"
+            )
+        if settings.approximate:
+            raise UserError("the entropy_steps rollout (EGSPO) needs exact decoding (budget.rollout_decode: exact)")
+        if self.num_steps > settings.steps:
+            raise UserError(f"entropy_steps: num_steps={self.num_steps} exceeds the {settings.steps} sampler steps")
+
+    def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
+        self.check(settings)
+        length = settings.max_completion_length
+        recorder = _StepRecorder(
+            prompt_ids.shape[0], settings.steps, prompt_ids.shape[1], length, dlm.mask_id, prompt_ids.device
+        )
+        out = generate(dlm, prompt_ids, prompt_mask, settings, generator=generator, observer=recorder)
+        steps = self.choose(recorder.entropy, generator)
+        index = steps[:, :, None].expand(-1, -1, length)
+        records = {"entropy": recorder.entropy, "steps": steps, "predictions": recorder.predictions.gather(1, index)}
+        return Rollout(out.completion_ids, out.unmask_step, out.nfe, records)
+
+    def choose(self, entropy: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The K chosen steps of every row [rows, K] from the step entropies [rows, T] (the class docstring)."""
+        rows, total = entropy.shape
+        k, device = self.num_steps, entropy.device
+        if self.selection == "high_entropy":
+            return torch.argsort(entropy, dim=1, descending=True, stable=True)[:, :k]
+        if self.selection == "uniform":
+            early = torch.linspace(0, total - 2, k - 1).long()
+        else:
+            early = torch.randint(0, max(total - 1, 1), (k - 1,), generator=generator, device=generator.device).cpu()
+        last = torch.full((1,), total - 1, dtype=torch.long)
+        return torch.cat((early, last)).to(device).expand(rows, k).clone()
+
+
+__all__ = ["ROLLOUTS", "EntropySteps", "Independent", "Rollout", "RolloutScheme"]

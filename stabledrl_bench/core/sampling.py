@@ -42,7 +42,7 @@ Deliberate differences from the reference code (each one keeps the result well d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -70,6 +70,27 @@ class GenerationOutput:
     completion_ids: torch.Tensor  # [B, L]
     unmask_step: torch.Tensor  # [B, L] long; -1 only at positions filled with EOS after a row stopped
     nfe: int  # forward evaluations per sample (CFG step = 2, KV store pass = 1, prefill = 1)
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One step of :func:`llada_generate` as an observer sees it, before the step's tokens are committed.
+
+    Why: a rollout scheme may need what the sampler saw at every step (EGSPO ranks the steps by the entropy of the
+    committed tokens' distributions and rewards the one-step denoised prediction of each state), and recomputing it
+    would cost a forward pass per step. The tensors are the sampler's own; an observer copies what it keeps.
+    """
+
+    index: int  # the global step (j * steps_per_block + i)
+    rows: torch.Tensor  # [R] the rows of the batch still decoding, which the tensors below are about
+    state: torch.Tensor  # [R, P+L] the sequences before this step's commits
+    logits: torch.Tensor  # [R, P+L, V] the step's full forward (with CFG: the guided logits)
+    block_logits: torch.Tensor  # [R, b, V] float64, MASK excluded: the untempered distribution of the block
+    selected: torch.Tensor  # [R, b] bool, the block positions this step commits
+    span: slice  # the block's columns in ``state``
+
+
+StepObserver = Callable[[DecodeStep], None]
 
 
 @dataclass(frozen=True)
@@ -396,6 +417,8 @@ class _FullContext(_WorkingBatch):
         self.cfg_scale = cfg_scale
         self.shift = int(model.shift_logits)
         self.queries = torch.arange(0)  # positions forwarded against the cache
+        self.full_logits: torch.Tensor | None = None  # the last step's whole forward, kept for an observer only
+        self.keep_full = False
 
     def block_logits(self, span: slice, first_step: bool) -> torch.Tensor:
         """Logits [R, block, V] of the block at ``span`` for the working rows."""
@@ -403,7 +426,10 @@ class _FullContext(_WorkingBatch):
         if self.cache_mode == "none":
             self.nfe += 2 if self.cfg_scale > 0 else 1
             key_valid = self.key_valid[self.rows]
-            return _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale)[:, span]
+            logits = _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale)
+            if self.keep_full:
+                self.full_logits = logits
+            return logits[:, span]
         if first_step:
             return self._refresh(x, span)
         mask = self._pattern(torch.cat((self._cached_positions(span), self.queries)), len(self.queries))
@@ -496,6 +522,7 @@ def llada_generate(
     threshold: float = 0.9,
     factor: float = 1.0,
     stop_at_eos: bool = False,
+    observer: StepObserver | None = None,
 ) -> GenerationOutput:
     """LLaDA reference sampler (semi-autoregressive blocks, low-confidence or random remasking).
 
@@ -518,6 +545,9 @@ def llada_generate(
       is the one decoding to the end gives (greedy; sampled draws depend on the batch shape).
 
     ``nfe`` counts the forwards run on the working batch (rows that stopped ran fewer).
+
+    ``observer`` (exact forwards only, ``cache="none"``) is called at every step with a :class:`DecodeStep`, before
+    the step's commits; without one nothing is kept and the arithmetic is the same.
     """
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "full", "llada_generate needs a full-attention model; use block_diffusion_generate")
@@ -540,6 +570,7 @@ def llada_generate(
         f"the {model.family} backend cannot decode with cache={cache!r} (its cache modes: {supported})",
     )
     _check_generator(generator, settings.draws_noise, prompt_ids.device)
+    _require(observer is None or cache == "none", "a step observer needs exact forwards (cache='none')")
     if cache != "none" and model.pad_free and not bool(mask.all()):
         return _by_padding(
             model,
@@ -567,6 +598,7 @@ def llada_generate(
     quota = transfer_schedule(torch.tensor([block_length]), steps_per_block)[0].tolist()
     stop_ids = torch.tensor(model.stop_ids, device=x.device)
     ctx = _FullContext(model, x, key_valid, mask, cache, cfg_scale)
+    ctx.keep_full = observer is not None
     for j in range(num_blocks):
         cols = slice(j * block_length, (j + 1) * block_length)
         span = slice(prompt_len + cols.start, prompt_len + cols.stop)
@@ -586,6 +618,11 @@ def llada_generate(
                 selected = _select_by_factor(confidence, masked, quota[i], factor)
             else:
                 selected = _select_block(confidence, masked, quota[i], strategy, threshold)
+            if observer is not None:
+                assert ctx.full_logits is not None
+                observer(
+                    DecodeStep(j * steps_per_block + i, ctx.rows, x[ctx.rows], ctx.full_logits, logits, selected, span)
+                )
             x[ctx.rows, span], unmask_step[ctx.rows, cols] = _commit(
                 state, unmask_step[ctx.rows, cols], tokens, selected, j * steps_per_block + i
             )
@@ -828,10 +865,12 @@ def generate(
     prompt_mask: torch.Tensor | None,
     settings: DecodeSettings,
     generator: torch.Generator | None = None,
+    observer: StepObserver | None = None,
 ) -> GenerationOutput:
     """Decode with the sampler that ``settings`` belong to, which must be the one of the model's attention:
     :func:`llada_generate` for :class:`FullDecode`, :func:`block_diffusion_generate` for :class:`BlockDecode`
-    (whose ``block_length`` must be the model's block size)."""
+    (whose ``block_length`` must be the model's block size). ``observer``: see :func:`llada_generate` (full
+    attention only)."""
     kind = SETTINGS_TYPES[model.attention]
     _require(
         isinstance(settings, kind),
@@ -839,7 +878,10 @@ def generate(
         f"give {kind.__name__}",
     )
     if isinstance(settings, FullDecode):
-        return llada_generate(model, prompt_ids, prompt_mask, generator=generator, **asdict(settings))
+        return llada_generate(
+            model, prompt_ids, prompt_mask, generator=generator, observer=observer, **asdict(settings)
+        )
+    _require(observer is None, "a step observer needs the full-attention (LLaDA) sampler")
     _require(
         settings.block_length == model.block_size,
         f"block_length {settings.block_length} is not the block size of {model.name} ({model.block_size})",
@@ -869,8 +911,10 @@ __all__ = [
     "BlockDecode",
     "DecodeSettings",
     "DecodeSettingsError",
+    "DecodeStep",
     "FullDecode",
     "GenerationOutput",
+    "StepObserver",
     "block_diffusion_generate",
     "filter_logits",
     "generate",

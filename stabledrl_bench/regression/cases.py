@@ -11,7 +11,8 @@ group       a case and what it records
 ``forced``  ``<baseline>@<attention>``: teacher-forced, no sampling: the committed rollouts through the method's
             advantage rule, estimator (masks from a keyed generator) and loss against fixed, deterministic shifts
             of the rollout and reference estimates; loss, metrics, gradient. ``estimator:<name>@<attention>``: each
-            registered estimator's values on the same rollouts.
+            registered estimator's values on the same rollouts. A method whose rollout records more (EGSPO's chosen
+            steps and prediction rewards) gets fixed stand-ins for those records (``stand_in_records``).
 ``sft``     ``<attention>``: 3 SFT steps (loss, gradient norm, learning rate) and the weights after them.
             ``warm-start:<table>-<task>``: the first 3 steps of the tiny preset's own warm start of a task (every
             task of table 1's, Sudoku of table 2's with the block model; the built-in tiny model drawn from seed
@@ -42,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stabledrl_bench.core.baseline import BASELINES, LossInputs, build_baseline, training_estimator
-from stabledrl_bench.core.estimators import ESTIMATORS, Estimate, build_estimator
+from stabledrl_bench.core.estimators import ESTIMATORS, Estimate, SequenceBatch, build_estimator
+from stabledrl_bench.core.rollouts import EntropySteps, RolloutScheme
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import keyed_generator
 from stabledrl_bench.regression import fixtures
@@ -113,7 +115,7 @@ def estimate_values(prefix: str, estimate: Estimate | None) -> dict[str, Value]:
     if estimate is None:
         return {}
     values: dict[str, Value] = {}
-    for name in ("token_logp", "token_mask", "row_to_seq", "elbo", "eubo"):
+    for name in ("token_logp", "token_mask", "row_to_seq", "row_column", "elbo", "eubo"):
         values.update(digest(f"{prefix}.{name}", getattr(estimate, name)))
     return values
 
@@ -204,6 +206,22 @@ def _shifted(estimate: Estimate, salt: int) -> Estimate:
     return Estimate(**fields)
 
 
+def stand_in_records(scheme: RolloutScheme, batch: SequenceBatch, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a recording rollout scheme would have kept of the committed rollouts, as fixed stand-ins (none for the
+    default scheme). ``entropy_steps`` (EGSPO): its ``num_steps`` steps by the ``uniform`` rule over the rollouts'
+    steps (entropies are not committed), and prediction rewards moved from each completion's reward by a fixed
+    pattern of offsets in [-0.5, 0.5] (so the stepwise advantages differ from step to step)."""
+    if not isinstance(scheme, EntropySteps):
+        return {}
+    assert batch.unmask_step is not None
+    rows, total = batch.unmask_step.shape[0], int(batch.unmask_step.max()) + 1
+    k = scheme.num_steps
+    steps = dataclasses.replace(scheme, selection="uniform").choose(torch.zeros(rows, total), torch.Generator())
+    index = torch.arange(rows * k).reshape(rows, k)
+    offsets = ((index * 7 + 3) % 5 - 2).to(rewards.dtype) * 0.25
+    return {"steps": steps, "prediction_rewards": rewards[:, None] - offsets}
+
+
 def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
     """The committed rollouts through ``baseline``'s advantage rule, estimator and loss (see the module docstring)."""
     from stabledrl_bench.core.models import load_diffusion_lm
@@ -216,9 +234,14 @@ def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
         estimator = training_estimator(method, dlm, block_length=GOLDEN_BUDGET.block_length)
     except UserError as exc:
         return {"unsupported": {"reason": str(exc)}}
-    batch = fixed.batch
+    scheme = method.rollout()
+    try:
+        scheme.check(GOLDEN_BUDGET.decode_settings(dlm))  # a rollout that refuses the model (EGSPO's on blocks)
+    except UserError as exc:
+        return {"unsupported": {"reason": str(exc)}}
+    batch = dataclasses.replace(fixed.batch, records=stand_in_records(scheme, fixed.batch, fixed.rewards))
     correct = method.correctness(fixed.correct, dlm.response_lengths(batch.completion_ids), canvas=CANVAS)
-    advantages, keep = method.advantages(fixed.rewards, fixed.group_ids, correct)
+    advantages, keep = method.advantages(fixed.rewards, fixed.group_ids, correct, records=batch.records)
     values: dict[str, Value] = {**digest("advantages", advantages), **digest("keep", keep)}
     if not bool(keep.any()):
         return {"loss": {**values, "dropped": True}}
@@ -243,7 +266,8 @@ def run_estimator(workdir: Path, estimator: str, attention: str) -> Observation:
 
     del workdir
     dlm = load_diffusion_lm(fixtures.model_dir(attention))
-    batch = fixtures.fixed_rollouts(attention).batch
+    fixed = fixtures.fixed_rollouts(attention)
+    batch = dataclasses.replace(fixed.batch, records=stand_in_records(EntropySteps(), fixed.batch, fixed.rewards))
     try:
         bound = build_estimator(estimator).for_attention(attention).bind(dlm, block_length=GOLDEN_BUDGET.block_length)
         noise = bound.draw(batch, keyed_generator(0, "regress", "estimator", estimator, attention))

@@ -218,9 +218,9 @@ def _estimates_deviation(a, b, *, alone: bool = False) -> Deviation:
             estimator = (
                 build_estimator(name).for_attention(a.attention).bind(a, block_length=GOLDEN_BUDGET.block_length)
             )
+            noise = estimator.draw(batch, keyed_generator(0, "invariance", name))
         except UserError:
-            continue  # not for this attention
-        noise = estimator.draw(batch, keyed_generator(0, "invariance", name))
+            continue  # not for this attention, or needs what only its own rollout records (chosen_steps)
         with torch.no_grad():
             full = estimator.evaluate(a, batch, noise)
             if not alone:

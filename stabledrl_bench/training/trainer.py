@@ -28,7 +28,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,6 +260,8 @@ class RLTrainer:
 
         rank0_weights = ram_efficient_loading(self.acc)
         dlm = load_model_spec(cfg.model, seed=cfg.seed, dtype=TRAIN_DTYPES[cfg.dtype], rank0_weights=rank0_weights)
+        self.decode = cfg.budget.decode_settings(dlm)
+        self.scheme.check(self.decode)  # a rollout scheme that cannot decode this model stops the run here
         self.estimator = training_estimator(
             self.baseline, dlm, block_length=cfg.budget.block_length, micro_batch_size=cfg.estimator_micro_batch
         )
@@ -330,7 +332,6 @@ class RLTrainer:
         self.phase = 0  # rollout phases drawn so far (the key of their random streams)
         self.nfe_total = 0
         self._nonfinite = 0
-        self.decode = cfg.budget.decode_settings(dlm)
 
     # ------------------------------------------------------------------ run metadata
     def run_info(self) -> dict[str, Any]:
@@ -397,6 +398,7 @@ class RLTrainer:
             doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
             # the whole chunk at once: math tasks check it concurrently on every math-verify worker
             results = self.task.reward_many(texts, doc_rows, cfg.reward_profile)
+            records = self._batch_records(out.records, doc_rows)
             components: dict[str, list[float]] = {}
             for result in results:
                 for name, value in result.components.items():
@@ -407,6 +409,7 @@ class RLTrainer:
                 completion_ids=out.completion_ids,
                 completion_mask=self.dlm.completion_mask(out.completion_ids),
                 unmask_step=out.unmask_step,
+                records=records,
             )
             sampled.append(
                 SampledBatch(
@@ -424,6 +427,22 @@ class RLTrainer:
         self.dlm.model.train(was_training)
         return sampled
 
+    def _batch_records(self, records: Mapping[str, Any], doc_rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """What a rollout scheme recorded per completion (tensors of one row each), for the estimator and the
+        advantages; intermediate ``predictions`` [rows, K, L] are scored as the completions are, into
+        ``prediction_rewards`` [rows, K] (the reward profile's total; EGSPO's stepwise rewards)."""
+        rows = len(doc_rows)
+        kept = {k: v for k, v in records.items() if isinstance(v, torch.Tensor) and v.shape[:1] == (rows,)}
+        predictions = kept.get("predictions")
+        if predictions is not None:
+            k = predictions.shape[1]
+            texts = self.dlm.decode(predictions.flatten(0, 1))
+            docs = [doc for doc in doc_rows for _ in range(k)]
+            results = self.task.reward_many(texts, docs, self.cfg.reward_profile)
+            totals = torch.tensor([result.total for result in results], dtype=torch.float32)
+            kept["prediction_rewards"] = totals.view(rows, k)
+        return kept
+
     @torch.no_grad()
     def rollout(self) -> tuple[list[MicroBatch], dict[str, float]]:
         """Sample, score and pre-estimate one rollout batch; returns micro-batches and rollout metrics."""
@@ -436,7 +455,7 @@ class RLTrainer:
         for s in sampled:
             ids = s.batch.completion_ids
             correct = self.baseline.correctness(s.correct, self.dlm.response_lengths(ids), canvas=ids.shape[1])
-            advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, correct)
+            advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, correct, records=s.batch.records)
             spread = s.rewards.view(-1, self.budget.num_generations)
             informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
             batch, group_ids, weight = s.batch, s.group_ids, 1.0
@@ -508,7 +527,7 @@ class RLTrainer:
         if weight == 0 and not (self.ref_dlm is not None and self.ref_dlm.sharded):
             return MicroBatch(batch, advantages, group_ids, noises, [None] * mu, [None] * mu, generators, weight)
         if coupled:
-            noises = [self.estimator.draw(batch, mask_gen) for _ in range(mu)]
+            noises = [self.estimator.draw_for(batch, mask_gen, it, mu) for it in range(mu)]
         for it in range(mu):
             if self.baseline.needs_old:
                 if coupled and it == 0:
@@ -516,11 +535,12 @@ class RLTrainer:
                 elif coupled:
                     old.append(self.estimator.evaluate(self.dlm, batch, noises[it]).detach())
                 elif it == 0:
-                    old.append(self.estimator.evaluate(self.dlm, batch, self.estimator.draw(batch, mask_gen)).detach())
+                    first = self.estimator.draw_for(batch, mask_gen, 0, mu)
+                    old.append(self.estimator.evaluate(self.dlm, batch, first).detach())
                 else:
                     old.append(old[0])  # independent masks: one rollout estimate, as the official code does
             if self.baseline.needs_ref:
-                ref_noise = noises[it] if coupled else self.estimator.draw(batch, mask_gen)
+                ref_noise = noises[it] if coupled else self.estimator.draw_for(batch, mask_gen, it, mu)
                 ref.append(self._reference_estimate(self.estimator, batch, ref_noise, self.ref_dlm))
         anchor = []
         if self.anchor is not None:  # the same masks for the reference now and the current policy in the loss
@@ -589,7 +609,8 @@ class RLTrainer:
         if mb.weight == 0 and self.acc.num_processes == 1:  # alone, no other process waits for its passes
             return sum(p.sum() for p in self.train_dlm.model.parameters() if p.requires_grad) * 0.0, {}
         mask_gen = mb.generators["mask"]
-        noise = mb.noises[iteration] if mb.noises else self.estimator.draw(mb.batch, mask_gen)
+        mu = self.budget.num_iterations
+        noise = mb.noises[iteration] if mb.noises else self.estimator.draw_for(mb.batch, mask_gen, iteration, mu)
         new = self.estimator.evaluate(self.train_dlm, mb.batch, noise)
         old = None
         if self.baseline.needs_old:

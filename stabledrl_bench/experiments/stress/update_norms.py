@@ -175,7 +175,7 @@ def _variant_norms(
     params: Sequence[torch.Tensor],
 ) -> dict[str, dict[str, float | None]]:
     """Update norm and ratio diagnostics of one variant under each condition (the method's own advantages)."""
-    advantages, _ = baseline.advantages(rollout.rewards, rollout.group_ids, rollout.correct)
+    advantages, _ = baseline.advantages(rollout.rewards, rollout.group_ids, rollout.correct, rollout.batch.records)
     out = {}
     for condition in conditions:
         injection: NoiseInjection | None = (
