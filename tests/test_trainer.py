@@ -800,7 +800,7 @@ def test_justgrpo_combines_a_steps_micro_batches_as_its_official_loop(small_mode
     trainer = RLTrainer(cfg)
     designed = iter(JUSTGRPO_ADVANTAGES)
 
-    def advantages(rewards, group_ids, correct=None):
+    def advantages(rewards, group_ids, correct=None, records=None):
         return torch.tensor(next(designed)), torch.ones_like(rewards, dtype=torch.bool)
 
     monkeypatch.setattr(trainer.baseline, "advantages", advantages)
