@@ -12,6 +12,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # transformers 5 draws progress bars when it loads and saves weights; the CLI tests read stderr line by line
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# The README's test command runs one pytest-xdist worker per core. Each computes on one intra-op thread, as the
+# workers of `reproduce` do: two workers of two threads each on two cores would wait for each other at every
+# operation (benchmarks/reports/threads_and_workers.md). Set before torch is imported, so it is torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 import pytest  # noqa: E402  (the environment above must be set before anything imports transformers)
@@ -106,3 +111,21 @@ def install_plugin(root: Path, group: str, entry: str, target: str, module: str,
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{group}]\n{entry} = {target}\n")
     importlib.invalidate_caches()
+
+
+# The modules whose tests take minutes in all, slowest first. pytest-xdist gives each worker a whole module at a time
+# (`--dist loadfile`, so a module-scoped fixture that launches runs runs once) in collection order
+# (`--no-loadscope-reorder`): these start first, and no worker ends the run alone with one of them.
+SLOWEST_MODULES = (
+    "test_multiprocess.py",
+    "test_reproduce.py",
+    "test_regress.py",
+    "test_platforms.py",
+    "test_stress.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest modules first, every module's tests in their own order."""
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
