@@ -98,6 +98,9 @@ class Estimate:
     # [R] long: for rows that replay steps a rollout chose per sequence (EGSPO), which of its sequence's chosen steps
     # each row is, the column of the per-step advantages [B, K] it takes.
     row_column: torch.Tensor | None = None
+    # [R] float: the importance weight of each row, for rows drawn from a non-uniform distribution whose loss terms
+    # are reweighted to keep the uniform estimate's expectation (AGRPO's entropy rule); None: every row weighs 1.
+    row_weight: torch.Tensor | None = None
 
     def detach(self) -> Estimate:
         return Estimate(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
@@ -1007,14 +1010,22 @@ class TraceSample(TraceReplay):
     appendix G.2). The same step may be drawn twice; both rows count, as in the official loop. Rows are the replay
     plan's (``post_num=None``: every token the step committed, EOS included), K per sequence in draw order
     (``row_to_seq``); steps are rounds of the plan, which on a full-attention model are the sampler's steps and on a
-    block model replay every block's r-th step at once. The official recipe's ``importance_sampling: entropy`` (steps
-    drawn in proportion to the sampler's token entropies) needs those entropies, which the rollout does not record:
-    only the uniform rule (the code's default) is implemented.
+    block model replay every block's r-th step at once.
+
+    ``importance_sampling="entropy"`` (lines 267-280 and 336-339; the recipe's rule) draws the steps in proportion to
+    the entropies of the tokens they committed instead, and weighs each replayed row so that the estimate keeps the
+    uniform rule's expectation. It reads ``batch.records["token_entropy"]`` [B, L] (the ``token_entropies``
+    rollout): with H_is = 1e-8 + the sum of the token entropies of step s (round s of the plan) for s <= T_i and
+    H_is = 0 after, p_is = H_is / sum_s H_is, the step of u is the first s whose cumulative p_is reaches u (the
+    inverse CDF, ``searchsorted``; the same uniforms as the uniform rule) and the row's weight (``row_weight``) is
+    (1 / (T_i + 1)) / p_is. A u beyond the last cumulative value by rounding takes step T_i (the official
+    ``gather`` would index past the end).
     """
 
     post_num: int | None = None
     num_mc: int = 1
     low_discrepancy: bool = True
+    importance_sampling: str = "uniform"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -1022,6 +1033,10 @@ class TraceSample(TraceReplay):
         _require(
             isinstance(self.low_discrepancy, bool),
             f"low_discrepancy must be true or false, got {self.low_discrepancy!r}",
+        )
+        _require(
+            self.importance_sampling in IMPORTANCE_SAMPLING,
+            f"importance_sampling must be one of {', '.join(IMPORTANCE_SAMPLING)}, got {self.importance_sampling!r}",
         )
 
     def draw(self, batch: SequenceBatch, generator: torch.Generator) -> TraceSampleNoise:
@@ -1042,9 +1057,48 @@ class TraceSample(TraceReplay):
         content = (plan.targets & ~torch.isin(clean, stop)).any(dim=1)  # rows that commit a non-stop token
         last = torch.zeros(n_seq, dtype=torch.long, device=clean.device)
         last.scatter_reduce_(0, plan.row_to_seq, torch.where(content, rounds, 0), reduce="amax")
-        chosen = torch.minimum(torch.floor(noise.u * (last[:, None] + 1)).long(), last[:, None])  # [B, K]
         first_row = torch.searchsorted(plan.row_to_seq, torch.arange(n_seq, device=clean.device))
-        return self.replay(model, batch, plan.select((first_row[:, None] + chosen).flatten()))
+        if self.importance_sampling == "uniform":
+            chosen = torch.minimum(torch.floor(noise.u * (last[:, None] + 1)).long(), last[:, None])  # [B, K]
+            return self.replay(model, batch, plan.select((first_row[:, None] + chosen).flatten()))
+        _require(
+            "token_entropy" in batch.records,
+            "trace_sample with importance_sampling: entropy needs the token_entropies rollout's token_entropy record",
+        )
+        target_rows, target_cols = plan.targets.nonzero(as_tuple=True)
+        position_step = torch.zeros_like(batch.completion_ids)  # [B, L] the round whose targets hold each position
+        position_step[plan.row_to_seq[target_rows], target_cols] = rounds[target_rows]
+        targeted = torch.zeros_like(batch.completion_mask, dtype=torch.bool)
+        targeted[plan.row_to_seq[target_rows], target_cols] = True
+        entropy = torch.where(targeted, batch.records["token_entropy"].to(torch.float64), 0.0)
+        chosen, weight = entropy_steps(entropy, position_step, int(rounds.max()) + 1, last, noise.u)
+        estimate = self.replay(model, batch, plan.select((first_row[:, None] + chosen).flatten()))
+        return dataclasses.replace(estimate, row_weight=weight.flatten())
+
+
+IMPORTANCE_SAMPLING = ("uniform", "entropy")  # AGRPO's importance_sampling (agrpo_config.py lines 27-30)
+
+
+def entropy_steps(
+    token_entropy: torch.Tensor, token_step: torch.Tensor, steps: int, last: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AGRPO's entropy rule (``agrpo_trainer.py`` lines 267-280): the steps [B, K] the uniforms ``u`` [B, K] draw,
+    and their importance weights [B, K] against the uniform rule over each sequence's steps 0..``last`` [B].
+
+    ``token_entropy`` [B, L] (float64) is summed into ``steps`` bins by ``token_step`` [B, L], the step that
+    committed each token, starting from 1e-8 (the official ``torch.full(..., 1e-8)`` then ``scatter_add_``, so a step
+    of zero entropy can still be drawn); the steps after ``last`` get 0. Then p = H / sum H, the step of u is the first
+    whose cumulative p reaches u (``searchsorted``, at most ``last``: a u past the last cumulative value by rounding,
+    which the official ``gather`` would index past the end) and its weight is (1 / (last + 1)) / p.
+    """
+    step_entropy = torch.full((token_entropy.shape[0], steps), 1e-8, dtype=torch.float64, device=token_entropy.device)
+    step_entropy.scatter_add_(1, token_step, token_entropy)
+    step_entropy[torch.arange(steps, device=step_entropy.device)[None, :] > last[:, None]] = 0.0
+    probs = step_entropy / step_entropy.sum(dim=1, keepdim=True)
+    cdf = probs.cumsum(dim=1)
+    chosen = torch.minimum(torch.searchsorted(cdf, u.to(cdf.dtype).contiguous()), last[:, None])
+    weight = (1.0 / (last[:, None] + 1).to(probs.dtype)) / probs.gather(1, chosen)
+    return chosen, weight
 
 
 @ESTIMATORS.register("ar_replay")

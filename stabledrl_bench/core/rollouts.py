@@ -91,6 +91,15 @@ class Independent(RolloutScheme):
         return Rollout(out.completion_ids, out.unmask_step, out.nfe)
 
 
+def _require_observable(settings: DecodeSettings, scheme: str, what: str) -> None:
+    """Refuse settings under which the sampler's step observer sees nothing: it exists on the LLaDA sampler's exact
+    forwards only (``llada_generate``), not on block models nor on the KV-cache and dynamic modes."""
+    if not isinstance(settings, FullDecode):
+        raise UserError(f"the {scheme} records {what}: it needs a full-attention model")
+    if settings.approximate:
+        raise UserError(f"the {scheme} needs exact decoding (budget.rollout_decode: exact)")
+
+
 ENTROPY_EPS = 1e-8  # inside the log of the step entropies, as the official code (egspo_trainer.py line 687)
 SELECTIONS = ("high_entropy", "uniform", "random")
 
@@ -152,13 +161,7 @@ class EntropySteps(RolloutScheme):
             raise UserError(f"entropy_steps: selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
 
     def check(self, settings: DecodeSettings) -> None:
-        if not isinstance(settings, FullDecode):
-            raise UserError(
-                "the entropy_steps rollout (EGSPO) records the LLaDA sampler's one-step predictions: it needs a "
-                "full-attention model"
-            )
-        if settings.approximate:
-            raise UserError("the entropy_steps rollout (EGSPO) needs exact decoding (budget.rollout_decode: exact)")
+        _require_observable(settings, "entropy_steps rollout (EGSPO)", "the LLaDA sampler's one-step predictions")
         if self.num_steps > settings.steps:
             raise UserError(f"entropy_steps: num_steps={self.num_steps} exceeds the {settings.steps} sampler steps")
 
@@ -188,4 +191,55 @@ class EntropySteps(RolloutScheme):
         return torch.cat((early, last)).to(device).expand(rows, k).clone()
 
 
-__all__ = ["ROLLOUTS", "EntropySteps", "Independent", "Rollout", "RolloutScheme"]
+class _TokenEntropyRecorder:
+    """The observer of :class:`TokenEntropies`: at every step, the entropy of the distribution each committed token
+    was drawn from, kept at the token's position."""
+
+    def __init__(self, rows: int, length: int, prompt_len: int, temperature: float, device: torch.device) -> None:
+        self.prompt_len = prompt_len
+        self.temperature = temperature
+        self.entropy = torch.zeros((rows, length), dtype=torch.float64, device=device)
+
+    def __call__(self, step: DecodeStep) -> None:
+        # the sampler draws from softmax(l / tau) (argmax of l at tau = 0, whose distribution is softmax(l)), as the
+        # official gumbel_sample divides its logits in place before generate takes their log_softmax
+        scores = step.block_logits / self.temperature if self.temperature > 0 else step.block_logits
+        logp = torch.log_softmax(scores, dim=-1)
+        entropy = -torch.where(torch.isfinite(logp), logp.exp() * logp, 0.0).sum(dim=-1)  # [R, b]
+        cols = slice(step.span.start - self.prompt_len, step.span.stop - self.prompt_len)
+        kept = self.entropy[step.rows, cols]
+        self.entropy[step.rows, cols] = torch.where(step.selected, entropy, kept)
+
+
+@ROLLOUTS.register("token_entropies")
+@dataclass(frozen=True)
+class TokenEntropies(RolloutScheme):
+    """AGRPO's rollout (``probablyabot/agrpo: generate.py``, lines 65-84): the LLaDA sampler, recording for every
+    committed token the entropy of the distribution it was drawn from, which AGRPO's ``importance_sampling:
+    entropy`` sums per step to draw its training steps (``trace_sample``).
+
+    Record (docs/rollouts.md#token_entropies): ``token_entropy`` [rows, L] float64, at each position
+    H = -sum_v p_v log p_v (terms with p_v = 0 count 0) for p = softmax(l / tau), the tempered distribution the
+    sampler drew the token from (tau = 0: softmax(l)), MASK excluded; 0 at positions the sampler never committed.
+    The official ``generate`` computes it from ``log_softmax`` of the logits ``gumbel_sample`` divided by the
+    temperature (and filtered by its top-k / top-p, which this harness's LLaDA sampler does not apply). No extra
+    forward: a log-softmax over the block at every step.
+    """
+
+    description: ClassVar[str] = "the LLaDA sampler recording each committed token's entropy (AGRPO)"
+
+    def check(self, settings: DecodeSettings) -> None:
+        _require_observable(settings, "token_entropies rollout (AGRPO)", "the LLaDA sampler's token entropies")
+
+    def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
+        self.check(settings)
+        assert isinstance(settings, FullDecode)
+        rows, prompt_len = prompt_ids.shape
+        recorder = _TokenEntropyRecorder(
+            rows, settings.max_completion_length, prompt_len, settings.temperature, prompt_ids.device
+        )
+        out = generate(dlm, prompt_ids, prompt_mask, settings, generator=generator, observer=recorder)
+        return Rollout(out.completion_ids, out.unmask_step, out.nfe, {"token_entropy": recorder.entropy})
+
+
+__all__ = ["ROLLOUTS", "EntropySteps", "Independent", "Rollout", "RolloutScheme", "TokenEntropies"]
