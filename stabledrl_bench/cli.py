@@ -176,6 +176,24 @@ def _add_eval(sub) -> None:
     _add_trust(p)
 
 
+def _add_sensitivity(sub) -> None:
+    p = sub.add_parser(
+        "sensitivity",
+        help="score a checkpoint under variants of its protocol and print how much each choice moves the score",
+    )
+    p.add_argument("--record", help="a result record: its task, protocol, length and seed, its score shown beside")
+    p.add_argument("--model", help="checkpoint folder (default: the record's; or tiny / tiny-block)")
+    p.add_argument("--task", help="the task whose test set is decoded (default: the record's)")
+    p.add_argument("--protocol", help="the base protocol (`list protocols`; default: the record's, else d1)")
+    p.add_argument("--length", type=positive_int, help="tokens decoded (default: the record's, else 256)")
+    p.add_argument("--temperature", type=float, default=0.7, help="temperature of the sampled variant (0.7)")
+    p.add_argument("--limit", type=positive_int, help="score only the first N problems (quick checks)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="prompts decoded together (default 16)")
+    p.add_argument("--seed", type=seed_int, help="seed of sampled decoding (default: the record's, else 0)")
+    p.add_argument("--out", help="also write the report to OUT.md and OUT.json")
+    _add_trust(p)
+
+
 def _add_check_model(sub) -> None:
     p = sub.add_parser(
         "check-model", help="measure a checkpoint's conventions, and plan a whole table on GPUs (memory, disk, hours)"
@@ -281,7 +299,16 @@ DESCRIPTION = (
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m stabledrl_bench", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_reproduce, _add_train, _add_sft, _add_eval, _add_check_model, _add_regress, _add_misc):
+    for add in (
+        _add_reproduce,
+        _add_train,
+        _add_sft,
+        _add_eval,
+        _add_sensitivity,
+        _add_check_model,
+        _add_regress,
+        _add_misc,
+    ):
         add(sub)
     return parser
 
@@ -446,6 +473,48 @@ def _cmd_eval(args) -> int:
     metrics = record["metrics"]
     sampled = "".join(f", {name} {100 * value:.1f}%" for name, value in metrics.items() if "@" in name)
     print(f"{args.task}@{args.length}: accuracy {100 * metrics['accuracy']:.1f}%{sampled} {how} -> {recorded.path}")
+    return 0
+
+
+def _cmd_sensitivity(args) -> int:
+    from stabledrl_bench.atomic import atomic_write_text
+    from stabledrl_bench.core.models.backends import load_model_spec
+    from stabledrl_bench.evaluation.native import weights_sha256
+    from stabledrl_bench.evaluation.protocols import get_protocol
+    from stabledrl_bench.evaluation.sensitivity import format_report, report_record, run_sensitivity
+    from stabledrl_bench.reporting.results import read_result
+    from stabledrl_bench.tasks import get_task
+
+    record = read_result(Path(args.record)) if args.record else {}
+    model = args.model or record.get("model", {}).get("checkpoint")
+    task = args.task or record.get("task")
+    if not model or not task:
+        raise UserError("sensitivity needs --model and --task, or a --record that names them")
+    get_task(task)
+    protocol = get_protocol(args.protocol or record.get("protocol") or "d1")
+    canvas = args.length or record.get("max_completion_length") or 256
+    seed = record.get("seed", 0) if args.seed is None else args.seed
+    if args.out:
+        require_folder(Path(args.out).parent, "--out")
+    dlm = load_model_spec(model, seed=seed)
+    if record and weights_sha256(dlm.model) != record["model"]["weights_sha256"]:
+        raise UserError(f"{model} does not hold the weights record {args.record} measured (their sha256 differ)")
+    scores, refused = run_sensitivity(
+        dlm, task, protocol, canvas=canvas, temperature=args.temperature, limit=args.limit,
+        batch_size=args.batch_size, seed=seed,
+    )  # fmt: skip
+    what = f"{model} on {task} ({canvas} tokens{f', first {args.limit} problems' if args.limit else ''})"
+    report = format_report(scores, refused, what=what)
+    if record:
+        field = "d1_accuracy" if get_task(task).headline_field == "score" else "accuracy"
+        metrics = record["metrics"]
+        report += f"\nThe record's own score: {100 * metrics[field]:.1f} over its {metrics['n']} decodes.\n"
+    print(report, end="")
+    if args.out:
+        about = {"model": str(model), "task": task, "protocol": protocol.name, "canvas": canvas, "seed": seed}
+        atomic_write_text(Path(f"{args.out}.md"), report)
+        atomic_write_text(Path(f"{args.out}.json"), json.dumps(report_record(scores, **about), indent=1) + "\n")
+        print(f"report: {args.out}.md, {args.out}.json")
     return 0
 
 
@@ -652,6 +721,7 @@ COMMANDS = {
     "train": _cmd_train,
     "sft": _cmd_sft,
     "eval": _cmd_eval,
+    "sensitivity": _cmd_sensitivity,
     "check-model": _cmd_check_model,
     "verify": _cmd_verify,
     "leaderboard": _cmd_leaderboard,

@@ -7,8 +7,10 @@ records, resumability and no per-call framework overhead.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,6 +49,7 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
     docs: list[dict[str, Any]] | None = None,
+    decode_overrides: Mapping[str, Any] | None = None,
 ) -> EvalOutcome:
     """Decode every evaluation doc of ``task_name`` (the protocol's subset; ``docs`` instead when given, e.g. a
     run's validation docs) on a ``max_completion_length`` canvas and grade it.
@@ -59,11 +62,16 @@ def evaluate(
     Under a launch of N processes each decodes every N-th batch and all of them return the whole outcome, equal to
     one process's: the batches are the same (prompts sorted by length), and a protocol that samples draws each
     batch's noise from a generator keyed by the seed and the batch's index (``seeding`` in the settings).
+
+    ``decode_overrides`` replace fields of the decode settings that a protocol does not carry (the remasking rule:
+    the ``sensitivity`` command's variants); the outcome's settings record them.
     """
     proto = get_protocol(protocol) if isinstance(protocol, str) else protocol
     task = get_task(task_name)
     docs = task.eval_docs(limit=limit) if docs is None else docs
     settings = proto.settings(max_completion_length, dlm)
+    if decode_overrides:
+        settings = dataclasses.replace(settings, **decode_overrides)
     dlm.model.eval()
     specs = [task.prompt(doc, proto.prompt_protocol) for doc in docs]
     chat = proto.chat_template
