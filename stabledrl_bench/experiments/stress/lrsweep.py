@@ -6,13 +6,16 @@ says nothing about the estimators; at too small a rate nothing moves and "stable
 method of the long run trains ``--steps`` (default 100) steps at each rate of ``--lrs`` on ``--seeds``, from the
 stress warm start under the stress settings, and each run is compared with the frozen control on the same rollouts:
 
-    change(method, lr) = mean over the rollouts of the second half of the run (steps > steps / 2), pooled over the
-                         seeds, of (the run's rollout reward - the frozen control's reward on the same prompts),
+    change(method, lr) = mean over the seeds of each run's mean, over the rollouts of the second half of the run
+                         (steps > steps / 2), of (the run's rollout reward - the frozen control's reward on the same
+                         prompts),
 
-with a percentile-bootstrap 95% interval over those rollouts. A method *falls below* at a rate when the whole
-interval is below 0, and *gains* when it is above 0. The chosen rate is the largest swept rate at which no method
-falls below (:func:`choose`); the record says which methods gain there. ``longrun``, ``exploding`` and ``clip`` read it
-(``--lr`` overrides).
+with a two-level percentile-bootstrap 95% interval over runs: the seeds resampled, then the rollouts within each
+drawn seed (:func:`~stabledrl_bench.reporting.runlevel.two_level_bootstrap`), so that the spread between training
+runs, not only between one run's rollouts, decides a verdict. A method *falls below* at a rate when the whole
+interval is below 0, and *gains* when it is above 0 (with one seed the interval covers that run's rollouts only).
+The chosen rate is the largest swept rate at which no method falls below (:func:`choose`); the record says which
+methods gain there. ``longrun``, ``exploding`` and ``clip`` read it (``--lr`` overrides).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from stabledrl_bench.experiments.stress.sweep import RunSpec, add_costs, reanaly
 from stabledrl_bench.experiments.stress.tables import lrsweep_block
 from stabledrl_bench.experiments.stress.training import METHODS, effective_options
 from stabledrl_bench.reporting.curves import finite
-from stabledrl_bench.reporting.stats import bootstrap_mean_ci
+from stabledrl_bench.reporting.runlevel import two_level_bootstrap
 
 LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 
@@ -67,25 +70,25 @@ def second_half_change(run: Mapping[str, Any], frozen: Mapping[str, Any], steps:
 
 
 def summarise(rows: Sequence[Mapping[str, Any]], frozen: Mapping[int, Any], steps: int) -> dict[str, Any]:
-    """Per method: the pooled second-half change with its interval, per-seed means, and falls-below / gains."""
+    """Per method: the second-half change over runs with its two-level interval, per-seed means, how many runs and
+    rollouts it rests on, and falls-below / gains."""
 
     out = {}
     for label in dict.fromkeys(r["label"] for r in rows):
-        per_seed, pooled = [], []
-        for r in (r for r in rows if r["label"] == label):
-            diffs = second_half_change(r, frozen[r["seed"]], steps)
-            pooled += diffs
-            per_seed.append(sum(diffs) / len(diffs) if diffs else None)
-        if not pooled:
-            out[label] = {"change": None, "low": None, "high": None, "per_seed": per_seed, "rollouts": 0}
+        runs = [second_half_change(r, frozen[r["seed"]], steps) for r in rows if r["label"] == label]
+        per_seed = [sum(diffs) / len(diffs) if diffs else None for diffs in runs]
+        measured = [[diffs] for diffs in runs if diffs]  # each run one cell of its rollouts' changes
+        if not measured:
+            out[label] = {"change": None, "low": None, "high": None, "per_seed": per_seed, "runs": 0, "rollouts": 0}
             continue
-        interval = bootstrap_mean_ci([pooled])
+        interval = two_level_bootstrap(measured)
         out[label] = {
             "change": interval.mean,
             "low": interval.low,
             "high": interval.high,
             "per_seed": per_seed,
-            "rollouts": len(pooled),
+            "runs": interval.runs,
+            "rollouts": sum(len(diffs) for diffs in runs),
         }
         out[label].update(flags(out[label]))
     return out
@@ -202,8 +205,9 @@ def _run(stress: StressOptions, options: LrSweepOptions) -> Path:
         **base.describe(),
         "definitions": {**definitions.to_dict(), "text": definitions.describe()},
         "rule": (
-            "change = mean over the second half's rollouts (pooled over seeds) of reward - frozen control reward; "
-            "falls below: 95% bootstrap interval < 0; gains: > 0; chosen: the largest rate where none falls below"
+            "change = mean over seeds of each run's second-half mean of reward - frozen control reward; falls below: "
+            "its 95% interval over runs (seeds resampled, then rollouts) < 0; gains: > 0; chosen: the largest rate "
+            "where none falls below"
         ),
         "by_lr": {f"{rate:g}": methods for rate, methods in by_lr.items()},
         "chosen_lr": lr,
