@@ -7,8 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import SMALL
 
+from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.evaluation.native import evaluate
+from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.tasks import code_benchmarks as module
 from stabledrl_bench.tasks import get_task
 from stabledrl_bench.tasks.graders import code_io as code_io_grader
@@ -210,3 +214,26 @@ def test_nothing_runs_without_a_sandbox(monkeypatch: pytest.MonkeyPatch) -> None
         with pytest.raises(sandbox.SandboxUnavailable, match="no namespaces here"):
             call()
     assert calls == []
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+def test_the_stabledrl_code_protocol_decodes_as_code_metrics() -> None:
+    """``code_metrics.py``'s defaults: 256 tokens, block 8, 256 steps (one token per step), greedy, the prompt
+    without a chat template."""
+    protocol = get_protocol("stabledrl-code")
+    settings = protocol.full_settings(256)
+    assert (settings.block_length, settings.steps, settings.temperature) == (8, 256, 0.0)
+    assert (protocol.prompt_protocol, protocol.chat_template, protocol.prefill) == ("stabledrl_eval", False, "")
+
+
+@needs_sandbox
+def test_eval_runs_them_under_the_stabledrl_code_protocol_only() -> None:
+    dlm = build_tiny(**SMALL)
+    for task in (HUMANEVAL, MBPP):
+        outcome = evaluate(
+            dlm, task.name, protocol="stabledrl-code", max_completion_length=16, limit=2, batch_size=2, progress=False
+        )
+        assert outcome.metrics["n"] == 2 and outcome.metrics["accuracy"] == 0.0  # an untrained model
+        assert outcome.samples[0]["prompt"] == task.user_message(task.eval_docs(limit=1)[0], "stabledrl_eval")
+        with pytest.raises(UserError, match="unknown protocol 'd1'"):
+            evaluate(dlm, task.name, protocol="d1", max_completion_length=16, limit=2, progress=False)
