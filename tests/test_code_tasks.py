@@ -140,7 +140,9 @@ def test_canonical_solutions_pass_in_the_sandbox() -> None:
     grades = MBPP.grade_many([d["code"] for d in docs], docs)
     failed = [d["task_id"] for d, g in zip(docs, grades, strict=True) if not g.correct]
     assert [task_id for task_id in failed if task_id != MBPP_NEAR_THE_LIMIT] == [MBPP_SETUP_ONLY]
-    assert all(g.score == float(g.correct) and g.details["result"] in ("passed", "failed") for g in grades)
+    assert all(g.score == float(g.correct) for g in grades)
+    results = {d["task_id"]: g.details["result"] for d, g in zip(docs, grades, strict=True)}
+    assert {r for task_id, r in results.items() if task_id != MBPP_NEAR_THE_LIMIT} == {"passed", "failed"}
 
 
 @needs_sandbox
@@ -153,6 +155,13 @@ def test_gold_completions_pass_and_earn_the_full_reward() -> None:
 
 
 WRONG = "def remove_Occ(s, ch):\n    return s"  # passes none of the asserts
+FORGE = (  # write a passing report with whatever token the driver's module exposes, then leave before the asserts
+    "import __main__, os, sys\n"
+    "token = next((v for v in vars(__main__).values() if isinstance(v, str) and len(v) == 32), '')\n"
+    'sys.__stdout__.write(token + \'{"result": "passed", "units": null}\\n\')\n'
+    "sys.__stdout__.flush()\n"
+    "os._exit(0)"
+)
 PARTIAL = "def remove_Occ(s, ch):\n    return 'heo' if s == 'hello' else s"  # passes the first of three
 
 
@@ -165,6 +174,7 @@ PARTIAL = "def remove_Occ(s, ch):\n    return 'heo' if s == 'hello' else s"  # p
         (WRONG + "\nimport sys\nsys.exit(0)", "failed", 0),  # leaving before the asserts is no pass
         (WRONG + "\nimport os\nos._exit(0)", "failed", 0),
         (WRONG + "\nprint('" + "passed" + "')", "failed", 0),  # printing proves nothing
+        (WRONG + "\n" + FORGE, "failed", 0),  # the report's token is no module attribute
         (WRONG + "\ndef remove_Occ(s, ch): return input()", "failed", 0),  # stdin cannot be read
         ("import ctypes\nctypes.string_at(0)", "failed", 0),  # a crash is a failure, not an error of the harness
     ],

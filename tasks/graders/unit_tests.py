@@ -9,9 +9,9 @@ the same, except that the program runs in the sandbox (docs/sandbox.md), not in 
 * a driver (:data:`_DRIVER`) ``exec``-s the program in an empty namespace (so ``__name__`` is ``builtins`` and an
   ``if __name__ == "__main__":`` block does not run, as officially), with the same swallowed streams, and reports
   ``passed``, ``failed`` or ``timed out`` on a line that starts with a random token passed on stdin. The program
-  cannot report for itself: it never sees the token (read before it runs), and ``sys.exit`` or ``os._exit``
-  before its asserts ends the driver without a report, so the sample fails (officially ``SystemExit`` is caught
-  and fails too);
+  cannot simply report for itself: the token is read before it runs and kept in a local (a program would have to
+  search the interpreter's frames or memory for it), and ``sys.exit`` or ``os._exit`` before its asserts ends the
+  driver without a report, so the sample fails (officially ``SystemExit`` is caught and fails too);
 * the timer counts CPU time (``ITIMER_PROF``, 3 s), where the official one counts wall time (``ITIMER_REAL``):
   on a loaded machine a wall-clock timer turns correct programs into time-outs. The sandbox's own limits
   (:data:`LIMITS`) stop a program that sleeps or ignores the timer;
@@ -48,11 +48,11 @@ LIMITS = sandbox.Limits(cpu_seconds=8, wall_seconds=12.0)
 FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 # Runs inside the sandbox. Constants PROGRAM, SETUP, UNITS and LIMIT are prepended (driver_source); the token that
-# marks the report line comes on stdin, read before the program runs.
+# marks the report line comes on stdin, read before the program runs and kept in a local of _main, so no module
+# attribute (``import __main__``) reveals it. What it does not stop: a program that deliberately searches the
+# interpreter (the calling frame's locals, ``gc``) for the token; it guards against exits and printing.
 _DRIVER = """\
 import json, signal, sys
-
-_token = sys.stdin.readline().strip()
 
 
 class TimeoutException(Exception):
@@ -81,29 +81,16 @@ def _timer(seconds):
     signal.setitimer(signal.ITIMER_PROF, seconds)
 
 
-_out = sys.stdout
-sys.stdout = sys.stderr = sys.stdin = _Sink()
-_result, _units = "failed", None
-try:
-    _timer(LIMIT)
-    exec(compile(PROGRAM, "<string>", "exec"), {})
-    signal.setitimer(signal.ITIMER_PROF, 0)
-    _result = "passed"
-except TimeoutException:
-    _result = "timed out"
-except BaseException:
-    pass
-signal.setitimer(signal.ITIMER_PROF, 0)
-if _result == "failed" and UNITS:
-    _units = [False] * len(UNITS)
-    _namespace = {}
+def _units():
+    passed = [False] * len(UNITS)
+    namespace = {}
     try:
         _timer(LIMIT)
-        exec(compile(SETUP, "<string>", "exec"), _namespace)
-        for _i, _unit in enumerate(UNITS):
+        exec(compile(SETUP, "<string>", "exec"), namespace)
+        for i, unit in enumerate(UNITS):
             try:
-                exec(compile(_unit, "<string>", "exec"), _namespace)
-                _units[_i] = True
+                exec(compile(unit, "<string>", "exec"), namespace)
+                passed[i] = True
             except TimeoutException:
                 raise
             except BaseException:
@@ -111,8 +98,30 @@ if _result == "failed" and UNITS:
     except BaseException:
         pass
     signal.setitimer(signal.ITIMER_PROF, 0)
-_out.write(_token + json.dumps({"result": _result, "units": _units}) + "\\n")
-_out.flush()
+    return passed
+
+
+def _main():
+    token, out = sys.stdin.readline().strip(), sys.stdout  # locals: no module attribute leads to them
+    sys.stdout = sys.stderr = sys.stdin = _Sink()
+    result, units = "failed", None
+    try:
+        _timer(LIMIT)
+        exec(compile(PROGRAM, "<string>", "exec"), {})
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        result = "passed"
+    except TimeoutException:
+        result = "timed out"
+    except BaseException:
+        pass
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    if result == "failed" and UNITS:
+        units = _units()
+    out.write(token + json.dumps({"result": result, "units": units}) + "\\n")
+    out.flush()
+
+
+_main()
 """
 
 
