@@ -1,5 +1,6 @@
 """Benchmark tasks: GSM8K, MATH500, AIME 2024/2025, Countdown and 4x4 Sudoku (also on larger or harder
-generated test sets), and Code I/O (generated one-line Python functions, graded by running them in the sandbox).
+generated test sets), Code I/O (generated one-line Python functions), and HumanEval and MBPP as the official
+StableDRL evaluation runs them; the code tasks are graded by running the code in the sandbox.
 
 Each task loads its shipped data (``data/``, see ``data/README.md``), builds prompts per protocol (``d1``,
 ``d1_train``, ``stabledrl``, ``tiny``), computes rewards per profile (``d1``, ``stabledrl``), grades completions
@@ -12,6 +13,7 @@ from __future__ import annotations
 from ..core.registry import Registry, subclass_check
 from .aime import Aime24Task, Aime25Task
 from .base import REWARD_PROFILES, GradeResult, PromptSpec, RewardResult, Task
+from .code_benchmarks import HumanEvalTask, MBPPTask
 from .code_io import CodeIOTask
 from .countdown import CountdownLargeTask, CountdownTask
 from .gsm8k import GSM8KTask
@@ -23,7 +25,7 @@ from .sudoku import SudokuHardTask, SudokuTask
 TASKS: Registry[type[Task]] = Registry("task", "tasks", check=subclass_check(Task))
 _PAPER = (GSM8KTask, Math500Task, CountdownTask, SudokuTask, Aime24Task, Aime25Task)
 # the paper's test sets, then larger/harder generated ones, then tasks outside the paper
-for _cls in (*_PAPER, CountdownLargeTask, SudokuHardTask, CodeIOTask):
+for _cls in (*_PAPER, CountdownLargeTask, SudokuHardTask, CodeIOTask, HumanEvalTask, MBPPTask):
     TASKS.register(_cls.name, _cls)
 
 

@@ -25,8 +25,12 @@ TASKS = [
     "dllm_countdown_large",  # generated sets, not d1's
     "dllm_sudoku_hard",
     "dllm_code_io",  # graded by running the answers in the sandbox
+    "dllm_humaneval",  # StableDRL's code evaluation, run in the sandbox too
+    "dllm_mbpp",
 ]
 GENERATED = ("dllm_countdown_large", "dllm_sudoku_hard", "dllm_code_io")  # not d1's test sets
+CODE = ("dllm_code_io", "dllm_humaneval", "dllm_mbpp")  # they run the answers
+NOT_D1 = (*GENERATED, "dllm_humaneval", "dllm_mbpp")
 
 
 class GoldLM(LM):
@@ -38,7 +42,7 @@ class GoldLM(LM):
 
     def generate_until(self, requests):
         self.requests += requests
-        return [get_task(r.doc["task"]).target_completion(r.doc, "d1") for r in requests]
+        return [get_task(r.doc["task"]).target_completion(r.doc, r.doc["prompt_protocol"]) for r in requests]
 
     def loglikelihood(self, requests):
         raise NotImplementedError
@@ -66,8 +70,10 @@ def test_yamls_load(manager: TaskManager) -> None:
         "dllm_countdown_large": 1024,
         "dllm_sudoku_hard": 256,
         "dllm_code_io": 256,
+        "dllm_humaneval": 164,
+        "dllm_mbpp": 500,
     }
-    d1_sets = [name for name in TASKS if name not in GENERATED]
+    d1_sets = [name for name in TASKS if name not in NOT_D1]
     assert sorted(manager.load(["dllm_d1"])["tasks"]) == sorted(d1_sets)  # the generated sets are not d1's
     config = loaded["dllm_sudoku"].config
     assert config.metadata["prefill"] == "<reasoning>" and config.metadata["chat_template"] is True
@@ -92,17 +98,18 @@ def gold_run(manager: TaskManager, tasks: list[str], limit: int = 3, model: Gold
 
 def test_end_to_end_with_gold_stub(manager: TaskManager) -> None:
     model = GoldLM()
-    tasks = [name for name in TASKS if name != "dllm_code_io" or sandbox.available() is None]  # it runs code
+    tasks = [name for name in TASKS if name not in CODE or sandbox.available() is None]  # they run code
     results = gold_run(manager, tasks, model=model)
     for name in tasks:
         metrics = results[name]
         expected = ["acc", "cell_acc", "exact_match"] if "sudoku" in name else ["acc", "acc_d1"]
-        expected = ["acc", "score"] if name == "dllm_code_io" else expected
+        expected = ["acc", "score"] if name in CODE else expected
         assert {m: metrics[m] for m in expected} == dict.fromkeys(expected, 1.0), name
     assert len(model.requests) == 3 * len(tasks)
-    for request in model.requests:  # the context is exactly the d1 user message of the doc
+    for request in model.requests:  # the context is exactly the user message of the doc (d1's; StableDRL's for code)
         doc = request.doc
-        assert request.args[0] == get_task(doc["task"]).prompt(doc, "d1").messages[0]["content"]
+        assert doc["prompt_protocol"] == ("stabledrl_eval" if doc["task"] in ("humaneval", "mbpp") else "d1")
+        assert request.args[0] == get_task(doc["task"]).prompt(doc, doc["prompt_protocol"]).messages[0]["content"]
 
 
 def test_the_protocol_in_the_metadata_picks_the_prompts() -> None:

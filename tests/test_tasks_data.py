@@ -23,7 +23,7 @@ README_ROW = re.compile(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{64})` \|$", re.MULTILI
 def test_readme_lists_every_file_with_its_sha256() -> None:
     listed = dict(README_ROW.findall((DATA_DIR / "README.md").read_text()))
     shipped = {str(p.relative_to(DATA_DIR)) for p in DATA_DIR.rglob("*") if p.is_file() and p.name != "README.md"}
-    assert set(listed) == shipped and len(listed) == 15
+    assert set(listed) == shipped and len(listed) == 17
     for relative, digest in listed.items():
         assert hashlib.sha256((DATA_DIR / relative).read_bytes()).hexdigest() == digest, relative
     assert sum((DATA_DIR / r).stat().st_size for r in listed) < 15 * 2**20
@@ -49,6 +49,8 @@ def test_readme_lists_every_file_with_its_sha256() -> None:
         ("countdown_large", "test_large", 1024),
         ("countdown_large", "train", 10_232),  # the train split also drops the 6 rows that are large-test puzzles
         ("code_io", "test", 256),
+        ("humaneval", "test", 164),
+        ("mbpp", "test", 500),
     ],
 )
 def test_split_sizes_and_doc_ids(task: str, split: str, rows: int) -> None:
@@ -63,6 +65,7 @@ def test_eval_docs_are_the_d1_evaluation_sets() -> None:
     assert sizes == {
         **{"gsm8k": 1319, "math500": 500, "countdown": 256, "sudoku": 256, "aime24": 30, "aime25": 30},
         **{"countdown_large": 1024, "sudoku_hard": 256, "code_io": 256},  # not d1 sets: generated problems
+        **{"humaneval": 164, "mbpp": 500},  # not d1 sets: StableDRL's code evaluation
     }
     assert get_task("sudoku").eval_docs(limit=2) == get_task("sudoku").load("test_d1", limit=2)
     assert get_task("sudoku_hard").eval_docs(limit=2) == get_task("sudoku_hard").load("test_hard", limit=2)
@@ -137,10 +140,10 @@ def test_load_returns_independent_copies_and_checks_arguments() -> None:
 
 def test_registry() -> None:
     expected = ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25", "countdown_large", "sudoku_hard"]
-    expected.append("code_io")
+    expected += ["code_io", "humaneval", "mbpp"]
     assert list_tasks() == expected == list(TASKS)
-    with pytest.raises(UserError, match=r"unknown task 'mbpp'; known: gsm8k, math500"):
-        get_task("mbpp")
+    with pytest.raises(UserError, match=r"unknown task 'apps'; known: gsm8k, math500"):
+        get_task("apps")
 
 
 def test_data_is_resolved_relative_to_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

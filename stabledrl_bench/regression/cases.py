@@ -410,7 +410,7 @@ def run_eval(workdir: Path, name: str) -> Observation:
 
 # --------------------------------------------------------------------------------------------------- graders
 GRADER_DOCS = 3
-_TAG = re.compile(r"</?answer>")
+_TAG = re.compile(r"</?answer>|```(?:python\n)?")  # answer tags, and the code tasks' fences
 
 
 def _wrong(text: str) -> str:
@@ -419,9 +419,11 @@ def _wrong(text: str) -> str:
 
 
 def grader_texts(task, doc: dict) -> dict[str, str]:
-    """Fixed completions of ``doc``: the gold answer in each prompt format, made wrong, untagged, and empty."""
-    gold = task.target_completion(doc, "d1")
-    texts = {"gold-d1": gold, "wrong": _wrong(gold), "untagged": _TAG.sub("", gold), "empty": ""}
+    """Fixed completions of ``doc``: the gold answer in each prompt format, made wrong, untagged, and empty (the
+    gold in d1's format, or in the task's first protocol's where it has no d1 prompt: HumanEval, MBPP)."""
+    protocol = "d1" if "d1" in task.protocols else task.protocols[0]
+    gold = task.target_completion(doc, protocol)
+    texts = {f"gold-{protocol}": gold, "wrong": _wrong(gold), "untagged": _TAG.sub("", gold), "empty": ""}
     if "tiny" in task.protocols:
         texts["gold-tiny"] = task.target_completion(doc, "tiny")
     return texts

@@ -4,7 +4,9 @@ The YAMLs next to this file implement the evaluation protocols (docs/protocols.m
 GSM8K 1,319, MATH500 500, Countdown 256, Sudoku the 256 of 500 d1 draws, plus AIME 2024/2025, and three generated
 sets that are not d1's: Countdown on 1,024 cd3-like puzzles (``dllm_countdown_large``), Sudoku on 256 12-blank
 puzzles (``dllm_sudoku_hard``; see ``stabledrl_bench.tasks.countdown`` and ``.sudoku``) and Code I/O's 256 problems
-(``dllm_code_io``, graded by running each answer in the sandbox; ``stabledrl_bench.tasks.code_io``). Data come from
+(``dllm_code_io``, graded by running each answer in the sandbox; ``stabledrl_bench.tasks.code_io``), and HumanEval
+and MBPP under StableDRL's code evaluation (``dllm_humaneval``, ``dllm_mbpp``: protocol ``stabledrl-code``, run in
+the sandbox; ``stabledrl_bench.tasks.code_benchmarks``). Data come from
 the package's shipped files (resolved relative to the package, never the working directory), so nothing is
 downloaded.
 ``doc_to_text`` returns the *user message* (under d1: d1 system prompt + question); the model adapter applies the
@@ -82,6 +84,14 @@ def load_code_io(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("code_io", metadata)
 
 
+def load_humaneval(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("humaneval", metadata)
+
+
+def load_mbpp(**metadata: Any) -> datasets.DatasetDict:
+    return _dataset("mbpp", metadata)
+
+
 def load_aime24(**metadata: Any) -> datasets.DatasetDict:
     return _dataset("aime24", metadata)
 
@@ -117,7 +127,8 @@ def doc_to_target(doc: dict[str, Any]) -> str:
         return doc["solution"]
     if "answer" in doc:
         return str(doc["answer"])
-    return _task(name).target_completion(doc, PROTOCOL)  # a task with other gold fields: its gold completion
+    # a task with other gold fields: its gold completion, in the layout of the prompts the doc was rendered with
+    return _task(name).target_completion(doc, doc.get("prompt_protocol", PROTOCOL))
 
 
 def process_registered(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
