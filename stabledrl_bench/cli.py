@@ -340,7 +340,9 @@ def _cmd_list(args) -> int:
     module, attribute = REGISTRIES[args.what]
     registry = getattr(import_module(module), attribute)
     for name, entry in registry.items():
-        print(f"{name:26s} {_summary(entry)}")
+        # a method's rollout scheme (its default options'), since a method is more than its loss
+        scheme = f" [rollout: {entry().rollout().name}]" if args.what == "baselines" else ""
+        print(f"{name:26s} {_summary(entry)}{scheme}")
     if args.what == "protocols":  # built on request, so never in the registry
         print(f"{'<protocol>-n<N>-t<T>':26s} any protocol above decoded N times at temperature T: pass@k and maj@k")
     return 0
