@@ -245,6 +245,7 @@ def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
     values: dict[str, Value] = {**digest("advantages", advantages), **digest("keep", keep)}
     if not bool(keep.any()):
         return {"loss": {**values, "dropped": True}}
+    batch = dataclasses.replace(batch, records=method.estimator_records(batch.records, advantages))
     batch, advantages, groups = batch.select(keep), advantages[keep], fixed.group_ids[keep]
     noise = estimator.draw(batch, keyed_generator(0, "regress", "forced", baseline, attention))
     dlm.model.train()
