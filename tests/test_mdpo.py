@@ -12,17 +12,17 @@ import math
 import pytest
 import torch
 from conftest import small_budget
-from test_egspo import PROMPTS, TINY, _by_length, _gen
+from test_egspo import PROMPTS, TINY, _by_length, _gen, recorded_rollout
+from test_egspo import _config as egspo_config
 from test_losses import close
 
 from stabledrl_bench.baselines.mdpo import mdpo_advantages, mdpo_loss
 from stabledrl_bench.core.baseline import LossInputs, build_baseline
 from stabledrl_bench.core.estimators import AdvantageSteps, Estimate, SequenceBatch
-from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
+from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.core.rollouts import Independent, StepPredictions
 from stabledrl_bench.core.sampling import BlockDecode, FullDecode
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
 
 # 12 tokens in blocks of 4, 2 steps per block (every step commits 2 tokens); and one block, MDPO's default
@@ -330,36 +330,15 @@ def test_official_defaults_and_options() -> None:
 
 
 def _config(tmp_path, attention: str, budget, **overrides) -> TrainConfig:
-    """A tiny MDPO run on Sudoku with K = 3 trained steps."""
-    path = tmp_path / f"tiny-{attention}"
-    save_diffusion_lm(build_tiny(attention=attention, block_size=4, seed=1, **TINY), path)
-    fields = {
-        "baseline": "mdpo",
-        "baseline_options": {"sample_train_steps": 3},
-        "task": "sudoku",
-        "model": str(path),
-        "protocol": "tiny",
-        "budget": budget,
-        "optim": OptimConfig(learning_rate=1e-3, max_grad_norm=1.0),
-        "output_dir": str(tmp_path / "run"),
-        "progress": False,
-    }
-    return TrainConfig(**{**fields, **overrides})
+    """A tiny MDPO run on Sudoku with K = 3 trained steps (EGSPO's tiny run, another method)."""
+    options = {"baseline": "mdpo", "baseline_options": {"sample_train_steps": 3}, **overrides}
+    return egspo_config(tmp_path, attention, budget, **options)
 
 
 def test_the_trainer_rewards_every_prediction_and_trains_on_the_steps_of_largest_advantage(tmp_path) -> None:
     budget = small_budget(max_steps=2, num_iterations=2, diffusion_steps=8, max_completion_length=16)
     cfg = _config(tmp_path, "full", budget, per_device_prompts=2)
-    trainer = RLTrainer(cfg)
-    scored: list[list[str]] = []
-
-    def recording(texts, docs, profile):
-        scored.append(list(texts))
-        return _by_length(texts, docs, profile)
-
-    trainer.task.reward_many = recording
-    micro_batches, _ = trainer.rollout()
-    (mb,) = micro_batches
+    trainer, mb, scored = recorded_rollout(cfg)
     rows = budget.prompts_per_step * budget.num_generations
     records = mb.batch.records
     assert records["predictions"].shape == (rows, 8, 16) and records["confidence"].shape == (rows, 8, 16)
