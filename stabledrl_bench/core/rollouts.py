@@ -102,15 +102,14 @@ ENTROPY_EPS = 1e-8  # inside the log of the step entropies, as the official code
 SELECTIONS = ("high_entropy", "uniform", "random")
 
 
-def require_exact_llada(settings: DecodeSettings, scheme: str) -> None:
+def require_exact_llada(settings: DecodeSettings, scheme: str, records: str) -> None:
     """Refuse decode settings under which a step observer cannot see the LLaDA sampler's every step: block models
-    (their sampler takes no observer) and the approximate modes (a KV cache, dynamic steps, early stops)."""
+    (their sampler takes no observer) and the approximate modes (a KV cache, dynamic steps, early stops).
+    ``scheme`` names the rollout and its method, ``records`` what it keeps, for the message."""
     if not isinstance(settings, FullDecode):
-        raise UserError(
-            f"the {scheme} rollout records the LLaDA sampler's predictions: it needs a full-attention model"
-        )
+        raise UserError(f"the {scheme} records the LLaDA sampler's {records}: it needs a full-attention model")
     if settings.approximate:
-        raise UserError(f"the {scheme} rollout needs exact decoding (budget.rollout_decode: exact)")
+        raise UserError(f"the {scheme} needs exact decoding (budget.rollout_decode: exact)")
 
 
 class _PredictionRecorder:
@@ -219,7 +218,7 @@ class EntropySteps(RolloutScheme):
             raise UserError(f"entropy_steps: selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
 
     def check(self, settings: DecodeSettings) -> None:
-        require_exact_llada(settings, "entropy_steps (EGSPO)")
+        require_exact_llada(settings, "entropy_steps rollout (EGSPO)", "one-step predictions")
         if self.num_steps > settings.steps:
             raise UserError(f"entropy_steps: num_steps={self.num_steps} exceeds the {settings.steps} sampler steps")
 
@@ -276,7 +275,7 @@ class StepPredictions(RolloutScheme):
             raise UserError(f"step_predictions: train_steps must be a positive integer, got {self.train_steps!r}")
 
     def check(self, settings: DecodeSettings) -> None:
-        require_exact_llada(settings, "step_predictions (MDPO)")
+        require_exact_llada(settings, "step_predictions rollout (MDPO)", "predictions at every step")
         if self.train_steps > settings.steps:
             raise UserError(
                 f"step_predictions: train_steps={self.train_steps} exceeds the {settings.steps} sampler steps"
