@@ -22,6 +22,7 @@ name                        file                 in one line
 ``gdsd``                    ``gdsd.py``          GDSD: clamped change of the denoising log-prob regressed on A
 ``bgpo``                    ``bgpo.py``          BGPO: PPO linear in each ELBO sample, dual clip (DARE's port)
 ``egspo``                   ``egspo.py``         EGSPO: step PPO on the highest-entropy sampler steps, stepwise A
+``mdpo``                    ``mdpo.py``          MDPO: token PPO on the steps of largest |A|, every prediction rewarded
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -55,6 +56,7 @@ BUILTIN_MODULES = (
     "gdsd",
     "bgpo",
     "egspo",
+    "mdpo",
 )  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:

@@ -195,6 +195,8 @@ def rl_step(
         overrides.setdefault("baseline_options", {"overlong_margin": None})
     if baseline == "egspo":  # EGSPO chooses K of the sampler's steps: 2 of these 4
         overrides.setdefault("baseline_options", {"logps_eval_num_steps": 2})
+    if baseline == "mdpo":  # so does MDPO
+        overrides.setdefault("baseline_options", {"sample_train_steps": 2})
     cfg = TrainConfig(
         baseline=baseline,
         task="sudoku",

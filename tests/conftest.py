@@ -40,6 +40,7 @@ BUILTIN_BASELINES = (
     "gdsd",
     "bgpo",
     "egspo",
+    "mdpo",
 )
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

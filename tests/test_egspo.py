@@ -24,7 +24,7 @@ from stabledrl_bench.core.sampling import BlockDecode, FullDecode, llada_generat
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks.base import RewardResult
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.trainer import MicroBatch, RLTrainer, TrainConfig
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 PROMPTS = ["What is 2+3?", "hi", "Count: 1 2 3"]
@@ -344,9 +344,9 @@ def _config(tmp_path, attention: str, budget: Budget, **overrides) -> TrainConfi
     return TrainConfig(**{**fields, **overrides})
 
 
-def test_the_trainer_rewards_the_predictions_and_trains_on_the_chosen_steps(tmp_path) -> None:
-    budget = small_budget(max_steps=2, num_iterations=2, diffusion_steps=8, max_completion_length=16)
-    cfg = _config(tmp_path, "full", budget, per_device_prompts=2)
+def recorded_rollout(cfg: TrainConfig) -> tuple[RLTrainer, MicroBatch, list[list[str]]]:
+    """The first rollout of a run of one micro-batch, its texts rewarded by length; every reward call's texts kept
+    (the completions first, then the predictions the rollout recorded)."""
     trainer = RLTrainer(cfg)
     scored: list[list[str]] = []
 
@@ -357,6 +357,13 @@ def test_the_trainer_rewards_the_predictions_and_trains_on_the_chosen_steps(tmp_
     trainer.task.reward_many = recording
     micro_batches, _ = trainer.rollout()
     (mb,) = micro_batches
+    return trainer, mb, scored
+
+
+def test_the_trainer_rewards_the_predictions_and_trains_on_the_chosen_steps(tmp_path) -> None:
+    budget = small_budget(max_steps=2, num_iterations=2, diffusion_steps=8, max_completion_length=16)
+    cfg = _config(tmp_path, "full", budget, per_device_prompts=2)
+    trainer, mb, scored = recorded_rollout(cfg)
     rows = budget.prompts_per_step * budget.num_generations
     records = mb.batch.records
     assert records["steps"].shape == (rows, 4) and records["predictions"].shape == (rows, 4, 16)

@@ -610,7 +610,9 @@ def test_staircase_draw_counts(block_model):
     assert set(noise.count[0, :, 0].tolist()) == {1, 2, 3, 4}
 
 
-@pytest.mark.parametrize("name", sorted(set(ESTIMATORS) - {"trace_replay", "ar_replay", "chosen_steps"}))  # no draws
+@pytest.mark.parametrize(
+    "name", sorted(set(ESTIMATORS) - {"trace_replay", "ar_replay", "chosen_steps", "advantage_steps"})
+)  # no draws
 def test_draw_deterministic_per_seed(full_model, name):
     batch = make_batch(full_model)
     est = build_estimator(name, **({"block_length": BLOCK} if name in ("spg_block", "staircase_elbo") else {}))

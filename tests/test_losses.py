@@ -442,7 +442,16 @@ def test_compute_dtype_rule() -> None:
         assert compute_dtype(*(torch.zeros(1, dtype=d) for d in dtypes), None) == expected
 
 
-BETAS = {"grpo": 0.04, "espo": 1e-3, "trado": 0.01, "cj_grpo": 0.04, "agrpo": 0.01, "gdsd": 1e-3, "egspo": 0.04}
+BETAS = {
+    "grpo": 0.04,
+    "espo": 1e-3,
+    "trado": 0.01,
+    "cj_grpo": 0.04,
+    "agrpo": 0.01,
+    "gdsd": 1e-3,
+    "egspo": 0.04,
+    "mdpo": 0.04,
+}
 
 
 @pytest.mark.parametrize("name", BUILTIN_BASELINES)

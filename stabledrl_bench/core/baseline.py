@@ -181,6 +181,15 @@ class Baseline:
         rule = ADVANTAGES.get(self.advantage)
         return rule(rewards, group_ids, correct, **self.advantage_options())
 
+    def estimator_records(
+        self, records: Mapping[str, torch.Tensor], advantages: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The records the estimator sees once the rollout's advantages are known (``SequenceBatch.records``): the
+        rollout scheme's own, for every method whose likelihood does not depend on them. MDPO adds its per-step
+        advantages [B, T], by which its estimator chooses the steps it replays."""
+        del advantages
+        return dict(records)
+
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 

@@ -101,6 +101,9 @@ class Estimate:
     # [R] float: the importance weight of each row, for rows drawn from a non-uniform distribution whose loss terms
     # are reweighted to keep the uniform estimate's expectation (AGRPO's entropy rule); None: every row weighs 1.
     row_weight: torch.Tensor | None = None
+    # [R, L] a weight per token of ``token_mask`` for the losses that weight their tokens (MDPO: the probability the
+    # sampler gave the predicted token); None means 1.
+    token_weight: torch.Tensor | None = None
 
     def detach(self) -> Estimate:
         return Estimate(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
@@ -865,10 +868,14 @@ class TracePlan:
     row_to_seq: torch.Tensor  # [R] long
     masked: torch.Tensor  # [R, L] bool, positions shown as the mask token in the (noisy) state
     targets: torch.Tensor  # [R, L] bool, positions whose log-prob is an action of this row
+    # [R, L] long, the tokens whose log-probs are read at the targets; None: the completion's own (every replay but
+    # MDPO's, whose targets are the sampler's intermediate predictions)
+    tokens: torch.Tensor | None = None
 
     def select(self, rows: torch.Tensor) -> TracePlan:
         """The plan of the given rows only (in that order, repeats allowed)."""
-        return TracePlan(row_to_seq=self.row_to_seq[rows], masked=self.masked[rows], targets=self.targets[rows])
+        tokens = None if self.tokens is None else self.tokens[rows]
+        return TracePlan(self.row_to_seq[rows], self.masked[rows], self.targets[rows], tokens)
 
 
 def replay_rounds(row_to_seq: torch.Tensor) -> torch.Tensor:
@@ -978,18 +985,19 @@ class TraceReplay(Estimator):
         seq = plan.row_to_seq
         clean = batch.completion_ids[seq]
         state = torch.where(plan.masked, model.mask_id, clean)
+        tokens = clean if plan.tokens is None else plan.tokens
         p_len, length = batch.prompt_ids.shape[1], clean.shape[1]
         if model.attention == "block":
             prompt_valid = batch.prompt_mask.bool()[seq]
             input_ids = torch.cat((batch.prompt_ids[seq], clean, state), dim=1)
             attention = staircase_mask(prompt_valid, length, int(model.block_size))
             logp = self._clean_token_logps(
-                model, input_ids, attention, staircase_position_ids(prompt_valid, length), clean, p_len + length
+                model, input_ids, attention, staircase_position_ids(prompt_valid, length), tokens, p_len + length
             )
         else:
             input_ids = torch.cat((batch.prompt_ids[seq], state), dim=1)
             attention = model.context_attention(batch.prompt_mask, length)[seq]
-            logp = self._clean_token_logps(model, input_ids, attention, None, clean, p_len)
+            logp = self._clean_token_logps(model, input_ids, attention, None, tokens, p_len)
         return Estimate(
             token_logp=torch.where(plan.targets, logp, torch.zeros_like(logp)),
             token_mask=plan.targets,
@@ -1192,6 +1200,72 @@ class ChosenSteps(TraceReplay):
         )
         assert steps is not None
         return steps.long()
+
+
+@ESTIMATORS.register("advantage_steps")
+@dataclass(frozen=True, kw_only=True)
+class AdvantageSteps(ChosenSteps):
+    """MDPO's likelihood (docs/estimators.md#advantage_steps): per sequence, the ``num_steps`` sampler steps of
+    largest |advantage| (``records["advantages"]`` [B, T], which the trainer puts there for MDPO), each replayed on
+    the sampler's state before it with the step's full prediction as targets.
+
+    ``autonomousvision/mdpo: src/open_r1/mdpo/mdpo_trainer.py``: ``split_into_micro_batches`` (lines 917-949) takes
+    ``torch.topk(|A|.sum(dim=0), k=sample_train_steps)`` over the device's rows (one row: its generator decodes one
+    prompt at a time, ``mdlm_generation_utils.py`` line 37), highest first (ties here: the earlier step); the row of
+    step s is ``all_steps_input_ids[s]`` (the state before s: every position the sampler committed at a step < s
+    clean, the rest MASK) and its targets ``all_steps_completion_ids[s]`` at every masked position
+    (``compute_loss`` lines 1491 and 1510: ``completion_mask = input_ids == mask``), i.e. ``records["predictions"]``
+    of the ``step_predictions`` scheme; ``token_weight`` is the step's ``records["confidence"]`` (``conf``, line
+    935). Every inner iteration replays all K steps (the official loop trains each chosen step once, in one optimizer
+    step). Rows are sequence-major, highest |A| first; ``row_column`` is the step itself, the column of the
+    advantages [B, T].
+    """
+
+    num_steps: int = 16  # K: sample_train_steps
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_int(self.num_steps, 1), f"num_steps must be a positive integer, got {self.num_steps!r}")
+
+    def draw_for(
+        self, batch: SequenceBatch, generator: torch.Generator, iteration: int, iterations: int
+    ) -> ChosenStepsNoise:
+        del iteration, iterations
+        return self.draw(batch, generator)
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: ChosenStepsNoise) -> Estimate:
+        steps = self._chosen(batch)
+        _require(batch.unmask_step is not None, "advantage_steps needs the sampler's unmask_step for every completion")
+        predictions, confidence = batch.records.get("predictions"), batch.records.get("confidence")
+        _require(
+            predictions is not None and confidence is not None,
+            "advantage_steps needs every step's prediction and confidence (the step_predictions rollout)",
+        )
+        assert batch.unmask_step is not None and predictions is not None and confidence is not None
+        n_seq, dev = steps.shape[0], steps.device
+        columns = noise.columns.to(dev)
+        seq = torch.arange(n_seq, device=dev).repeat_interleave(columns.shape[0])
+        step = steps[seq, columns.repeat(n_seq)]
+        committed = batch.unmask_step[seq]
+        masked = (committed >= step[:, None]) | (committed < 0)
+        tokens = predictions.to(dev)[seq, step]
+        plan = TracePlan(row_to_seq=seq, masked=masked, targets=masked, tokens=tokens)
+        weight = torch.where(masked, confidence.to(dev)[seq, step], 0.0)
+        return dataclasses.replace(self.replay(model, batch, plan), row_column=step, token_weight=weight)
+
+    def _chosen(self, batch: SequenceBatch) -> torch.Tensor:
+        advantages = batch.records.get("advantages")
+        _require(
+            advantages is not None and advantages.dim() == 2,
+            "advantage_steps needs the per-step advantages [B, T] in records['advantages'] (the mdpo baseline)",
+        )
+        assert advantages is not None
+        _require(
+            self.num_steps <= advantages.shape[1],
+            f"advantage_steps: num_steps={self.num_steps} exceeds the {advantages.shape[1]} sampler steps",
+        )
+        order = torch.argsort(advantages.abs(), dim=1, descending=True, stable=True)
+        return order[:, : self.num_steps].to(batch.completion_ids.device)
 
 
 # ====================================================================================== staircase

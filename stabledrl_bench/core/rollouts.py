@@ -25,7 +25,14 @@ import torch
 
 from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.registry import Registry, subclass_check
-from stabledrl_bench.core.sampling import DecodeSettings, DecodeStep, FullDecode, generate
+from stabledrl_bench.core.sampling import (
+    DecodeSettings,
+    DecodeStep,
+    FullDecode,
+    _block_logits64,
+    _token_prob,
+    generate,
+)
 from stabledrl_bench.errors import UserError
 
 
@@ -91,28 +98,45 @@ class Independent(RolloutScheme):
         return Rollout(out.completion_ids, out.unmask_step, out.nfe)
 
 
-def _require_observable(settings: DecodeSettings, scheme: str, what: str) -> None:
-    """Refuse settings under which the sampler's step observer sees nothing: it exists on the LLaDA sampler's exact
-    forwards only (``llada_generate``), not on block models nor on the KV-cache and dynamic modes."""
-    if not isinstance(settings, FullDecode):
-        raise UserError(f"the {scheme} records {what}: it needs a full-attention model")
-    if settings.approximate:
-        raise UserError(f"the {scheme} needs exact decoding (budget.rollout_decode: exact)")
-
-
 ENTROPY_EPS = 1e-8  # inside the log of the step entropies, as the official code (egspo_trainer.py line 687)
 SELECTIONS = ("high_entropy", "uniform", "random")
 
 
-class _StepRecorder:
-    """The observer of :class:`EntropySteps`: per step and row, the mean entropy of the committed tokens'
-    distributions and the one-step denoised prediction of the state before the step."""
+def require_exact_llada(settings: DecodeSettings, scheme: str, records: str) -> None:
+    """Refuse decode settings under which a step observer cannot see the LLaDA sampler's every step: block models
+    (their sampler takes no observer) and the approximate modes (a KV cache, dynamic steps, early stops).
+    ``scheme`` names the rollout and its method, ``records`` what it keeps, for the message."""
+    if not isinstance(settings, FullDecode):
+        raise UserError(f"the {scheme} records the LLaDA sampler's {records}: it needs a full-attention model")
+    if settings.approximate:
+        raise UserError(f"the {scheme} needs exact decoding (budget.rollout_decode: exact)")
+
+
+class _PredictionRecorder:
+    """A step observer that keeps, per row and step, a full prediction of the completion: every position still
+    masked in the state before the step filled with a predicted token, committed positions kept (the intermediate
+    answers EGSPO and MDPO reward). Subclasses say which tokens (:meth:`predicted`)."""
 
     def __init__(self, rows: int, steps: int, prompt_len: int, length: int, mask_id: int, device: torch.device) -> None:
         self.prompt_len = prompt_len
         self.mask_id = mask_id
-        self.entropy = torch.full((rows, steps), float("-inf"), dtype=torch.float64, device=device)
         self.predictions = torch.full((rows, steps, length), mask_id, dtype=torch.long, device=device)
+
+    def keep(self, step: DecodeStep, tokens: torch.Tensor) -> torch.Tensor:
+        """Store the prediction ``tokens`` [R, L] at the masked positions of ``step``'s state; returns that mask."""
+        state = step.state[:, self.prompt_len :]
+        masked = state == self.mask_id
+        self.predictions[step.rows, step.index] = torch.where(masked, tokens, state)
+        return masked
+
+
+class _StepRecorder(_PredictionRecorder):
+    """The observer of :class:`EntropySteps`: per step and row, the mean entropy of the committed tokens'
+    distributions and the one-step denoised prediction of the state before the step."""
+
+    def __init__(self, rows: int, steps: int, prompt_len: int, length: int, mask_id: int, device: torch.device) -> None:
+        super().__init__(rows, steps, prompt_len, length, mask_id, device)
+        self.entropy = torch.full((rows, steps), float("-inf"), dtype=torch.float64, device=device)
 
     def __call__(self, step: DecodeStep) -> None:
         probs = torch.softmax(step.block_logits, dim=-1)
@@ -121,7 +145,6 @@ class _StepRecorder:
         mean = torch.where(step.selected, entropy, 0.0).sum(dim=1) / count.clamp(min=1)
         # a step that commits nothing has no entropy to rank (the official mean over no token is NaN)
         self.entropy[step.rows, step.index] = torch.where(count > 0, mean, float("-inf"))
-        state = step.state[:, self.prompt_len :]
         logits = step.logits[:, self.prompt_len :]
         greedy = logits.argmax(dim=-1)
         if bool((greedy == self.mask_id).any()):  # MASK is never an output (as in the sampler): the runner-up
@@ -129,7 +152,41 @@ class _StepRecorder:
             scores = logits[fix].clone()
             scores[:, self.mask_id] = float("-inf")
             greedy[fix] = scores.argmax(dim=-1)
-        self.predictions[step.rows, step.index] = torch.where(state == self.mask_id, greedy, state)
+        self.keep(step, greedy)
+
+
+class _SampledRecorder(_PredictionRecorder):
+    """The observer of :class:`StepPredictions`: per step and row, the sampler's own prediction of every masked
+    position (its draws in the current block, the argmax beyond it) and each predicted token's probability under
+    the sampling distribution softmax(logits / tau) (softmax(logits) at tau = 0), MASK excluded."""
+
+    def __init__(
+        self,
+        rows: int,
+        steps: int,
+        prompt_len: int,
+        length: int,
+        mask_id: int,
+        temperature: float,
+        device: torch.device,
+    ) -> None:
+        super().__init__(rows, steps, prompt_len, length, mask_id, device)
+        self.temperature = temperature
+        self.confidence = torch.zeros((rows, steps, length), dtype=torch.float64, device=device)
+
+    def __call__(self, step: DecodeStep) -> None:
+        masked = step.state[:, self.prompt_len :] == self.mask_id
+        scores = _block_logits64(step.logits[:, self.prompt_len :][masked], self.mask_id)  # [N, V]
+        if self.temperature > 0:
+            scores = scores / self.temperature
+        tokens = torch.full(masked.shape, self.mask_id, dtype=torch.long, device=masked.device)
+        tokens[masked] = scores.argmax(dim=-1)
+        block = slice(step.span.start - self.prompt_len, step.span.stop - self.prompt_len)
+        tokens[:, block] = step.tokens  # the sampler's draws (its argmax at tau = 0)
+        self.keep(step, tokens)
+        confidence = torch.zeros(masked.shape, dtype=torch.float64, device=masked.device)
+        confidence[masked] = _token_prob(scores, tokens[masked])
+        self.confidence[step.rows, step.index] = confidence
 
 
 @ROLLOUTS.register("entropy_steps")
@@ -161,7 +218,7 @@ class EntropySteps(RolloutScheme):
             raise UserError(f"entropy_steps: selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
 
     def check(self, settings: DecodeSettings) -> None:
-        _require_observable(settings, "entropy_steps rollout (EGSPO)", "the LLaDA sampler's one-step predictions")
+        require_exact_llada(settings, "entropy_steps rollout (EGSPO)", "one-step predictions")
         if self.num_steps > settings.steps:
             raise UserError(f"entropy_steps: num_steps={self.num_steps} exceeds the {settings.steps} sampler steps")
 
@@ -229,7 +286,7 @@ class TokenEntropies(RolloutScheme):
     description: ClassVar[str] = "the LLaDA sampler recording each committed token's entropy (AGRPO)"
 
     def check(self, settings: DecodeSettings) -> None:
-        _require_observable(settings, "token_entropies rollout (AGRPO)", "the LLaDA sampler's token entropies")
+        require_exact_llada(settings, "token_entropies rollout (AGRPO)", "token entropies")
 
     def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
         self.check(settings)
@@ -242,4 +299,54 @@ class TokenEntropies(RolloutScheme):
         return Rollout(out.completion_ids, out.unmask_step, out.nfe, {"token_entropy": recorder.entropy})
 
 
-__all__ = ["ROLLOUTS", "EntropySteps", "Independent", "Rollout", "RolloutScheme", "TokenEntropies"]
+@ROLLOUTS.register("step_predictions")
+@dataclass(frozen=True)
+class StepPredictions(RolloutScheme):
+    """MDPO's rollout (``autonomousvision/mdpo: src/mdlm_generation_utils.py: diffusion_generate``, lines 56-130):
+    the LLaDA sampler, recording at every step T the full prediction of the completion it made and how probable
+    each predicted token was; the trainer rewards every prediction, MDPO's advantages rank the steps.
+
+    Records (docs/rollouts.md#step_predictions), per row: ``predictions`` [T, L] at step s every position masked in
+    the state before s filled with the sampler's prediction x0 (its draw inside the current block, argmax(logits)
+    beyond it), committed positions kept (``intermediate_results``, lines 83-102); ``confidence`` [T, L] at those
+    masked positions the probability of x0 under softmax(logits / tau), or softmax(logits) at tau = 0
+    (``intermediate_confidence``, lines 75-85, ``rcr=False``), 0 elsewhere. MASK is excluded from the vocabulary,
+    as in the sampler. The prediction of the last step is the completion. ``train_steps`` only lets :meth:`check`
+    refuse a sampler with fewer steps than the method trains on. No extra forward: a softmax over the
+    still-masked positions at each step.
+    """
+
+    description: ClassVar[str] = (
+        "the LLaDA sampler recording its full prediction and its probabilities at every step (MDPO)"
+    )
+    train_steps: int = 1  # K: the steps its method trains on, at most the sampler's (sample_train_steps)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_steps, bool) or not isinstance(self.train_steps, int) or self.train_steps < 1:
+            raise UserError(f"step_predictions: train_steps must be a positive integer, got {self.train_steps!r}")
+
+    def check(self, settings: DecodeSettings) -> None:
+        require_exact_llada(settings, "step_predictions rollout (MDPO)", "predictions at every step")
+        if self.train_steps > settings.steps:
+            raise UserError(
+                f"step_predictions: train_steps={self.train_steps} exceeds the {settings.steps} sampler steps"
+            )
+
+    def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
+        self.check(settings)
+        assert isinstance(settings, FullDecode)
+        recorder = _SampledRecorder(
+            prompt_ids.shape[0],
+            settings.steps,
+            prompt_ids.shape[1],
+            settings.max_completion_length,
+            dlm.mask_id,
+            settings.temperature,
+            prompt_ids.device,
+        )
+        out = generate(dlm, prompt_ids, prompt_mask, settings, generator=generator, observer=recorder)
+        records = {"predictions": recorder.predictions, "confidence": recorder.confidence}
+        return Rollout(out.completion_ids, out.unmask_step, out.nfe, records)
+
+
+__all__ = ["ROLLOUTS", "EntropySteps", "Independent", "Rollout", "RolloutScheme", "StepPredictions", "TokenEntropies"]

@@ -77,8 +77,10 @@ class DecodeStep:
     """One step of :func:`llada_generate` as an observer sees it, before the step's tokens are committed.
 
     Why: a rollout scheme may need what the sampler saw at every step (EGSPO ranks the steps by the entropy of the
-    committed tokens' distributions and rewards the one-step denoised prediction of each state), and recomputing it
-    would cost a forward pass per step. The tensors are the sampler's own; an observer copies what it keeps.
+    committed tokens' distributions and rewards the one-step denoised prediction of each state; MDPO rewards the
+    sampler's own full prediction at every step and weights its loss by the predicted tokens' probabilities), and
+    recomputing it would cost a forward pass per step. The tensors are the sampler's own; an observer copies what it
+    keeps.
     """
 
     index: int  # the global step (j * steps_per_block + i)
@@ -88,6 +90,7 @@ class DecodeStep:
     block_logits: torch.Tensor  # [R, b, V] float64, MASK excluded: the untempered distribution of the block
     selected: torch.Tensor  # [R, b] bool, the block positions this step commits
     span: slice  # the block's columns in ``state``
+    tokens: torch.Tensor  # [R, b] the tokens the sampler drew for the block (written where ``selected``)
 
 
 StepObserver = Callable[[DecodeStep], None]
@@ -621,7 +624,9 @@ def llada_generate(
             if observer is not None:
                 assert ctx.full_logits is not None
                 observer(
-                    DecodeStep(j * steps_per_block + i, ctx.rows, x[ctx.rows], ctx.full_logits, logits, selected, span)
+                    DecodeStep(
+                        j * steps_per_block + i, ctx.rows, x[ctx.rows], ctx.full_logits, logits, selected, span, tokens
+                    )
                 )
             x[ctx.rows, span], unmask_step[ctx.rows, cols] = _commit(
                 state, unmask_step[ctx.rows, cols], tokens, selected, j * steps_per_block + i

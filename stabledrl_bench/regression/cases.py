@@ -44,7 +44,7 @@ import torch
 
 from stabledrl_bench.core.baseline import BASELINES, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import ESTIMATORS, Estimate, SequenceBatch, build_estimator
-from stabledrl_bench.core.rollouts import EntropySteps, RolloutScheme
+from stabledrl_bench.core.rollouts import EntropySteps, RolloutScheme, StepPredictions
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import keyed_generator
 from stabledrl_bench.regression import fixtures
@@ -115,7 +115,7 @@ def estimate_values(prefix: str, estimate: Estimate | None) -> dict[str, Value]:
     if estimate is None:
         return {}
     values: dict[str, Value] = {}
-    for name in ("token_logp", "token_mask", "row_to_seq", "row_column", "elbo", "eubo"):
+    for name in ("token_logp", "token_mask", "token_weight", "row_to_seq", "row_column", "elbo", "eubo"):
         values.update(digest(f"{prefix}.{name}", getattr(estimate, name)))
     return values
 
@@ -210,16 +210,39 @@ def stand_in_records(scheme: RolloutScheme, batch: SequenceBatch, rewards: torch
     """What a recording rollout scheme would have kept of the committed rollouts, as fixed stand-ins (none for the
     default scheme). ``entropy_steps`` (EGSPO): its ``num_steps`` steps by the ``uniform`` rule over the rollouts'
     steps (entropies are not committed), and prediction rewards moved from each completion's reward by a fixed
-    pattern of offsets in [-0.5, 0.5] (so the stepwise advantages differ from step to step)."""
+    pattern of offsets in [-0.5, 0.5] (so the stepwise advantages differ from step to step). ``step_predictions``
+    (MDPO): see :func:`step_prediction_stand_ins`."""
+    if isinstance(scheme, StepPredictions):
+        return step_prediction_stand_ins(batch, rewards)
     if not isinstance(scheme, EntropySteps):
         return {}
     assert batch.unmask_step is not None
     rows, total = batch.unmask_step.shape[0], int(batch.unmask_step.max()) + 1
     k = scheme.num_steps
     steps = dataclasses.replace(scheme, selection="uniform").choose(torch.zeros(rows, total), torch.Generator())
-    index = torch.arange(rows * k).reshape(rows, k)
-    offsets = ((index * 7 + 3) % 5 - 2).to(rewards.dtype) * 0.25
-    return {"steps": steps, "prediction_rewards": rewards[:, None] - offsets}
+    return {"steps": steps, "prediction_rewards": rewards[:, None] - _offsets(rows, k, rewards.dtype)}
+
+
+def _offsets(rows: int, columns: int, dtype: torch.dtype) -> torch.Tensor:
+    """A fixed pattern [rows, columns] of offsets in {-0.5, -0.25, 0, 0.25, 0.5}."""
+    index = torch.arange(rows * columns).reshape(rows, columns)
+    return ((index * 7 + 3) % 5 - 2).to(dtype) * 0.25
+
+
+def step_prediction_stand_ins(batch: SequenceBatch, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+    """MDPO's records as fixed stand-ins for the committed rollouts (their predictions and probabilities are not
+    committed), over the T steps of the rollouts: every step's prediction is the completion; each position masked
+    before a step gets a probability from a fixed pattern in [1/8, 1] (0 elsewhere); the step rewards are the
+    completion's moved by EGSPO's pattern of offsets."""
+    assert batch.unmask_step is not None
+    rows, length = batch.unmask_step.shape
+    total = int(batch.unmask_step.max()) + 1
+    masked = batch.unmask_step[:, None, :] >= torch.arange(total)[None, :, None]
+    index = torch.arange(rows * total * length).reshape(rows, total, length)
+    confidence = torch.where(masked, ((index * 5 + 1) % 8 + 1).to(torch.float64) / 8, 0.0)
+    predictions = batch.completion_ids[:, None, :].expand(rows, total, length).clone()
+    step_rewards = rewards[:, None] - _offsets(rows, total, rewards.dtype)
+    return {"predictions": predictions, "confidence": confidence, "prediction_rewards": step_rewards}
 
 
 def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
@@ -245,6 +268,7 @@ def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
     values: dict[str, Value] = {**digest("advantages", advantages), **digest("keep", keep)}
     if not bool(keep.any()):
         return {"loss": {**values, "dropped": True}}
+    batch = dataclasses.replace(batch, records=method.estimator_records(batch.records, advantages))
     batch, advantages, groups = batch.select(keep), advantages[keep], fixed.group_ids[keep]
     noise = estimator.draw(batch, keyed_generator(0, "regress", "forced", baseline, attention))
     dlm.model.train()
@@ -267,7 +291,11 @@ def run_estimator(workdir: Path, estimator: str, attention: str) -> Observation:
     del workdir
     dlm = load_diffusion_lm(fixtures.model_dir(attention))
     fixed = fixtures.fixed_rollouts(attention)
-    batch = dataclasses.replace(fixed.batch, records=stand_in_records(EntropySteps(), fixed.batch, fixed.rewards))
+    records = stand_in_records(EntropySteps(), fixed.batch, fixed.rewards)
+    if estimator == "advantage_steps":  # MDPO's: every step's prediction, and advantages [B, T] to rank the steps
+        records = step_prediction_stand_ins(fixed.batch, fixed.rewards)
+        records["advantages"] = records["prediction_rewards"]
+    batch = dataclasses.replace(fixed.batch, records=records)
     try:
         bound = build_estimator(estimator).for_attention(attention).bind(dlm, block_length=GOLDEN_BUDGET.block_length)
         noise = bound.draw(batch, keyed_generator(0, "regress", "estimator", estimator, attention))

@@ -24,6 +24,7 @@ losses of a run do not depend on how many processes share it (tested against one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -458,7 +459,8 @@ class RLTrainer:
             advantages, keep = self.baseline.advantages(s.rewards, s.group_ids, correct, records=s.batch.records)
             spread = s.rewards.view(-1, self.budget.num_generations)
             informative += int((spread.amax(dim=1) > spread.amin(dim=1)).sum())
-            batch, group_ids, weight = s.batch, s.group_ids, 1.0
+            records = self.baseline.estimator_records(s.batch.records, advantages)
+            batch, group_ids, weight = dataclasses.replace(s.batch, records=records), s.group_ids, 1.0
             if not bool(keep.any()):  # nothing to learn from, but the same forward/backward as every process
                 advantages, weight = torch.zeros_like(advantages), 0.0
             elif not bool(keep.all()):
