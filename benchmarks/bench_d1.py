@@ -183,8 +183,9 @@ def harness_step(checkpoint: Path) -> dict[str, float]:
     import stabledrl_bench.core.rollouts as rollouts_module
     from stabledrl_bench.core.budget import Budget
     from stabledrl_bench.core.estimators import D1OneStep
+    from stabledrl_bench.training.config import LoraSettings, TrainConfig
     from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.trainer import LoraSettings, RLTrainer, TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer
 
     torch.set_num_threads(1)
     s = SETTINGS

@@ -211,8 +211,9 @@ def bench_implementations(args: argparse.Namespace) -> None:
 def bench_rl_step(args: argparse.Namespace) -> None:
     """Wall time of RL steps (rollout + loss + update) with exact vs fast rollouts, interleaved."""
     from stabledrl_bench.core.budget import Budget
+    from stabledrl_bench.training.config import TrainConfig
     from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint

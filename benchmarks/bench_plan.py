@@ -46,8 +46,9 @@ from stabledrl_bench.core.models.convert import save_tiny_as
 from stabledrl_bench.experiments.plan import ACTIVATION_VALUES_OUTSIDE_BLOCKS, Method, Shape, phase_forwards, plan
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.processes import process_state
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.trainer import RLTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 PROCESSES = 2

@@ -34,8 +34,9 @@ from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.core.sampling import DECODE_MODES, FullDecode, generate
 from stabledrl_bench.experiments.comparison import TABLE_BASELINES
 from stabledrl_bench.processes import is_main_process
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.trainer import RLTrainer
 
 SIZES = {
     "tiny": {},  # the tiny preset's model (~0.8 M parameters)

@@ -368,7 +368,7 @@ def _train_defaults(overrides: dict) -> dict:
     defaults, whose budget is the StableDRL recipe's."""
     from stabledrl_bench.config import to_dict
     from stabledrl_bench.experiments.presets import tiny_model_settings
-    from stabledrl_bench.training.trainer import TrainConfig
+    from stabledrl_bench.training.config import TrainConfig
 
     found = tiny_model_settings(overrides.get("model", TrainConfig.model), overrides.get("task", TrainConfig.task))
     return {} if found is None else to_dict(found)
@@ -389,7 +389,8 @@ def _say_train_defaults(cfg) -> None:
 
 
 def _cmd_train(args) -> int:
-    from stabledrl_bench.training.trainer import TRACKERS, RLTrainer, TrainConfig
+    from stabledrl_bench.training.config import TRACKERS, TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer
 
     fields = ("baseline", "task", "model", "output_dir", "seed")
     flags = {name: getattr(args, name) for name in fields}

@@ -23,9 +23,10 @@ from stabledrl_bench.core.sampling import block_diffusion_generate, llada_genera
 from stabledrl_bench.evaluation.lmeval_adapter import DiffusionEvalLM
 from stabledrl_bench.evaluation.native import evaluate
 from stabledrl_bench.tasks.base import GradeResult, RewardResult
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.trainer import RLTrainer
 
 PROMPTS = ["3+4=", "12 + 30 =", "a", "solve: 7*6 and 5*5 =", "10-1", "list: 1, 2, 3, 4, 5", "x y", "the sum is"]
 FULL_ESTIMATORS = {

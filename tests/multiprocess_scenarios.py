@@ -122,8 +122,8 @@ def patch_task(monkeypatch_setattr) -> None:
 def train_config(name: str, models: dict[str, str], out: Path, *, steps: int = STEPS, bf16: bool = False):
     from conftest import small_budget
 
+    from stabledrl_bench.training.config import LoraSettings, TrainConfig
     from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.trainer import LoraSettings, TrainConfig
     from stabledrl_bench.training.validation import ValidationConfig
 
     baseline, convention, prompts, per_device = SCENARIOS[name]

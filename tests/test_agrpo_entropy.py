@@ -23,8 +23,9 @@ from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.core.rollouts import Independent, TokenEntropies
 from stabledrl_bench.core.sampling import BlockDecode, FullDecode
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.trainer import RLTrainer
 
 L = 12
 model = test_egspo.model  # the fixture of EGSPO's tests: the tiny full-attention model in float64

@@ -233,9 +233,10 @@ def test_the_tiny_preset_has_it_outside_the_default_run() -> None:
 
 @needs_sandbox
 def test_one_rl_step_on_code_io_runs_the_real_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stabledrl_bench.training.config import TrainConfig
     from stabledrl_bench.training.optim import OptimConfig
     from stabledrl_bench.training.runlog import read_log
-    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer
 
     model = tmp_path / "model"
     save_diffusion_lm(build_tiny(**SMALL), model)

@@ -15,8 +15,8 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments import presets as presets_module
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES = sorted(p for p in (CONFIGS / "recipes").rglob("*.yaml") if not p.name.startswith("_"))

@@ -23,8 +23,9 @@ from stabledrl_bench.core.rollouts import EntropySteps, Independent
 from stabledrl_bench.core.sampling import BlockDecode, FullDecode, llada_generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.tasks.base import RewardResult
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
-from stabledrl_bench.training.trainer import MicroBatch, RLTrainer, TrainConfig
+from stabledrl_bench.training.trainer import MicroBatch, RLTrainer
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 PROMPTS = ["What is 2+3?", "hi", "Count: 1 2 3"]

@@ -23,7 +23,8 @@ from stabledrl_bench.core.models import build_tiny
 from stabledrl_bench.core.rollouts import Independent, StepPredictions
 from stabledrl_bench.core.sampling import BlockDecode, FullDecode
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+from stabledrl_bench.training.config import TrainConfig
+from stabledrl_bench.training.trainer import RLTrainer
 
 # 12 tokens in blocks of 4, 2 steps per block (every step commits 2 tokens); and one block, MDPO's default
 SETTINGS = FullDecode(max_completion_length=12, block_length=4, steps=6, temperature=1.0)

@@ -315,7 +315,8 @@ def test_a_plugin_task_is_trained_evaluated_written_verified_and_shown(
     """An installed task needs no edit to this repository: RL, a result record, verify, its own board column."""
     from stabledrl_bench.reporting.leaderboard import build_leaderboard
     from stabledrl_bench.reporting.results import load_results
-    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+    from stabledrl_bench.training.config import TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer
 
     source, target = PLUGINS["tasks"]
     install_plugin(
@@ -430,7 +431,8 @@ def test_a_plugin_method_trains_with_its_own_plugin_rollout_scheme(
     import json
 
     from stabledrl_bench.core.rollouts import Rollout
-    from stabledrl_bench.training.trainer import RLTrainer, TrainConfig
+    from stabledrl_bench.training.config import TrainConfig
+    from stabledrl_bench.training.trainer import RLTrainer
 
     source, target = PLUGINS["rollouts"]
     install_plugin(

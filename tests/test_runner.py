@@ -21,10 +21,10 @@ from stabledrl_bench.experiments.runner import (
     sample_rollouts,
 )
 from stabledrl_bench.experiments.stress.common import NoiseInjection
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig
-from stabledrl_bench.training.trainer import TrainConfig
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "seed": 0}
 BUDGET = Budget(

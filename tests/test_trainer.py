@@ -25,10 +25,11 @@ from stabledrl_bench.core.sampling import BlockDecode, FullDecode, generate
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.training import sft as sft_module
 from stabledrl_bench.training import trainer as trainer_module
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, encode_targets, run_sft, sft_loss
-from stabledrl_bench.training.trainer import RLTrainer, TrainConfig, TrainingDiverged
+from stabledrl_bench.training.trainer import RLTrainer, TrainingDiverged
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_block_model_uses_staircase_estimator(small_models, tmp_path):
 
 def test_lora_training_uses_the_adapter_free_model_as_reference(small_models, tmp_path, monkeypatch):
     from stabledrl_bench.tasks.base import RewardResult
-    from stabledrl_bench.training.trainer import LoraSettings
+    from stabledrl_bench.training.config import LoraSettings
 
     cfg = _config(small_models["full"], tmp_path, "grpo", lora=LoraSettings(r=4, alpha=8, target_modules=["qkv"]))
     trainer = RLTrainer(cfg)
@@ -653,7 +654,7 @@ def test_the_anchor_is_checked_and_absent_from_an_unanchored_runs_identity(small
 
 
 def test_lora_anchors_to_the_adapter_free_model(small_models, tmp_path, monkeypatch):
-    from stabledrl_bench.training.trainer import LoraSettings
+    from stabledrl_bench.training.config import LoraSettings
 
     lora = LoraSettings(r=4, alpha=8, target_modules=["qkv"])
     trainer = RLTrainer(_config(small_models["full"], tmp_path, "spg", lora=lora, anchor_beta=0.1))

@@ -41,7 +41,7 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
 from stabledrl_bench.experiments.comparison import TABLE_BASELINES
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.trainer import TrainConfig
+from stabledrl_bench.training.config import TrainConfig
 
 GiB = 2**30
 CONFIGS = ("ddp", "fsdp", "deepspeed_zero2")

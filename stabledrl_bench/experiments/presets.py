@@ -19,9 +19,9 @@ from stabledrl_bench.config import configs_dir, deep_merge, from_dict, read_mapp
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.runner import WarmStart
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.sft import SFTConfig
-from stabledrl_bench.training.trainer import TrainConfig
 from stabledrl_bench.training.validation import ValidationConfig
 
 

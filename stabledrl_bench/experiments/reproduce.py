@@ -58,7 +58,8 @@ from stabledrl_bench.processes import barrier, intra_op_threads, is_main_process
 from stabledrl_bench.reporting.leaderboard import write_leaderboard
 from stabledrl_bench.reporting.training import CONTROL_RUN
 from stabledrl_bench.tasks import get_task
-from stabledrl_bench.training.trainer import VALIDATION_FILE, TrainConfig, accumulation_steps
+from stabledrl_bench.training.config import TrainConfig
+from stabledrl_bench.training.trainer import VALIDATION_FILE, accumulation_steps
 from stabledrl_bench.training.validation import ValidationConfig
 
 

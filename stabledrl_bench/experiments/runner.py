@@ -43,9 +43,10 @@ from stabledrl_bench.experiments.workers import Progress, Stage, run_graph
 from stabledrl_bench.processes import barrier, is_main_process
 from stabledrl_bench.reporting.provenance import git_state
 from stabledrl_bench.training.checkpoint import latest_checkpoint
+from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.runlog import read_log
 from stabledrl_bench.training.sft import SFTConfig, run_sft
-from stabledrl_bench.training.trainer import OldEstimateHook, RLTrainer, TrainConfig, TrainingDiverged
+from stabledrl_bench.training.trainer import OldEstimateHook, RLTrainer, TrainingDiverged
 from stabledrl_bench.training.validation import ValidationConfig
 
 WARM_START_FILE = "warm_start.json"

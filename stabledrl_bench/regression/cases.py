@@ -137,7 +137,7 @@ VOLATILE = frozenset({"seconds", "step"})  # wall time; the step is the row's na
 
 def rl_config(workdir: Path, baseline: str, model: str, **overrides: Any):
     """The golden RL run's TrainConfig (``overrides``: other values of its fields, for the invariance classes)."""
-    from stabledrl_bench.training.trainer import TrainConfig
+    from stabledrl_bench.training.config import TrainConfig
 
     fields: dict[str, Any] = dict(
         baseline=baseline,

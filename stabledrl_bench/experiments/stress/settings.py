@@ -26,7 +26,7 @@ from stabledrl_bench.experiments.stress.options import ModelOptions, StressOptio
 from stabledrl_bench.training.optim import OptimConfig
 
 if TYPE_CHECKING:
-    from stabledrl_bench.training.trainer import TrainConfig
+    from stabledrl_bench.training.config import TrainConfig
 
 # The model and training stack (transformers) is imported where a run needs it, not when the `stress` command line is
 # built: `stress --help` lists every experiment, so it imports every experiment module.
@@ -156,7 +156,7 @@ class TrainSettings:
 
     def config(self, baseline: str, options: dict[str, Any], seed: int, anchor_beta: float = 0.0) -> TrainConfig:
         """The trainer config of one run (its folder is set by the job that runs it)."""
-        from stabledrl_bench.training.trainer import TrainConfig
+        from stabledrl_bench.training.config import TrainConfig
 
         return TrainConfig(
             baseline=baseline,
