@@ -145,3 +145,15 @@ def test_block_models_are_refused():
     for kwargs in ({"start": state}, {"snapshots": (1,)}):
         with pytest.raises(UserError, match="needs the full-attention"):
             generate(block, ids, mask, BlockDecode(max_completion_length=8, steps=4), **kwargs)
+
+
+def test_an_edited_state_keeps_its_hint(model):
+    """IGPO's use: tokens written into the canvas of a state (unmask_step -1) stay, and the rest is decoded."""
+    state = _decode(model, generator=None, snapshots=(3,)).states[3]
+    canvas = state.sequences.clone()
+    hint = canvas.shape[1] - 2  # in the last block, which no step has reached yet
+    canvas[:, hint] = 7
+    out = _decode(model, generator=None, start=dataclasses.replace(state, sequences=canvas))
+    assert bool((out.sequences[:, hint] == 7).all()) and bool((out.unmask_step[:, -2] == -1).all())
+    assert not bool((out.completion_ids == model.mask_id).any())
+    assert bool((out.unmask_step[:, -4:].ne(-1).sum(dim=1) == 3).all()), "the block's quota skips the hint"

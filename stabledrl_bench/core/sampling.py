@@ -689,8 +689,9 @@ def llada_generate(
 
 
 def _check_resumable(settings: FullDecode, start: DecodeState | None, snapshots: Collection[int]) -> None:
-    """Snapshots and resumes only under exact decoding, at steps of the schedule: an approximate mode carries
-    more than the canvas from step to step (a KV cache, the rows that stopped), which a state does not hold."""
+    """Snapshots and resumes only under exact decoding, at steps of the schedule: a KV cache and the rows that
+    stopped at EOS are carried from step to step but not held by a state, and the other approximate modes (dynamic
+    and factor steps) are not needed by the schemes that resume, so they are refused rather than left untested."""
     if start is None and not snapshots:
         return
     _require(
