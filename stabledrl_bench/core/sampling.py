@@ -42,8 +42,8 @@ Deliberate differences from the reference code (each one keeps the result well d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -70,6 +70,33 @@ class GenerationOutput:
     completion_ids: torch.Tensor  # [B, L]
     unmask_step: torch.Tensor  # [B, L] long; -1 only at positions filled with EOS after a row stopped
     nfe: int  # forward evaluations per sample (CFG step = 2, KV store pass = 1, prefill = 1)
+    states: dict[int, DecodeState] = field(default_factory=dict)  # the partial states asked for, by step
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """A partial decode of :func:`llada_generate`: everything the sampler needs to continue it from step ``step``.
+
+    Why: a rollout tree (d-TreeRPO) branches one partial state into several continuations, and hint injection
+    (IGPO) edits a canvas before decoding goes on; both need to start the sampler mid-run. Exact full-attention
+    decoding reads nothing else across steps (the transfer quota depends only on the block length, and a full
+    forward has no cache), so continuing from here with a generator in state ``rng_state`` draws what the
+    uninterrupted run drew, bitwise. The tensors are the state's own copies; resuming never writes into them.
+    """
+
+    sequences: torch.Tensor  # [B, P+L] the canvas before step ``step``'s commits: prompt (left-padded) + completion
+    unmask_step: torch.Tensor  # [B, L] long, the step that committed each token so far (-1: not committed)
+    step: int  # the global step (j * steps_per_block + i) at which decoding continues
+    rng_state: torch.Tensor | None  # ``generator.get_state()`` before the step's draws (None: no generator given)
+
+    def generator(self) -> torch.Generator | None:
+        """A fresh generator in the state's random stream (on the canvas's device): resuming with it continues the
+        uninterrupted run bitwise; each call gives a new one, so the state can be resumed any number of times."""
+        if self.rng_state is None:
+            return None
+        generator = torch.Generator(device=self.sequences.device)
+        generator.set_state(self.rng_state)
+        return generator
 
 
 @dataclass(frozen=True)
@@ -526,6 +553,8 @@ def llada_generate(
     factor: float = 1.0,
     stop_at_eos: bool = False,
     observer: StepObserver | None = None,
+    start: DecodeState | None = None,
+    snapshots: Collection[int] = (),
 ) -> GenerationOutput:
     """LLaDA reference sampler (semi-autoregressive blocks, low-confidence or random remasking).
 
@@ -551,6 +580,13 @@ def llada_generate(
 
     ``observer`` (exact forwards only, ``cache="none"``) is called at every step with a :class:`DecodeStep`, before
     the step's commits; without one nothing is kept and the arithmetic is the same.
+
+    Resuming (exact decoding only): ``snapshots`` names global steps whose :class:`DecodeState` (taken before the
+    step's random draws) the output keeps in ``states``; ``start`` continues a decode from such a state instead of
+    from the all-MASK canvas (``prompt_ids`` and ``prompt_mask`` must be the ones it was decoded from). With the
+    generator ``start.generator()`` the tokens, ``unmask_step`` and remaining forwards (``nfe`` counts only those)
+    are bitwise the uninterrupted run's; any other generator gives an independent continuation. Without either,
+    nothing is copied and the arithmetic is the same.
     """
     mask = _check_prompt(prompt_ids, prompt_mask)
     _require(model.attention == "full", "llada_generate needs a full-attention model; use block_diffusion_generate")
@@ -574,6 +610,7 @@ def llada_generate(
     )
     _check_generator(generator, settings.draws_noise, prompt_ids.device)
     _require(observer is None or cache == "none", "a step observer needs exact forwards (cache='none')")
+    _check_resumable(settings, start, snapshots)
     if cache != "none" and model.pad_free and not bool(mask.all()):
         return _by_padding(
             model,
@@ -597,15 +634,21 @@ def llada_generate(
     prompt_len = prompt_ids.shape[1]
     x, key_valid = _with_completion(prompt_ids, mask, max_completion_length, model.mask_id)
     unmask_step = torch.full((x.shape[0], max_completion_length), -1, dtype=torch.long, device=x.device)
+    first = 0
+    if start is not None:
+        x, unmask_step, first = _resumed(start, x, unmask_step)
     # every row's block is all MASK at its start, so one schedule serves every row (transfer_schedule)
     quota = transfer_schedule(torch.tensor([block_length]), steps_per_block)[0].tolist()
     stop_ids = torch.tensor(model.stop_ids, device=x.device)
     ctx = _FullContext(model, x, key_valid, mask, cache, cfg_scale)
     ctx.keep_full = observer is not None
-    for j in range(num_blocks):
+    states: dict[int, DecodeState] = {}
+    for j in range(first // steps_per_block, num_blocks):
         cols = slice(j * block_length, (j + 1) * block_length)
         span = slice(prompt_len + cols.start, prompt_len + cols.stop)
-        for i in range(steps_per_block):
+        for i in range(first % steps_per_block if j == first // steps_per_block else 0, steps_per_block):
+            if j * steps_per_block + i in snapshots:
+                states[j * steps_per_block + i] = _snapshot(x, unmask_step, j * steps_per_block + i, generator)
             state = x[ctx.rows, span]
             masked = state == model.mask_id
             if strategy != "static" and not masked.any():
@@ -642,7 +685,50 @@ def llada_generate(
                     break
         if len(ctx.rows) == 0:
             break
-    return GenerationOutput(sequences=x, completion_ids=x[:, prompt_len:], unmask_step=unmask_step, nfe=ctx.nfe)
+    return GenerationOutput(x, x[:, prompt_len:], unmask_step, ctx.nfe, states)
+
+
+def _check_resumable(settings: FullDecode, start: DecodeState | None, snapshots: Collection[int]) -> None:
+    """Snapshots and resumes only under exact decoding, at steps of the schedule: a KV cache and the rows that
+    stopped at EOS are carried from step to step but not held by a state, and the other approximate modes (dynamic
+    and factor steps) are not needed by the schemes that resume, so they are refused rather than left untested."""
+    if start is None and not snapshots:
+        return
+    _require(
+        not settings.approximate,
+        "resuming a decode (start / snapshots) needs exact decoding (cache='none', strategy='static', "
+        "stop_at_eos=False)",
+    )
+    steps = [*snapshots, *([] if start is None else [start.step])]
+    bad = [s for s in steps if not (isinstance(s, int) and 0 <= s < settings.steps)]
+    _require(not bad, f"decode state steps must be in [0, {settings.steps}) (the schedule's steps), got {bad}")
+
+
+def _resumed(start: DecodeState, x: torch.Tensor, unmask_step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Working copies of ``start``'s canvas and unmask steps, checked against the fresh canvas ``x`` and steps of
+    the prompt being decoded (same shapes, dtypes, device and prompt), and the step to continue at."""
+    prompt_len = x.shape[1] - unmask_step.shape[1]
+    for name, given, fresh in (("sequences", start.sequences, x), ("unmask_step", start.unmask_step, unmask_step)):
+        _require(
+            given.shape == fresh.shape and given.dtype == fresh.dtype and given.device == fresh.device,
+            f"decode state {name} is {tuple(given.shape)} {given.dtype} on {given.device}, but this decode needs "
+            f"{tuple(fresh.shape)} {fresh.dtype} on {fresh.device}",
+        )
+    _require(
+        torch.equal(start.sequences[:, :prompt_len], x[:, :prompt_len]),
+        "decode state canvas holds a different prompt from prompt_ids",
+    )
+    _require(
+        bool((start.unmask_step < start.step).all()),
+        f"decode state unmask_step records steps at or after its step {start.step}",
+    )
+    return start.sequences.clone(), start.unmask_step.clone(), start.step
+
+
+def _snapshot(x: torch.Tensor, unmask_step: torch.Tensor, step: int, generator: torch.Generator | None) -> DecodeState:
+    """The partial state before ``step``'s random draws (copies: the decode goes on writing into its tensors)."""
+    rng_state = None if generator is None else generator.get_state()
+    return DecodeState(x.clone(), unmask_step.clone(), step, rng_state)
 
 
 def _by_padding(
@@ -871,11 +957,13 @@ def generate(
     settings: DecodeSettings,
     generator: torch.Generator | None = None,
     observer: StepObserver | None = None,
+    start: DecodeState | None = None,
+    snapshots: Collection[int] = (),
 ) -> GenerationOutput:
     """Decode with the sampler that ``settings`` belong to, which must be the one of the model's attention:
     :func:`llada_generate` for :class:`FullDecode`, :func:`block_diffusion_generate` for :class:`BlockDecode`
-    (whose ``block_length`` must be the model's block size). ``observer``: see :func:`llada_generate` (full
-    attention only)."""
+    (whose ``block_length`` must be the model's block size). ``observer``, ``start`` and ``snapshots``: see
+    :func:`llada_generate` (full attention only)."""
     kind = SETTINGS_TYPES[model.attention]
     _require(
         isinstance(settings, kind),
@@ -884,9 +972,21 @@ def generate(
     )
     if isinstance(settings, FullDecode):
         return llada_generate(
-            model, prompt_ids, prompt_mask, generator=generator, observer=observer, **asdict(settings)
+            model,
+            prompt_ids,
+            prompt_mask,
+            generator=generator,
+            observer=observer,
+            start=start,
+            snapshots=snapshots,
+            **asdict(settings),
         )
     _require(observer is None, "a step observer needs the full-attention (LLaDA) sampler")
+    _require(
+        start is None and not snapshots,
+        "resuming a decode (start / snapshots) needs the full-attention (LLaDA) sampler; block diffusion keeps a "
+        "KV cache across blocks that a decode state does not hold",
+    )
     _require(
         settings.block_length == model.block_size,
         f"block_length {settings.block_length} is not the block size of {model.name} ({model.block_size})",
@@ -916,6 +1016,7 @@ __all__ = [
     "BlockDecode",
     "DecodeSettings",
     "DecodeSettingsError",
+    "DecodeState",
     "DecodeStep",
     "FullDecode",
     "GenerationOutput",
