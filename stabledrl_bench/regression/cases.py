@@ -44,7 +44,7 @@ import torch
 
 from stabledrl_bench.core.baseline import BASELINES, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import ESTIMATORS, Estimate, SequenceBatch, build_estimator
-from stabledrl_bench.core.rollouts import EntropySteps, RolloutScheme, StepPredictions
+from stabledrl_bench.core.rollouts import EntropySteps, RolloutScheme, StepPredictions, TokenEntropies
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import keyed_generator
 from stabledrl_bench.regression import fixtures
@@ -115,7 +115,7 @@ def estimate_values(prefix: str, estimate: Estimate | None) -> dict[str, Value]:
     if estimate is None:
         return {}
     values: dict[str, Value] = {}
-    for name in ("token_logp", "token_mask", "token_weight", "row_to_seq", "row_column", "elbo", "eubo"):
+    for name in ("token_logp", "token_mask", "token_weight", "row_weight", "row_to_seq", "row_column", "elbo", "eubo"):
         values.update(digest(f"{prefix}.{name}", getattr(estimate, name)))
     return values
 
@@ -214,6 +214,9 @@ def stand_in_records(scheme: RolloutScheme, batch: SequenceBatch, rewards: torch
     (MDPO): see :func:`step_prediction_stand_ins`."""
     if isinstance(scheme, StepPredictions):
         return step_prediction_stand_ins(batch, rewards)
+    if isinstance(scheme, TokenEntropies):  # AGRPO's entropy rule: a fixed pattern of entropies in [1/8, 1]
+        index = torch.arange(batch.completion_ids.numel()).reshape(batch.completion_ids.shape)
+        return {"token_entropy": ((index * 3 + 1) % 8 + 1).to(torch.float64) / 8}
     if not isinstance(scheme, EntropySteps):
         return {}
     assert batch.unmask_step is not None
@@ -245,14 +248,15 @@ def step_prediction_stand_ins(batch: SequenceBatch, rewards: torch.Tensor) -> di
     return {"predictions": predictions, "confidence": confidence, "prediction_rewards": step_rewards}
 
 
-def run_forced(workdir: Path, baseline: str, attention: str) -> Observation:
-    """The committed rollouts through ``baseline``'s advantage rule, estimator and loss (see the module docstring)."""
+def run_forced(workdir: Path, baseline: str, attention: str, options: dict[str, Any] | None = None) -> Observation:
+    """The committed rollouts through ``baseline``'s advantage rule, estimator and loss (see the module docstring),
+    under its default options or ``options`` (:data:`OPTION_VARIANTS`)."""
     from stabledrl_bench.core.models import load_diffusion_lm
 
     del workdir
     dlm = load_diffusion_lm(fixtures.model_dir(attention))
     fixed = fixtures.fixed_rollouts(attention)
-    method = build_baseline(baseline)
+    method = build_baseline(baseline, **(options or {}))
     try:
         estimator = training_estimator(method, dlm, block_length=GOLDEN_BUDGET.block_length)
     except UserError as exc:
@@ -494,6 +498,9 @@ RUNNERS: dict[str, Callable[..., Observation]] = {
     "graders": run_graders,
 }
 BASELINE_GROUPS = ("rl", "forced")
+# Options of a built-in method that change what it computes but are not its default, each pinned as a forced case
+# of its own, ``<baseline>+<variant>@<attention>``: AGRPO's entropy rule (its recipe's; the default is uniform).
+OPTION_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {"agrpo": {"entropy": {"importance_sampling": "entropy"}}}
 GROUPS = ("rl", "forced", "sft", "samplers", "eval", "graders")
 
 
@@ -530,6 +537,9 @@ def all_cases(baselines: list[str] | None = None, groups: list[str] | None = Non
         for name in methods:
             for attention in ("full", "block"):
                 cases.append(Case("forced", f"{name}@{attention}", {"baseline": name, "attention": attention}))
+                for variant, options in OPTION_VARIANTS.get(name, {}).items():
+                    params = {"baseline": name, "attention": attention, "options": options}
+                    cases.append(Case("forced", f"{name}+{variant}@{attention}", params))
         if baselines is None:
             for estimator in ESTIMATORS:
                 for attention in ("full", "block"):
