@@ -30,6 +30,8 @@ Conventions shared by every task (read these before calling a task from a traine
 
 from __future__ import annotations
 
+import gzip
+import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -117,6 +119,23 @@ def data_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def data_path(relative: str) -> Path:
+    """A shipped data file's path, resolved relative to this package (never the working directory), or one error
+    line when the installed package lacks it."""
+    path = DATA_DIR / relative
+    if not path.is_file():
+        raise UserError(f"missing data file {path} (is the package installed with its data?)")
+    return path
+
+
+def read_json_lines(relative: str) -> list[dict[str, Any]]:
+    """Rows of a shipped JSON-lines file (``.gz`` too), read as they are: no schema inferred across rows, so values
+    of mixed types (the code tasks' examples and tests) stay what they are, unlike :func:`read_data_file`."""
+    path = data_path(relative)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def read_data_file(relative: str, string_columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Rows of a shipped data file, read through ``datasets`` (works with ``HF_DATASETS_OFFLINE=1``).
 
@@ -126,9 +145,7 @@ def read_data_file(relative: str, string_columns: tuple[str, ...] = ()) -> list[
     import datasets
     from datasets import utils as hf_utils
 
-    path = DATA_DIR / relative
-    if not path.is_file():
-        raise UserError(f"missing data file {path} (is the package installed with its data?)")
+    path = data_path(relative)
     features = datasets.Features({c: datasets.Value("string") for c in string_columns}) if string_columns else None
     builder = "csv" if path.suffix == ".csv" else "json"
     bars_were_off = hf_utils.are_progress_bars_disabled()

@@ -36,13 +36,11 @@ fence) and ``code`` = 2.0 x the fraction of test cases passed (MBPP: its asserts
 from __future__ import annotations
 
 import ast
-import gzip
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..errors import UserError
-from .base import DATA_DIR, GradeResult, Task, require
+from .base import GradeResult, Task, read_json_lines, require
 from .code_io import DiffuCoderRewards
 from .graders.unit_tests import TestProgram, check_units, code_format, extract_code, run_unit_tests
 
@@ -147,14 +145,6 @@ class UnitTestCodeTask(DiffuCoderRewards, Task):
         ]
 
 
-def _read_jsonl(relative: str) -> list[dict[str, Any]]:
-    path = DATA_DIR / relative
-    if not path.is_file():
-        raise UserError(f"missing data file {path} (is the package installed with its data?)")
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 class HumanEvalTask(UnitTestCodeTask):
     """HumanEval (OpenAI, 164 problems) as the official StableDRL evaluation runs it: complete a Python function,
     graded by its unit tests in the sandbox."""
@@ -171,7 +161,7 @@ class HumanEvalTask(UnitTestCodeTask):
     )
 
     def _read(self, split: str) -> list[dict[str, Any]]:
-        return _read_jsonl(HUMANEVAL_FILE)
+        return read_json_lines(HUMANEVAL_FILE)
 
     def official_prompt(self, doc: Mapping[str, Any]) -> str:
         for key in ("entry_point", "prompt"):
@@ -208,7 +198,7 @@ class MBPPTask(UnitTestCodeTask):
     )
 
     def _read(self, split: str) -> list[dict[str, Any]]:
-        return _read_jsonl(MBPP_FILE)
+        return read_json_lines(MBPP_FILE)
 
     @staticmethod
     def asserts(doc: Mapping[str, Any]) -> list[str]:

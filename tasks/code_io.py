@@ -36,7 +36,6 @@ does.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from .base import DATA_DIR, GradeResult, RewardResult, Task, data_rng, require, tagged_completion
+from .base import GradeResult, RewardResult, Task, data_rng, read_json_lines, require, tagged_completion
 from .graders.code_io import FUNCTION_NAME, Execution, extract_program, format_score, run_tests
 from .math_common import D1_TRAIN_SYSTEM_PROMPT
 from .rewards import anti_short_boxed
@@ -257,10 +256,7 @@ class CodeIOTask(DiffuCoderRewards, Task):
     def _read(self, split: str) -> list[dict[str, Any]]:
         if split == "train":  # procedural, like the generator (training functions only); not a shipped file
             return make_problems(4096, seed=0)
-        path = DATA_DIR / TEST_FILE
-        if not path.is_file():
-            raise UserError(f"missing data file {path} (is the package installed with its data?)")
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_json_lines(TEST_FILE)
 
     @staticmethod
     def gold(doc: Mapping[str, Any]) -> Problem:
