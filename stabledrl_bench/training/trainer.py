@@ -43,13 +43,11 @@ from stabledrl_bench.core.baseline import Baseline, LossInputs, bound_estimator,
 from stabledrl_bench.core.estimators import ESPOElbo, Estimate, Estimator, SequenceBatch
 from stabledrl_bench.core.losses import anchor_kl
 from stabledrl_bench.core.models import DiffusionLM
-from stabledrl_bench.core.models.backends import TINY_SPECS, detect_pad_free, load_model_spec
-from stabledrl_bench.core.models.checkpointing import enable_activation_checkpointing
-from stabledrl_bench.core.models.probes import require_conventions
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.processes import gather_lists, keyed_generator, process_state, require_shared_folder
 from stabledrl_bench.reporting.curves import plot_curves
 from stabledrl_bench.tasks import REWARD_PROFILES, get_task
+from stabledrl_bench.training.assembly import load_policy, prepare_models
 from stabledrl_bench.training.checkpoint import (
     exclusive,
     export_model,
@@ -59,20 +57,13 @@ from stabledrl_bench.training.checkpoint import (
     rerun_note,
     save_checkpoint,
 )
-from stabledrl_bench.training.config import TRAIN_DTYPES, LoraSettings, TrainConfig
+from stabledrl_bench.training.config import TRAIN_DTYPES, TrainConfig
 from stabledrl_bench.training.data import PromptStream, training_docs
 from stabledrl_bench.training.distributed import (
-    UnshardedReplica,
-    compute_dtype,
-    configure_deepspeed,
-    declare_fsdp_blocks,
-    frozen_copy,
     make_accelerator,
     mix_into,
-    ram_efficient_loading,
     uses_deepspeed,
 )
-from stabledrl_bench.training.optim import build_optimizer, build_scheduler
 from stabledrl_bench.training.runlog import RunLog, read_log
 from stabledrl_bench.training.validation import Validator
 
@@ -164,19 +155,12 @@ class RLTrainer:
         self.output_dir = Path(cfg.output_dir)
         require_shared_folder(self.output_dir, "output_dir")
 
-        rank0_weights = ram_efficient_loading(self.acc)
-        dlm = load_model_spec(cfg.model, seed=cfg.seed, dtype=TRAIN_DTYPES[cfg.dtype], rank0_weights=rank0_weights)
+        dlm = load_policy(cfg, self.acc)
         self.decode = cfg.budget.decode_settings(dlm)
         self.scheme.check(self.decode)  # a rollout scheme that cannot decode this model stops the run here
         self.estimator = training_estimator(
             self.baseline, dlm, block_length=cfg.budget.block_length, micro_batch_size=cfg.estimator_micro_batch
         )
-        model = dlm.model
-        blocks = dlm.decoder_blocks() if cfg.gradient_checkpointing or self.acc.is_fsdp2 else []
-        if self.acc.is_fsdp2:
-            declare_fsdp_blocks(self.acc, model, blocks)
-        if cfg.lora is not None:
-            model = _apply_lora(model, cfg.lora, seed=cfg.seed)
         self.anchor: Estimator | None = None
         if cfg.anchor_beta > 0:
             self.anchor = bound_estimator(
@@ -191,32 +175,17 @@ class RLTrainer:
                 "which TRL does not sync either)",
                 stacklevel=2,
             )
-        ref_model = anchor_model = None
-        if (self.baseline.needs_ref or self.anchor is not None) and cfg.lora is None:
-            ref_model = anchor_model = frozen_copy(self.acc, model)
-            if self.anchor is not None and self.syncs_reference:  # the anchor stays at the start
-                anchor_model = frozen_copy(self.acc, model)
-        replica = UnshardedReplica(self.acc, model) if self.acc.is_fsdp2 else None
-        if cfg.gradient_checkpointing:
-            enable_activation_checkpointing(blocks)
-        model.train()
-        optimizer = build_optimizer(model, cfg.optim)
-        scheduler = build_scheduler(optimizer, cfg.budget.max_steps, cfg.optim)
-        rows = cfg.per_device_prompts * cfg.budget.num_generations
-        configure_deepspeed(self.acc, micro_batch_rows=rows, max_grad_norm=cfg.optim.max_grad_norm)
-        model, self.optimizer, self.scheduler = self.acc.prepare(model, optimizer, scheduler)
-        self.train_dlm = dlm.with_model(model)  # may be DDP/FSDP/DeepSpeed-wrapped: used for gradient passes
-        self.train_dlm.compute_dtype = compute_dtype(self.acc, model)  # its probes judge bf16 by bf16's rounding
-        if rank0_weights:  # every process holds rank 0's weights only now
-            self.train_dlm.pad_free = detect_pad_free(self.train_dlm).pad_free
-        # The plain module rollouts and no-grad estimates run on; under FSDP a replica refreshed every rollout.
-        self.replica = replica
-        self.dlm = self.train_dlm.with_model(self.acc.unwrap_model(model) if replica is None else replica.module)
-        self.ref_dlm = self.train_dlm.with_model(ref_model) if ref_model is not None else None
-        self.anchor_dlm = self.train_dlm.with_model(anchor_model) if anchor_model is not None else None
-        if cfg.check_model and cfg.model not in TINY_SPECS:
-            # on the prepared model, so every process probes the same way (collectives stay in step)
-            require_conventions(self.train_dlm, cfg.model)
+        models = prepare_models(
+            cfg,
+            self.acc,
+            dlm,
+            reference=self.baseline.needs_ref,
+            anchor=self.anchor is not None,
+            synced_reference=self.syncs_reference,
+        )
+        self.train_dlm, self.dlm = models.train_dlm, models.dlm
+        self.ref_dlm, self.anchor_dlm, self.replica = models.ref_dlm, models.anchor_dlm, models.replica
+        self.optimizer, self.scheduler = models.optimizer, models.scheduler
 
         self.prompts = PromptStream(
             training_docs(self.task, cfg.train_split, seed=cfg.seed, generator_options=cfg.generator_options),
@@ -829,22 +798,6 @@ def _warn_if_nothing_to_learn(records: list[dict[str, Any]], cfg: TrainConfig) -
             f"completions' format (log: {Path(cfg.output_dir) / 'log.jsonl'})",
             stacklevel=2,
         )
-
-
-def _apply_lora(model, lora: LoraSettings, seed: int):
-    """The model with LoRA adapters; their random initialisation is drawn from ``seed`` (peft draws from the global
-    RNG, so it runs inside a forked RNG state), the same in every process and every run of the seed."""
-    from peft import LoraConfig, get_peft_model
-
-    names = {name.split(".")[-1] for name, _ in model.named_modules()}
-    targets = [t for t in lora.target_modules if t in names]
-    if not targets:
-        raise UserError(f"lora.target_modules {lora.target_modules} match no module of this model")
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets)
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(keyed_generator(seed, "lora").initial_seed()))
-        return get_peft_model(model, config)
 
 
 def _dumps(obj) -> str:
