@@ -110,7 +110,9 @@ def test_presets_load_and_paper_presets_reuse_the_recipe(table):
             assert entry.train_split == task_recipe.get("train_split", "train")
     else:
         assert list(paper.tasks) == ["math500"] and paper.lengths == {2000: 2000}  # replaced, not merged
-    assert smoke.budget == dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations)
+    # one rollout phase of half the groups, at half the steps per token: what a pipeline check needs
+    halved = {"num_generations": tiny.budget.num_generations // 2, "diffusion_steps": tiny.budget.diffusion_steps // 2}
+    assert smoke.budget == dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations, **halved)
     assert (smoke.sft.max_steps, smoke.eval_limit) == (10, 8) and smoke.sft.optim == tiny.sft.optim
     assert tiny.model == ("tiny" if table == "table1" else "tiny-block") == tiny.sft.model
 

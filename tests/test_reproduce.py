@@ -353,7 +353,15 @@ def test_workers_stop_on_ctrl_c_resume_and_make_the_records_of_one_process(tmp_p
     argv = [sys.executable, "-m", "stabledrl_bench", *common, "--runs", str(parallel), "--workers", "2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        # as a terminal's foreground job gets it: a suite started in the background (`pytest &`) passes SIGINT on
+        # ignored, and Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stdout is not None
     seen = []
