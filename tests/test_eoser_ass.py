@@ -12,12 +12,12 @@ import math
 
 import pytest
 import torch
-from conftest import SMALL, small_budget
-from test_sampling import NEG_INF, _gen, _pick, _probability, _prompts, _row_logits_full, _tiny
+from conftest import small_budget
+from test_egspo import _config
+from test_sampling import NEG_INF, _gen, _pick, _prompts, _proposals, _row_logits_full, _tiny
 
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.estimators import SequenceBatch, TraceReplay, replay_rounds
-from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.core.rollouts import ROLLOUTS, EoserAss, Independent
 from stabledrl_bench.core.sampling import (
     RECORD_FIELDS,
@@ -31,8 +31,6 @@ from stabledrl_bench.core.sampling import (
     recorded_decode,
 )
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.training.config import TrainConfig
-from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import RLTrainer
 
 
@@ -152,26 +150,10 @@ def ref_eoser_ass(model, ids, valid, settings: FullDecode, generator=None):
             u = torch.rand((batch, length, model.vocab_size), generator=generator, dtype=torch.float64)
         for r in range(batch):
             row_logits = _row_logits_full(model, rows[r], keys[r], plen, valid[r], 0.0)
-            candidates, proposal = [], {}
-            for k in range(length):
-                pos = plen + k
-                if rows[r][pos] != model.mask_id:
-                    continue
-                logit = row_logits[pos].tolist()
-                logit[model.mask_id] = NEG_INF
-                if tau == 0:
-                    token = max(range(len(logit)), key=lambda v: logit[v])
-                else:
-                    weights = [
-                        0.0 if lv == NEG_INF else math.exp(lv) / (-math.log(u[r, k, v].item())) ** tau
-                        for v, lv in enumerate(logit)
-                    ]
-                    token = max(range(len(weights)), key=lambda v: weights[v])
-                conf = _probability(logit, token) * (fac if token == model.eos_id else 1.0)
-                candidates.append((conf, pos))
-                proposal[pos] = token
+            proposal = _proposals(model, rows[r], row_logits, plen, length, tau, None if u is None else u[r])
+            candidates = [(p * (fac if t == model.eos_id else 1.0), pos) for pos, (t, p) in proposal.items()]
             for pos in _pick(candidates, quotas[i]):
-                rows[r][pos] = proposal[pos]
+                rows[r][pos] = proposal[pos][0]
                 steps_of[r][pos - plen] = i
     return torch.tensor(rows), torch.tensor(steps_of)
 
@@ -304,20 +286,8 @@ def test_cj_grpo_steps_with_eoser_ass(tmp_path) -> None:
     """The trainer draws CJ-GRPO's rollouts with the scheme (a 16-token canvas in 4 steps of 1, 2, 4 and 9 tokens)
     and takes its optimizer steps on their replay; a budget the scheme cannot decode stops the run before any
     rollout."""
-    path = tmp_path / "tiny"
-    save_diffusion_lm(build_tiny(attention="full", seed=1, **SMALL), path)
     budget = small_budget(block_length=16, diffusion_steps=4)
-    cfg = TrainConfig(
-        baseline="cj_grpo",
-        baseline_options={"decoding": "eoser-ass"},
-        task="sudoku",
-        model=str(path),
-        protocol="tiny",
-        budget=budget,
-        optim=OptimConfig(learning_rate=1e-3, max_grad_norm=1.0),
-        output_dir=str(tmp_path / "run"),
-        progress=False,
-    )
+    cfg = _config(tmp_path, "full", budget, baseline="cj_grpo", baseline_options={"decoding": "eoser-ass"})
     trainer = RLTrainer(cfg)
     assert trainer.scheme == EoserAss()
     sampled = []
