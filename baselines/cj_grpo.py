@@ -33,9 +33,8 @@ trainer file per value; loss and replay are the same in all four):
   early rejection, ``core.rollouts.EoserAss`` -- the canvas as one block in log2(L) steps, 2^i tokens at step i,
   EOS's confidence scaled by a factor rising from ``eos_min_gamma`` to ``eos_max_gamma``;
 * ``ass`` (``cj_grpo_trainer_ass.py``): the ascending step sizes alone;
-* ``eoser`` (``cj_grpo_trainer_eoser.py``): EOS early rejection on the budget's even split (the authors' trainer
-  asserts one block, ``block_length`` = the canvas; here any block length decodes, the factor following
-  ``eval/generate.py: eoser_generate``).
+* ``eoser`` (``cj_grpo_trainer_eoser.py``): EOS early rejection on the budget's steps, evenly split over the canvas
+  as one block (the trainer asserts ``gen_length == block_length``, line 304; so does the rollout here).
 
 The replay needs nothing more with a variable quota: each step's tokens are the ones the sampler recorded at that
 step (``unmask_step``), and every ASS step commits at least one token, so the S replay steps are the official S.

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import small_budget
 from test_egspo import _config
-from test_sampling import NEG_INF, _gen, _pick, _prompts, _proposals, _row_logits_full, _tiny
+from test_sampling import NEG_INF, _gen, _pick, _prompts, _proposals, _row_logits_full, _tiny, ref_llada
 
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.estimators import SequenceBatch, TraceReplay, replay_rounds
@@ -174,9 +174,9 @@ def test_sampler_matches_the_slow_loop(model, temperature: float, rules: dict) -
 
 
 class _Constant:
-    """A model whose logits never depend on the input: at completion position k the top token ``TOP[k]`` with
-    probability ``P[k]`` (MASK impossible), the rest spread evenly. Only ``logits`` differs from the wrapped tiny
-    model."""
+    """Logits that never depend on the input: at completion position k the top token (5 + k; EOS at the last
+    position) has probability ``TOP_PROBS[k]``, the rest is spread evenly over the other tokens but MASK (never
+    drawn). Put in place of a tiny model's ``logits``."""
 
     TOP_PROBS = (0.5, 0.45, 0.4, 0.9)  # the last position is confident about EOS
 
@@ -218,14 +218,15 @@ def test_eos_is_committed_later_with_the_rule(settings: FullDecode, plain: list,
     assert int(out.completion_ids[0, -1]) == dlm.eos_id
 
 
-def test_a_run_without_the_rules_is_unchanged(model) -> None:
-    """Factors of exactly 1 are the rule switched off: the same arithmetic as the plain sampler, bitwise."""
+def test_a_run_without_the_rules_is_llada_s(model) -> None:
+    """With the rules at their defaults (linear schedule, both factors 1) the sampler is LLaDA's, the slow loop of
+    tests/test_sampling.py (regress's samplers cases pin the plain runs bitwise)."""
     ids, mask = _prompts(model)
-    plain = FullDecode(max_completion_length=12, block_length=4, steps=6, temperature=1.0)
-    explicit = dataclasses.replace(plain, schedule="linear", eos_min_gamma=1.0, eos_max_gamma=1.0)
-    a = generate(model, ids, mask, plain, generator=_gen(1))
-    b = llada_generate(model, ids, mask, generator=_gen(1), **dataclasses.asdict(explicit))
-    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.unmask_step, b.unmask_step)
+    plain = {"max_completion_length": 12, "block_length": 4, "steps": 6, "temperature": 1.0}
+    rules = {"schedule": "linear", "eos_min_gamma": 1.0, "eos_max_gamma": 1.0}
+    out = llada_generate(model, ids, mask, generator=_gen(1), **plain, **rules)
+    seqs, steps = ref_llada(model, ids, mask, generator=_gen(1), **plain)
+    assert torch.equal(out.sequences, seqs) and torch.equal(out.unmask_step, steps)
 
 
 @pytest.mark.parametrize("at", [1, 3])
@@ -261,7 +262,10 @@ def test_rollout_refuses_what_it_cannot_decode() -> None:
     with pytest.raises(UserError, match="full-attention"):
         scheme.check(BlockDecode(max_completion_length=16, block_length=4, steps=8))
     scheme.check(FullDecode(max_completion_length=16, block_length=16, steps=4))
-    EoserAss(schedule="linear").check(FullDecode(max_completion_length=16, block_length=8, steps=8))
+    linear = EoserAss(schedule="linear")  # EOSER alone: any number of steps, one block
+    linear.check(FullDecode(max_completion_length=16, block_length=16, steps=8))
+    with pytest.raises(UserError, match=r"eoser_ass rollout: .*one block: block_length must be .*16\), got 8"):
+        linear.check(FullDecode(max_completion_length=16, block_length=8, steps=8))
 
 
 def test_cj_grpo_replays_every_ascending_step(model) -> None:

@@ -361,7 +361,9 @@ class EoserAss(RolloutScheme):
     committing 2^i tokens and the last one the rest (:func:`~stabledrl_bench.core.sampling.ascending_schedule`; L
     256: 1, 2, 4, ..., 64, then 129); the budget must say so (``block_length`` = L, ``diffusion_steps`` = S), as the
     official ``get_block_sizes`` asserts ``log2(gen_length) == steps`` (line 350). ``schedule="linear"`` keeps the
-    budget's even split (``cj_grpo_trainer_eoser.py``, the EOSER-only trainer; the authors decode it as one block).
+    budget's even split of the steps (``cj_grpo_trainer_eoser.py``, the EOSER-only trainer). Either way the canvas
+    is one block, as every trainer of the authors' asserts (``block_num <= steps`` with ``block_num`` 1 here;
+    ``cj_grpo_trainer_eoser.py`` line 304).
     EOSER: the confidence of a drawn EOS is multiplied by a factor rising from ``eos_min_gamma`` to
     ``eos_max_gamma`` over the steps (:func:`~stabledrl_bench.core.sampling.eos_factors`), so EOS is committed
     late; both 1 is ASS alone (``cj_grpo_trainer_ass.py``). Defaults: ``train.yaml`` lines 74-75 (0.01 and 1).
@@ -374,7 +376,7 @@ class EoserAss(RolloutScheme):
     description: ClassVar[str] = (
         "the LLaDA sampler with CJ-GRPO's ascending step sizes and EOS early rejection (EOSER-ASS)"
     )
-    schedule: str = "ascending"  # ASS; "linear": the budget's even split (EOSER alone)
+    schedule: str = "ascending"  # ASS; "linear": the budget's steps evenly (EOSER alone)
     eos_min_gamma: float = 0.01  # EOS's confidence factor at the first step (train.yaml line 74)
     eos_max_gamma: float = 1.0  # ... rising to this one at the last (line 75)
 
@@ -383,6 +385,11 @@ class EoserAss(RolloutScheme):
         if not isinstance(settings, FullDecode):
             raise UserError(
                 "the eoser_ass rollout (CJ-GRPO) is a rule of the LLaDA sampler: it needs a full-attention model"
+            )
+        if settings.block_length != settings.max_completion_length:
+            raise UserError(
+                f"eoser_ass rollout: CJ-GRPO's authors decode the canvas as one block: block_length must be "
+                f"max_completion_length ({settings.max_completion_length}), got {settings.block_length}"
             )
         rules = {"schedule": self.schedule, "eos_min_gamma": self.eos_min_gamma, "eos_max_gamma": self.eos_max_gamma}
         try:
