@@ -16,6 +16,7 @@ from conftest import small_budget
 from test_egspo import _config
 from test_sampling import NEG_INF, _gen, _pick, _prompts, _proposals, _row_logits_full, _tiny, ref_llada
 
+from stabledrl_bench.config import read_recipe
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.estimators import SequenceBatch, TraceReplay, replay_rounds
 from stabledrl_bench.core.rollouts import ROLLOUTS, EoserAss, Independent
@@ -311,3 +312,18 @@ def test_cj_grpo_steps_with_eoser_ass(tmp_path) -> None:
     assert records[0]["rollout_nfe"] == 4 * len(sampled)  # 4 forwards per row, summed over micro-batches
     with pytest.raises(UserError, match="eoser_ass rollout"):
         RLTrainer(dataclasses.replace(cfg, budget=small_budget(block_length=8)))
+
+
+def test_the_recipe_decodes_as_run_sh() -> None:
+    """configs/recipes/cj_grpo: decoding eoser-ass (run.sh line 37) on train.yaml's 256 tokens as one block in
+    log2(256) = 8 steps, which the scheme accepts."""
+    recipe = read_recipe("cj_grpo/_base.yaml")
+    scheme = build_baseline(recipe["baseline"], **recipe["baseline_options"]).rollout()
+    budget = recipe["budget"]
+    settings = FullDecode(
+        max_completion_length=budget["max_completion_length"],
+        block_length=budget["block_length"],
+        steps=budget["diffusion_steps"],
+        temperature=budget["temperature"],
+    )
+    assert scheme == EoserAss() and scheme.decode(settings) == _ascending(256, eos_min_gamma=0.01, temperature=1.0)
