@@ -24,9 +24,20 @@ aggregation (each step's token mean, then the mean over steps, instead of one to
 to the rollout policy, ``r - mean`` instead of a z-score with groups dropped, every committed token instead of the
 tokens up to the first EOS, and no log-ratio clamp.
 
-The rollouts are the shared sampler's (LLaDA's semi-autoregressive low-confidence remasking), which is the
-``decoding: semi-ar`` trainer above. The authors' scripts decode with their EOS early rejection and ascending step
-sizes (``cj_grpo_trainer_eoser_ass.py``, the same loss and replay); those samplers are not implemented here.
+``decoding`` picks the rollout, as the official option of that name (``cj_grpo_train.py`` lines 32-39 choose one
+trainer file per value; loss and replay are the same in all four):
+
+* ``semi-ar`` (the default, ``train.yaml`` line 76): the shared sampler, LLaDA's semi-autoregressive low-confidence
+  remasking (``core.rollouts.Independent``);
+* ``eoser-ass`` (``run.sh`` line 37, ``cj_grpo_trainer_eoser_ass.py``; the recipe's): ascending step sizes and EOS
+  early rejection, ``core.rollouts.EoserAss`` -- the canvas as one block in log2(L) steps, 2^i tokens at step i,
+  EOS's confidence scaled by a factor rising from ``eos_min_gamma`` to ``eos_max_gamma``;
+* ``ass`` (``cj_grpo_trainer_ass.py``): the ascending step sizes alone;
+* ``eoser`` (``cj_grpo_trainer_eoser.py``): EOS early rejection on the budget's steps, evenly split over the canvas
+  as one block (the trainer asserts ``gen_length == block_length``, line 304; so does the rollout here).
+
+The replay needs nothing more with a variable quota: each step's tokens are the ones the sampler recorded at that
+step (``unmask_step``), and every ASS step commits at least one token, so the S replay steps are the official S.
 """
 
 from __future__ import annotations
@@ -39,6 +50,16 @@ import torch
 from stabledrl_bench.core.baseline import Baseline, BaselineConfig, LossInputs, register_baseline
 from stabledrl_bench.core.estimators import TraceReplay, replay_rounds
 from stabledrl_bench.core.losses import token_mean_per_step, token_ppo, token_ppo_metrics
+from stabledrl_bench.core.rollouts import EoserAss, Independent, RolloutScheme
+from stabledrl_bench.errors import UserError
+
+# decoding -> (the sampler's schedule, whether EOS is rejected early); None: the shared sampler
+DECODINGS: dict[str, tuple[str, bool] | None] = {
+    "semi-ar": None,
+    "eoser": ("linear", True),
+    "ass": ("ascending", False),
+    "eoser-ass": ("ascending", True),
+}
 
 
 def cj_grpo_loss(
@@ -66,6 +87,14 @@ def cj_grpo_loss(
 class CJGRPOConfig(BaselineConfig):
     epsilon: float = 0.5  # PPO clip range (train.yaml)
     beta: float = 0.04  # k3 KL to the frozen reference
+    decoding: str = "semi-ar"  # the rollout (module docstring; train.yaml line 76)
+    eos_min_gamma: float = 0.01  # EOSER: EOS's confidence factor at the first step (train.yaml line 74) ...
+    eos_max_gamma: float = 1.0  # ... rising to this one at the last (line 75)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.decoding not in DECODINGS:
+            raise UserError(f"CJ-GRPO: decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
 
 
 @register_baseline("cj_grpo")
@@ -80,6 +109,17 @@ class CJGRPO(Baseline):
 
     def estimator(self) -> TraceReplay:
         return TraceReplay(shrink=1, post_num=None)
+
+    def rollout(self) -> RolloutScheme:
+        """The rollout of ``decoding``: the shared sampler, or :class:`EoserAss` with its rules."""
+        c = self.config
+        rules = DECODINGS[c.decoding]
+        if rules is None:
+            return Independent()
+        schedule, eos_rule = rules
+        if not eos_rule:
+            return EoserAss(schedule=schedule, eos_min_gamma=1.0, eos_max_gamma=1.0)
+        return EoserAss(schedule=schedule, eos_min_gamma=c.eos_min_gamma, eos_max_gamma=c.eos_max_gamma)
 
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
         rows = inputs.new.row_to_seq  # None: one row per sequence, all of them one step

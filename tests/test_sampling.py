@@ -74,6 +74,31 @@ def _pick(candidates: list[tuple[float, int]], count: int) -> list[int]:
     return [pos for _, pos in sorted(candidates, key=lambda c: (-c[0], c[1]))[:count]]
 
 
+def _draw(logit: list[float], temperature: float, u: torch.Tensor | None) -> int:
+    """LLaDA's token at one position: the argmax at tau = 0, else the argmax of its Gumbel-max form
+    exp(l) / (-log u)^tau with ``u`` [V] the position's uniforms (a -inf logit, MASK's, never wins)."""
+    if temperature == 0:
+        return max(range(len(logit)), key=lambda v: logit[v])
+    weights = [
+        0.0 if lv == NEG_INF else math.exp(lv) / (-math.log(u[v].item())) ** temperature for v, lv in enumerate(logit)
+    ]
+    return max(range(len(weights)), key=lambda v: weights[v])
+
+
+def _proposals(model, row, row_logits, lo, width, temperature, u) -> dict[int, tuple[int, float]]:
+    """Every masked position of ``row[lo : lo + width]`` with the token drawn there (``u`` [width, V] its uniforms)
+    and that token's probability under the untempered distribution, MASK excluded."""
+    found = {}
+    for k in range(width):
+        if row[lo + k] != model.mask_id:
+            continue
+        logit = row_logits[lo + k].tolist()
+        logit[model.mask_id] = NEG_INF
+        token = _draw(logit, temperature, None if u is None else u[k])
+        found[lo + k] = (token, _probability(logit, token))
+    return found
+
+
 def _probability(values: list[float], index: int) -> float:
     """softmax(values)[index] in plain Python (values may hold -inf)."""
     top = max(values)
@@ -116,26 +141,12 @@ def ref_llada(
                 rnd = torch.rand((batch, block_length), generator=generator, dtype=torch.float64)
             for r in range(batch):
                 row_logits = _row_logits_full(model, rows[r], keys[r], plen, valid[r], cfg_scale)
-                candidates, proposal = [], {}
-                for k in range(block_length):
-                    pos = lo + k
-                    if rows[r][pos] != model.mask_id:
-                        continue
-                    logit = row_logits[pos].tolist()
-                    logit[model.mask_id] = NEG_INF
-                    if temperature == 0:
-                        token = max(range(len(logit)), key=lambda v: logit[v])
-                    else:
-                        weights = [
-                            0.0 if lv == NEG_INF else math.exp(lv) / (-math.log(u[r, k, v].item())) ** temperature
-                            for v, lv in enumerate(logit)
-                        ]
-                        token = max(range(len(weights)), key=lambda v: weights[v])
-                    conf = _probability(logit, token) if remasking == "low_confidence" else rnd[r, k].item()
-                    candidates.append((conf, pos))
-                    proposal[pos] = token
+                uniforms = None if u is None else u[r]
+                proposal = _proposals(model, rows[r], row_logits, lo, block_length, temperature, uniforms)
+                random = remasking == "random"
+                candidates = [(rnd[r, pos - lo].item() if random else p, pos) for pos, (_, p) in proposal.items()]
                 for pos in _pick(candidates, todo[r][i]):
-                    rows[r][pos] = proposal[pos]
+                    rows[r][pos] = proposal[pos][0]
                     steps_of[r][pos - plen] = j * n + i
     return torch.tensor(rows), torch.tensor(steps_of)
 

@@ -14,6 +14,7 @@ from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.evaluation.native import evaluate
 from stabledrl_bench.evaluation.protocols import get_protocol
 from stabledrl_bench.evaluation.sensitivity import (
+    EOSER_MIN_GAMMA,
     item_values,
     other_verdict,
     paired_change,
@@ -30,12 +31,18 @@ def test_the_tiny_protocol_gets_one_variant_per_choice_it_can_change() -> None:
         "block 16",
         "random remasking",
         "eos stop",
+        "eos early rejection",
         "parallel decoding (Fast-dLLM)",
         "4 token(s) per step",
         "1 token(s) per step",
         "temperature 0.7",
         "no chat template",
     ]
+    # the EOS confidence rule is a decode setting: CJ-GRPO's EOSER from the authors' factor 0.01
+    (eoser,) = [v for v in variants(get_protocol("tiny"), 48, temperature=0.7) if v.name == "eos early rejection"]
+    assert eoser.choice == "EOS handling" and eoser.decode == {"eos_min_gamma": EOSER_MIN_GAMMA} == {
+        "eos_min_gamma": 0.01
+    }
     # a block beyond the canvas is not offered (d1's 32 doubled on 48 tokens); d1 has a prefill to drop
     names = [v.name for v in variants(get_protocol("d1"), 48, temperature=0.7)]
     assert "block 16" in names and "block 64" not in names and "no prefill" in names
@@ -88,6 +95,8 @@ def test_every_variant_decodes_the_same_items_and_records_its_change(small_model
     assert math.isclose(scores[0].score, base.metrics["d1_accuracy"])  # Sudoku's cell: the partial-credit score
     by_name = {entry.variant.name: entry for entry in scores}
     assert by_name["random remasking"].settings["remasking"] == "random"  # recorded as decoded
+    eoser = by_name["eos early rejection"].settings
+    assert eoser["eos_min_gamma"] == 0.01 and "eos_max_gamma" not in eoser  # the rule's own field, only when set
     assert by_name["block 4"].settings["block_length"] == 4 and by_name["block 16"].settings["block_length"] == 16
     assert all(math.isclose(e.score - scores[0].score, e.change.mean, abs_tol=1e-12) for e in scores[1:])
     assert all(0 <= e.items_changed <= 4 for e in scores[1:])

@@ -349,4 +349,69 @@ class StepPredictions(RolloutScheme):
         return Rollout(out.completion_ids, out.unmask_step, out.nfe, records)
 
 
-__all__ = ["ROLLOUTS", "EntropySteps", "Independent", "Rollout", "RolloutScheme", "StepPredictions", "TokenEntropies"]
+@ROLLOUTS.register("eoser_ass")
+@dataclass(frozen=True)
+class EoserAss(RolloutScheme):
+    """CJ-GRPO's rollout (``yjyddq/EOSER-ASS-RL`` at ``5affb4e``, ``cj-grpo/cj_grpo_trainer_eoser_ass.py``:
+    ``reversed_process`` lines 392-493, ``ass_sampling`` 329-345, ``get_block_sizes`` 347-390,
+    ``get_num_transfer_tokens_ass`` 531-556): the LLaDA sampler with the authors' ascending step sizes (ASS) and EOS
+    early rejection (EOSER), every completion decoded on its own.
+
+    ``schedule="ascending"`` (ASS): the canvas of L tokens is one block decoded in S = floor(log2 L) steps, step i
+    committing 2^i tokens and the last one the rest (:func:`~stabledrl_bench.core.sampling.ascending_schedule`; L
+    256: 1, 2, 4, ..., 64, then 129); the budget must say so (``block_length`` = L, ``diffusion_steps`` = S), as the
+    official ``get_block_sizes`` asserts ``log2(gen_length) == steps`` (line 350). ``schedule="linear"`` keeps the
+    budget's even split of the steps (``cj_grpo_trainer_eoser.py``, the EOSER-only trainer). Either way the canvas
+    is one block, as every trainer of the authors' asserts (``block_num <= steps`` with ``block_num`` 1 here;
+    ``cj_grpo_trainer_eoser.py`` line 304).
+    EOSER: the confidence of a drawn EOS is multiplied by a factor rising from ``eos_min_gamma`` to
+    ``eos_max_gamma`` over the steps (:func:`~stabledrl_bench.core.sampling.eos_factors`), so EOS is committed
+    late; both 1 is ASS alone (``cj_grpo_trainer_ass.py``). Defaults: ``train.yaml`` lines 74-75 (0.01 and 1).
+
+    The sampler records each token's step as always (``unmask_step``), so CJ-GRPO's replay (``trace_replay``) takes
+    the state before every step with its variable quota; no other record. Same cost as the shared sampler: S forward
+    passes (8 for 256 tokens instead of the semi-autoregressive recipe's 128).
+    """
+
+    description: ClassVar[str] = (
+        "the LLaDA sampler with CJ-GRPO's ascending step sizes and EOS early rejection (EOSER-ASS)"
+    )
+    schedule: str = "ascending"  # ASS; "linear": the budget's steps evenly (EOSER alone)
+    eos_min_gamma: float = 0.01  # EOS's confidence factor at the first step (train.yaml line 74)
+    eos_max_gamma: float = 1.0  # ... rising to this one at the last (line 75)
+
+    def decode(self, settings: DecodeSettings) -> FullDecode:
+        """The budget's decode settings with this scheme's rules; refuses (one line) what cannot carry them."""
+        if not isinstance(settings, FullDecode):
+            raise UserError(
+                "the eoser_ass rollout (CJ-GRPO) is a rule of the LLaDA sampler: it needs a full-attention model"
+            )
+        if settings.block_length != settings.max_completion_length:
+            raise UserError(
+                f"eoser_ass rollout: CJ-GRPO's authors decode the canvas as one block: block_length must be "
+                f"max_completion_length ({settings.max_completion_length}), got {settings.block_length}"
+            )
+        rules = {"schedule": self.schedule, "eos_min_gamma": self.eos_min_gamma, "eos_max_gamma": self.eos_max_gamma}
+        try:
+            return dataclasses.replace(settings, **rules)
+        except UserError as exc:
+            raise UserError(f"eoser_ass rollout: {exc}") from None
+
+    def check(self, settings: DecodeSettings) -> None:
+        self.decode(settings)
+
+    def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
+        out = generate(dlm, prompt_ids, prompt_mask, self.decode(settings), generator=generator)
+        return Rollout(out.completion_ids, out.unmask_step, out.nfe)
+
+
+__all__ = [
+    "ROLLOUTS",
+    "EntropySteps",
+    "EoserAss",
+    "Independent",
+    "Rollout",
+    "RolloutScheme",
+    "StepPredictions",
+    "TokenEntropies",
+]

@@ -21,7 +21,12 @@ Each sampler has its settings type, checked when built: :class:`FullDecode` and 
 
 Step indices are global and per row: step ``i`` (0-based) of block ``j`` is ``j * steps_per_block + i``. They
 are monotone over blocks, every block owns the range ``[j*n, (j+1)*n)``, and a row's trajectory does not depend
-on the other rows of the batch.
+on the other rows of the batch. (The ascending schedule has one block, whose steps are the global steps.)
+
+Two rules of CJ-GRPO's authors (``yjyddq/EOSER-ASS-RL``, arXiv 2509.23924) are settings of the LLaDA sampler, off by
+default: the ascending step sizes (``schedule="ascending"``, :func:`ascending_schedule`: 2^i tokens at step i, so a
+canvas of L tokens takes log2 L steps) and EOS early rejection (``eos_min_gamma`` / ``eos_max_gamma``,
+:func:`eos_factors`: EOS's confidence scaled by a factor that rises over the steps, so EOS is committed late).
 
 Deliberate differences from the reference code (each one keeps the result well defined):
 
@@ -42,6 +47,7 @@ Deliberate differences from the reference code (each one keeps the result well d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -53,6 +59,7 @@ from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.errors import UserError
 
 REMASKING = ("low_confidence", "random")
+SCHEDULES = ("linear", "ascending")  # tokens per step: LLaDA's even split per block, or ASS's 2^i
 STRATEGIES = ("static", "dynamic")
 FULL_STRATEGIES = (*STRATEGIES, "factor")  # Fast-dLLM's factor rule: full attention only
 CACHE_MODES = ("none", "prefix", "dual")
@@ -79,9 +86,10 @@ class DecodeState:
 
     Why: a rollout tree (d-TreeRPO) branches one partial state into several continuations, and hint injection
     (IGPO) edits a canvas before decoding goes on; both need to start the sampler mid-run. Exact full-attention
-    decoding reads nothing else across steps (the transfer quota depends only on the block length, and a full
-    forward has no cache), so continuing from here with a generator in state ``rng_state`` draws what the
-    uninterrupted run drew, bitwise. The tensors are the state's own copies; resuming never writes into them.
+    decoding reads nothing else across steps (the transfer quotas and EOS factors depend only on the settings
+    and the step, and a full forward has no cache), so continuing from here with a generator in state
+    ``rng_state`` draws what the uninterrupted run drew, bitwise. The tensors are the state's own copies; resuming
+    never writes into them.
     """
 
     sequences: torch.Tensor  # [B, P+L] the canvas before step ``step``'s commits: prompt (left-padded) + completion
@@ -129,6 +137,9 @@ class FullDecode:
 
     The defaults are exact decoding. ``cache != "none"``, ``strategy="dynamic"`` and ``stop_at_eos`` are
     Fast-dLLM's approximations (see :func:`llada_generate`), as is ``strategy="factor"`` (with ``factor``).
+    ``schedule="ascending"`` (one block of the canvas in floor(log2 L) steps, :func:`ascending_schedule`) and
+    ``eos_min_gamma`` / ``eos_max_gamma`` (:func:`eos_factors`; both 1: no rule) are CJ-GRPO's EOSER and ASS rules:
+    other samplers, not approximations of this one.
     """
 
     max_completion_length: int = 256  # the canvas: completion tokens decoded
@@ -142,6 +153,9 @@ class FullDecode:
     stop_at_eos: bool = False
     cache: str = "none"
     factor: float = 1.0  # strategy="factor"
+    schedule: str = "linear"  # tokens per step: LLaDA's even split per block, or "ascending" (ASS)
+    eos_min_gamma: float = 1.0  # EOSER: EOS's confidence factor at the first step ...
+    eos_max_gamma: float = 1.0  # ... rising to this one at the last (both 1: no EOS rule)
 
     def __post_init__(self) -> None:
         _check_common(self.max_completion_length, self.steps, self.temperature)
@@ -149,6 +163,19 @@ class FullDecode:
             self.block_length > 0 and self.max_completion_length % self.block_length == 0,
             "block_length must divide max_completion_length",
         )
+        _require(self.schedule in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "ascending":
+            power = self.max_completion_length.bit_length() - 1
+            _require(
+                self.block_length == self.max_completion_length,
+                "schedule='ascending' decodes the canvas as one block: block_length must be max_completion_length",
+            )
+            _require(
+                self.steps == power,
+                f"schedule='ascending' commits 2^i tokens at step i: a {self.max_completion_length}-token canvas "
+                f"takes floor(log2 {self.max_completion_length}) = {power} steps, got steps={self.steps}",
+            )
+            _require(self.strategy == "static", "schedule='ascending' is a static quota: it needs strategy='static'")
         _require(
             self.steps % self.num_blocks == 0,
             f"steps ({self.steps}) must be a multiple of the number of blocks "
@@ -168,10 +195,24 @@ class FullDecode:
             self.cache == "none" or self.cfg_scale == 0,
             f"cache={self.cache!r} does not support classifier-free guidance (cfg_scale > 0)",
         )
+        _require(
+            all(math.isfinite(g) and g >= 0 for g in (self.eos_min_gamma, self.eos_max_gamma)),
+            f"eos_min_gamma and eos_max_gamma must be finite and >= 0, got {self.eos_min_gamma}, {self.eos_max_gamma}",
+        )
+        _require(
+            not self.eos_rule or self.remasking == "low_confidence",
+            "the EOS confidence rule (eos_min_gamma, eos_max_gamma) scales the model's confidence; it needs "
+            "remasking='low_confidence'",
+        )
 
     @property
     def num_blocks(self) -> int:
         return self.max_completion_length // self.block_length
+
+    @property
+    def eos_rule(self) -> bool:
+        """Whether EOS's confidence is scaled (EOSER, :func:`eos_factors`): a factor other than 1 at some step."""
+        return self.eos_min_gamma != 1 or self.eos_max_gamma != 1
 
     @property
     def draws_noise(self) -> bool:
@@ -266,9 +307,15 @@ _NEUTRAL = {
 }
 
 
+# Fields added after results were committed, recorded (last) only where they differ from these values: a record
+# without them decoded with these, and every record written before them stays byte-identical.
+RECORDED_IF_SET: dict[str, Any] = {"schedule": "linear", "eos_min_gamma": 1.0, "eos_max_gamma": 1.0}
+
+
 def _record_form(settings: DecodeSettings) -> dict[str, Any]:
     values = {**_NEUTRAL, **asdict(settings)}
-    return {name: values[name] for name in RECORD_FIELDS}
+    changed = {name: values[name] for name, usual in RECORDED_IF_SET.items() if values.get(name, usual) != usual}
+    return {name: values[name] for name in RECORD_FIELDS} | changed
 
 
 def recorded_decode(settings: Mapping[str, Any], attention: str) -> DecodeSettings:
@@ -321,6 +368,59 @@ def transfer_schedule(masked_count: torch.Tensor, steps: int) -> torch.Tensor:
     base = torch.div(masked_count, steps, rounding_mode="floor")[:, None]
     extra = torch.arange(steps, device=masked_count.device)[None, :] < (masked_count % steps)[:, None]
     return base + extra.long()
+
+
+def ascending_schedule(length: int, steps: int) -> list[int]:
+    """ASS's tokens per step for a one-block canvas of ``length`` tokens in ``steps`` = floor(log2 length) steps:
+    2^i at step i, and at the last step the rest, ``length - 2^(S-1) + 1`` (2^(S-1) + 1 for a power of two).
+
+    ``cj-grpo/cj_grpo_trainer_eoser_ass.py`` at ``5affb4e``, ``get_num_transfer_tokens_ass`` (lines 531-556, its
+    ``len(block_sizes) == 1`` branch: ``block_num`` 1, as ``train.yaml`` line 64 and ``eval/run_eval.sh`` run it).
+    Why: few tokens are committed while the canvas is mostly MASK and the model least sure, many once the context
+    is nearly complete, so a canvas of L tokens needs only log2 L forward passes. The counts sum to ``length``.
+    """
+    return [2**i for i in range(steps - 1)] + [length - 2 ** (steps - 1) + 1]
+
+
+def eos_factors(settings: FullDecode) -> list[float] | None:
+    """EOS early rejection (EOSER): the factor on the confidence of a drawn EOS token at each global step, rising
+    linearly in ``t`` from ``eos_min_gamma`` to ``eos_max_gamma``; None without the rule (both 1).
+
+    ``cj-grpo/cj_grpo_trainer_eoser_ass.py`` at ``5affb4e``, ``sampling`` (lines 308-327) and ``ass_sampling``
+    (329-345), ``x0_p = where(x0 == eos_id, x0_p * fac, x0_p)`` with ``fac = min + (max - min) t``:
+
+    * ascending schedule (``ass_sampling``): ``t_i = (2^(i+1) - 1) / 2^S``, the share of a 2^S canvas committed
+      after step i;
+    * linear schedule (``sampling``): ``t_i = i / (S - 1)``, with i the step's index *within its block*, as
+      ``eval/generate.py: eoser_generate`` (lines 220-254) passes it; the authors decode EOSER as one block
+      (``eval/eval.py`` line 127, ``cj_grpo_trainer_eoser.py``), where it is the global step.
+
+    S is the total number of steps; with one step the factor is ``eos_max_gamma`` (as the official code). Why: a
+    masked diffusion model is confident about EOS at the end of a mostly masked canvas, so a low-confidence sampler
+    fills the tail with EOS first and the answer is cut short; damping EOS early lets the content come first.
+    """
+    if not settings.eos_rule:
+        return None
+    low, high, total = settings.eos_min_gamma, settings.eos_max_gamma, settings.steps
+    if total <= 1:
+        return [high] * total
+    if settings.schedule == "ascending":
+        shares = [(2 ** (i + 1) - 1) / 2**total for i in range(total)]
+    else:
+        per_block = total // settings.num_blocks
+        shares = [(i % per_block) / (total - 1) for i in range(total)]
+    return [low + (high - low) * t for t in shares]
+
+
+def _step_plan(settings: FullDecode) -> list[tuple[int, slice, list[int]]]:
+    """The blocks of the canvas in decoding order: each one's first global step, its columns of the completion and
+    its tokens to commit per step. Every row's block is all MASK at its start, so one schedule serves every row."""
+    length, block = settings.max_completion_length, settings.block_length
+    if settings.schedule == "ascending":
+        return [(0, slice(0, length), ascending_schedule(length, settings.steps))]
+    per_block = settings.steps // settings.num_blocks
+    quota = transfer_schedule(torch.tensor([block]), per_block)[0].tolist()
+    return [(j * per_block, slice(j * block, (j + 1) * block), quota) for j in range(settings.num_blocks)]
 
 
 def _top_by_confidence(confidence: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -552,6 +652,9 @@ def llada_generate(
     threshold: float = 0.9,
     factor: float = 1.0,
     stop_at_eos: bool = False,
+    schedule: str = "linear",
+    eos_min_gamma: float = 1.0,
+    eos_max_gamma: float = 1.0,
     observer: StepObserver | None = None,
     start: DecodeState | None = None,
     snapshots: Collection[int] = (),
@@ -578,6 +681,12 @@ def llada_generate(
 
     ``nfe`` counts the forwards run on the working batch (rows that stopped ran fewer).
 
+    CJ-GRPO's rules (``yjyddq/EOSER-ASS-RL``), off by default: ``schedule="ascending"`` decodes the canvas as one
+    block committing :func:`ascending_schedule`'s 2^i tokens at step i (``steps`` = floor(log2 L)); with
+    ``eos_min_gamma`` / ``eos_max_gamma`` the confidence of a drawn EOS (``model.eos_id``, the tokenizer's EOS as
+    the official ``eos_token_id``) is multiplied by the step's factor from :func:`eos_factors` before the top-k.
+    Without them the arithmetic is the same.
+
     ``observer`` (exact forwards only, ``cache="none"``) is called at every step with a :class:`DecodeStep`, before
     the step's commits; without one nothing is kept and the arithmetic is the same.
 
@@ -602,6 +711,9 @@ def llada_generate(
         stop_at_eos=stop_at_eos,
         cache=cache,
         factor=factor,
+        schedule=schedule,
+        eos_min_gamma=eos_min_gamma,
+        eos_max_gamma=eos_max_gamma,
     )
     supported = ", ".join(model.full_cache_modes) or "none"
     _require(
@@ -612,43 +724,27 @@ def llada_generate(
     _require(observer is None or cache == "none", "a step observer needs exact forwards (cache='none')")
     _check_resumable(settings, start, snapshots)
     if cache != "none" and model.pad_free and not bool(mask.all()):
-        return _by_padding(
-            model,
-            prompt_ids,
-            mask,
-            generator,
-            max_completion_length=max_completion_length,
-            block_length=block_length,
-            steps=steps,
-            temperature=temperature,
-            remasking=remasking,
-            cache=cache,
-            strategy=strategy,
-            threshold=threshold,
-            factor=factor,
-            stop_at_eos=stop_at_eos,
-        )
+        return _by_padding(model, prompt_ids, mask, generator, **asdict(settings))
 
-    num_blocks = settings.num_blocks
-    steps_per_block = steps // num_blocks
     prompt_len = prompt_ids.shape[1]
     x, key_valid = _with_completion(prompt_ids, mask, max_completion_length, model.mask_id)
     unmask_step = torch.full((x.shape[0], max_completion_length), -1, dtype=torch.long, device=x.device)
     first = 0
     if start is not None:
         x, unmask_step, first = _resumed(start, x, unmask_step)
-    # every row's block is all MASK at its start, so one schedule serves every row (transfer_schedule)
-    quota = transfer_schedule(torch.tensor([block_length]), steps_per_block)[0].tolist()
+    eos_factor = eos_factors(settings)
     stop_ids = torch.tensor(model.stop_ids, device=x.device)
     ctx = _FullContext(model, x, key_valid, mask, cache, cfg_scale)
     ctx.keep_full = observer is not None
     states: dict[int, DecodeState] = {}
-    for j in range(first // steps_per_block, num_blocks):
-        cols = slice(j * block_length, (j + 1) * block_length)
+    for offset, cols, quota in _step_plan(settings):
+        if offset + len(quota) <= first:
+            continue  # a block finished before the state resumed from
         span = slice(prompt_len + cols.start, prompt_len + cols.stop)
-        for i in range(first % steps_per_block if j == first // steps_per_block else 0, steps_per_block):
-            if j * steps_per_block + i in snapshots:
-                states[j * steps_per_block + i] = _snapshot(x, unmask_step, j * steps_per_block + i, generator)
+        for i in range(max(first - offset, 0), len(quota)):
+            index = offset + i
+            if index in snapshots:
+                states[index] = _snapshot(x, unmask_step, index, generator)
             state = x[ctx.rows, span]
             masked = state == model.mask_id
             if strategy != "static" and not masked.any():
@@ -658,6 +754,8 @@ def llada_generate(
             tokens = _pick_tokens(scores, temperature, generator)
             if remasking == "low_confidence":
                 confidence = _token_prob(logits, tokens)
+                if eos_factor is not None:
+                    confidence = torch.where(tokens == model.eos_id, confidence * eos_factor[index], confidence)
             else:
                 confidence = torch.rand(tokens.shape, generator=generator, dtype=torch.float64, device=x.device)
             if strategy == "factor":
@@ -666,13 +764,9 @@ def llada_generate(
                 selected = _select_block(confidence, masked, quota[i], strategy, threshold)
             if observer is not None:
                 assert ctx.full_logits is not None
-                observer(
-                    DecodeStep(
-                        j * steps_per_block + i, ctx.rows, x[ctx.rows], ctx.full_logits, logits, selected, span, tokens
-                    )
-                )
+                observer(DecodeStep(index, ctx.rows, x[ctx.rows], ctx.full_logits, logits, selected, span, tokens))
             x[ctx.rows, span], unmask_step[ctx.rows, cols] = _commit(
-                state, unmask_step[ctx.rows, cols], tokens, selected, j * steps_per_block + i
+                state, unmask_step[ctx.rows, cols], tokens, selected, index
             )
             if stop_at_eos:
                 completion = x[ctx.rows, prompt_len:]
@@ -1021,7 +1115,9 @@ __all__ = [
     "FullDecode",
     "GenerationOutput",
     "StepObserver",
+    "ascending_schedule",
     "block_diffusion_generate",
+    "eos_factors",
     "filter_logits",
     "generate",
     "llada_generate",

@@ -63,8 +63,8 @@ def evaluate(
     one process's: the batches are the same (prompts sorted by length), and a protocol that samples draws each
     batch's noise from a generator keyed by the seed and the batch's index (``seeding`` in the settings).
 
-    ``decode_overrides`` replace fields of the decode settings that a protocol does not carry (the remasking rule:
-    the ``sensitivity`` command's variants); the outcome's settings record them.
+    ``decode_overrides`` replace fields of the decode settings that a protocol does not carry (the remasking rule,
+    the EOS confidence rule: the ``sensitivity`` command's variants); the outcome's settings record them.
     """
     proto = get_protocol(protocol) if isinstance(protocol, str) else protocol
     task = get_task(task_name)

@@ -8,9 +8,10 @@ paired by item: ``mean over items of (variant - base)`` with a percentile bootst
 (:func:`~stabledrl_bench.reporting.stats.bootstrap_mean_ci` of the differences), so a choice whose interval excludes
 0 moves the score by more than the luck of the items. docs/protocols.md has a worked example.
 
-Two choices the issue tracker names are not variants here: the EOS confidence rule (the shared sampler has none to
-vary; Fast-dLLM's EOS stop, ``eos stop``, is) and the few-shot count (the native protocols are zero-shot; the lm-eval
-route takes ``num_fewshot``).
+The EOS confidence rule is CJ-GRPO's EOS early rejection (``eos early rejection``: the confidence of a drawn EOS
+damped by a factor rising from :data:`EOSER_MIN_GAMMA` to 1 over the steps, ``sampling.eos_factors``) beside
+Fast-dLLM's EOS stop (``eos stop``). One choice the issue tracker names is not a variant here: the few-shot count (the
+native protocols are zero-shot; the lm-eval route takes ``num_fewshot``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ from stabledrl_bench.evaluation.protocols import EvalProtocol
 from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
 from stabledrl_bench.tasks import get_task
 
+# EOS early rejection's first factor: the authors' evaluation decodes EOSER with 0.01 (``yjyddq/EOSER-ASS-RL`` at
+# ``5affb4e``, ``eval/eval.py`` lines 126-139; ``eval/generate.py: eoser_generate`` defaults to 0.4), their training
+# too (``cj-grpo/slurm_scripts/train.yaml`` line 74)
+EOSER_MIN_GAMMA = 0.01
+
 
 @dataclass(frozen=True)
 class Variant:
     """One protocol choice changed from the base: ``protocol`` replaces fields of the :class:`EvalProtocol`, ``decode``
-    fields of the decode settings a protocol does not carry (the remasking rule); ``other_verdict`` reads the base's
-    completions with the task's second grader instead of decoding again."""
+    fields of the decode settings a protocol does not carry (the remasking rule, the EOS rule); ``other_verdict``
+    reads the base's completions with the task's second grader instead of decoding again."""
 
     name: str
     choice: str  # which of the choices it varies (the report's grouping)
@@ -56,9 +62,11 @@ def variants(proto: EvalProtocol, canvas: int, *, temperature: float) -> list[Va
     """The variants of ``proto`` on a ``canvas``-token completion that differ from it: each changes one choice.
 
     Full attention: the block halved and doubled (within the canvas), twice and half the tokens per step, random
-    remasking, Fast-dLLM's EOS stop and its parallel decoding (confidence threshold 0.9); every protocol: sampled
-    decoding at ``temperature`` (greedy for a sampled base), the prompt without the chat template or the prefill.
-    The answer-extraction variant is added by :func:`run_sensitivity` where the task has a second verdict."""
+    remasking, Fast-dLLM's EOS stop, CJ-GRPO's EOS early rejection (EOS's confidence damped by the factors of
+    ``sampling.eos_factors`` from :data:`EOSER_MIN_GAMMA`) and Fast-dLLM's parallel decoding (confidence threshold
+    0.9); every protocol: sampled decoding at ``temperature`` (greedy for a sampled base), the prompt without the
+    chat template or the prefill. The answer-extraction variant is added by :func:`run_sensitivity` where the task
+    has a second verdict."""
     found: list[Variant] = []
     if proto.attention == "full":
         block = min(proto.block_length, canvas)
@@ -68,6 +76,7 @@ def variants(proto: EvalProtocol, canvas: int, *, temperature: float) -> list[Va
         found.append(Variant("random remasking", "remasking rule", decode={"remasking": "random"}))
         if not proto.stop_at_eos:
             found.append(Variant("eos stop", "EOS handling", {"stop_at_eos": True}))
+        found.append(Variant("eos early rejection", "EOS handling", decode={"eos_min_gamma": EOSER_MIN_GAMMA}))
         if proto.strategy == "static" and proto.cache == "none":
             found.append(Variant("parallel decoding (Fast-dLLM)", "decoding rule", dict(DECODE_MODES["parallel"])))
     for per_step in (proto.tokens_per_step * 2, proto.tokens_per_step // 2):

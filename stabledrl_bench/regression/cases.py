@@ -367,6 +367,16 @@ SAMPLERS: dict[str, dict[str, dict[str, Any]]] = {
         "fast": {"cache": "dual", "strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
         "fast-prefix": {"cache": "prefix", "strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
         "parallel": {"strategy": "dynamic", "threshold": 0.9, "stop_at_eos": True},
+        # CJ-GRPO's rules: EOS early rejection on the even split, and with the ascending schedule (one block of
+        # the canvas in floor(log2 40) = 5 steps), at train.yaml's factor 0.01
+        "eoser": {"temperature": 0.9, "eos_min_gamma": 0.01},
+        "eoser-ass": {
+            "temperature": 0.9,
+            "schedule": "ascending",
+            "block_length": CANVAS,
+            "steps": 5,
+            "eos_min_gamma": 0.01,
+        },
     },
     "block": {
         "cached-greedy": {},
@@ -391,7 +401,7 @@ def run_sampler(workdir: Path, mode: str, attention: str) -> Observation:
     ids, mask = dlm.encode_prompts([s.messages for s in specs], chat_template=True, prefill="")
     extra = SAMPLERS[attention][mode]
     if attention == "full":
-        settings = FullDecode(max_completion_length=CANVAS, block_length=8, steps=20, **extra)
+        settings = FullDecode(**{"max_completion_length": CANVAS, "block_length": 8, "steps": 20, **extra})
     else:
         settings = BlockDecode(max_completion_length=CANVAS, block_length=dlm.block_size, steps=20, **extra)
     out = generate(dlm, ids, mask, settings, generator=keyed_generator(0, "regress", "sampler", mode, attention))
@@ -501,6 +511,17 @@ BASELINE_GROUPS = ("rl", "forced")
 # Options of a built-in method that change what it computes but are not its default, each pinned as a forced case
 # of its own, ``<baseline>+<variant>@<attention>``: AGRPO's entropy rule (its recipe's; the default is uniform).
 OPTION_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {"agrpo": {"entropy": {"importance_sampling": "entropy"}}}
+# Method options whose rollout decodes with settings of its own: rl cases <method>+<variant>@<model> on the native
+# tiny models, each the golden run with these TrainConfig fields. CJ-GRPO's EOSER-ASS decodes the 40-token canvas as
+# one block in floor(log2 40) = 5 steps (the block model refuses it, recorded as unsupported).
+RL_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "cj_grpo": {
+        "eoser-ass": {
+            "baseline_options": {"decoding": "eoser-ass"},
+            "budget": dataclasses.replace(GOLDEN_BUDGET, block_length=CANVAS, diffusion_steps=5),
+        }
+    }
+}
 GROUPS = ("rl", "forced", "sft", "samplers", "eval", "graders")
 
 
@@ -533,6 +554,10 @@ def all_cases(baselines: list[str] | None = None, groups: list[str] | None = Non
                 cases.append(
                     Case("rl", f"{name}@{model}", {"baseline": name, "model": model}, f"{name} RL steps", cost)
                 )
+            for variant, changes in RL_VARIANTS.get(name, {}).items():
+                for model in ("tiny-full", "tiny-block"):
+                    params = {"baseline": name, "model": model, **changes}
+                    cases.append(Case("rl", f"{name}+{variant}@{model}", params, f"{name} ({variant}) RL steps", 3.0))
     if "forced" in chosen_groups:
         for name in methods:
             for attention in ("full", "block"):
