@@ -448,6 +448,28 @@ class TreeBranches(RolloutScheme):
         """Completions per prompt: N b^(s-1)."""
         return self.num_tree_samples * self.branch_factor ** (self.contraction_factor - 1)
 
+    def widths(self, depth: int) -> list[int]:
+        """Nodes per prompt at each depth 0..D: 1, N, N b, ..., N b^(D-1)."""
+        return [1] + [self.num_tree_samples * self.branch_factor ** (d - 1) for d in range(1, depth + 1)]
+
+    def records(self, rows: int, bounds: list[int], order: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The tree records (:class:`TreeRecords`) of ``rows`` leaves, each prompt's in tree order, for the branch
+        steps ``bounds`` and the parents' training ``order`` [P] (on its device)."""
+        depth = len(bounds) - 1
+        widths = self.widths(depth)
+        leaves = widths[-1]
+        span = [leaves // n for n in widths]
+        local = torch.arange(leaves, device=order.device)
+        node = torch.stack([local // s * s for s in span], dim=1)  # [leaves, D+1] owners
+        slots = [sum(widths[:d]) for d in range(depth)]
+        parent = torch.stack([slots[d] + local // span[d] for d in range(depth)], dim=1)
+        return {
+            "tree_steps": torch.tensor(bounds, device=order.device).repeat(rows, 1),
+            "tree_node": node.repeat(rows // leaves, 1),
+            "tree_parent": parent.repeat(rows // leaves, 1),
+            "tree_order": order.repeat(rows, 1),
+        }
+
     def check(self, settings: DecodeSettings) -> None:
         require_exact_llada(settings, "tree_branches rollout (d-TreeRPO)", "partial decodes")
         if settings.steps < self.contraction_factor:
@@ -466,8 +488,7 @@ class TreeBranches(RolloutScheme):
             )
         bounds = tree_bounds(settings.steps, self.contraction_factor)
         depth = len(bounds) - 1
-        width = [1] + [self.num_tree_samples * self.branch_factor ** (d - 1) for d in range(1, depth + 1)]
-        span = [leaves // n for n in width]  # leaves under a node at depth d
+        span = [leaves // n for n in self.widths(depth)]  # leaves under a node at depth d
         completion = torch.empty((rows, settings.max_completion_length), dtype=torch.long, device=prompt_ids.device)
         unmask_step = torch.empty_like(completion)
         group_rows = torch.arange(rows // leaves, device=prompt_ids.device) * leaves
@@ -485,17 +506,9 @@ class TreeBranches(RolloutScheme):
                 state = out.states[bounds[inner]]
                 for k in range(1, self.branch_factor):
                     pending.append((state, inner, leaf + k * span[inner + 1], _branch_generator(generator)))
-        local = torch.arange(leaves, device=prompt_ids.device)
-        node = torch.stack([local // s * s for s in span], dim=1)  # [leaves, D+1] owners
-        slots = [sum(width[:d]) for d in range(depth)]
-        parent = torch.stack([slots[d] + local // span[d] for d in range(depth)], dim=1)
-        order = torch.randperm(sum(width[:depth]), generator=generator, device=generator.device)
-        records = {
-            "tree_steps": torch.tensor(bounds, device=prompt_ids.device).repeat(rows, 1),
-            "tree_node": node.repeat(rows // leaves, 1),
-            "tree_parent": parent.repeat(rows // leaves, 1),
-            "tree_order": order.to(prompt_ids.device).repeat(rows, 1),
-        }
+        parents = sum(self.widths(depth)[:depth])
+        order = torch.randperm(parents, generator=generator, device=generator.device).to(prompt_ids.device)
+        records = self.records(rows, bounds, order)
         return Rollout(completion, unmask_step, -(-forwards // leaves), records)
 
 
