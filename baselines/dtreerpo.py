@@ -189,7 +189,8 @@ def dtreerpo_loss(
     row; the self-distillation term (``row_group`` and ``tokens`` given) weighted by ``distill_weight`` = lambda(t) at
     temperature ``distill_tau`` = tau(t). The tokens that count are ``mask`` where the new log-prob is not exactly 0
     (line 784); each row's PPO and k3 terms are summed over them and divided by their count (at least 1), then
-    averaged over the rows (lines 786-811). In ``compute_dtype`` of the inputs.
+    averaged over the rows (lines 786-811); without any such token the loss is 0 (and its metrics only ``loss`` and
+    the distillation's). In ``compute_dtype`` of the inputs.
     """
     active = mask.bool() & (logp.detach() != 0)
     terms = token_ppo(logp, old_logp, ref_logp, active, advantages, epsilon=epsilon, beta=beta)
@@ -200,7 +201,9 @@ def dtreerpo_loss(
         distill = self_distillation(logp, active, tokens, advantages, row_group, distill_tau)
         loss = loss + distill_weight * distill
         metrics = {"self_distillation": distill.item(), "lambda_t": distill_weight, "tau_t": distill_tau}
-    return loss, token_ppo_metrics(loss, terms, active) | metrics
+    # a parent whose children commit nothing before their first EOS leaves no token: loss 0, no ratio to describe
+    shared = token_ppo_metrics(loss, terms, active) if bool(active.any()) else {"loss": loss.item()}
+    return loss, shared | metrics
 
 
 @dataclass

@@ -280,6 +280,11 @@ def test_loss_hand_values() -> None:
         epsilon=0.2, beta=0.04, distill_weight=5.0,
     )  # fmt: skip
     assert close(alone.item(), LOSS_HAND, 1e-12) and m["self_distillation"] == 0.0
+    # no token counts (every transition ends before its child's EOS): loss 0 with a zero gradient, no ratio metrics
+    logp = LOSS_LOGP.clone().requires_grad_()
+    empty, m = dtreerpo_loss(logp, LOSS_OLD, None, torch.zeros_like(LOSS_MASK), LOSS_ADV, beta=0.0)
+    (grad,) = torch.autograd.grad(empty, logp)
+    assert empty.item() == 0.0 and m == {"loss": 0.0} and not grad.any()
 
 
 def test_baseline_loss_reads_each_rows_column_and_the_schedule() -> None:
