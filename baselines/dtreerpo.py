@@ -43,9 +43,10 @@ Official line -> here (the full table is in docs/methods.md#d-treerpo):
 Where it departs from the official code, each a convention of this harness or a case the official code leaves
 undefined: every number of the sampler is the harness's (LLaDA's Gumbel-max draw in float64 with MASK excluded,
 prompts' left padding not attended; the official sampler draws its Gumbel noise in the model's dtype, bf16, and
-attends the padding); each branch has its own random stream where the official branches share the global one;
-old log-probs are the rollout policy's replay in eval mode (the official ones are computed in train mode, under the
-LoRA dropout); a child's targets stop at the harness's stop tokens (the official at ``eos_token_id`` only); texts are
+attends the padding); each branch has its own random stream where the official branches share the global one,
+and a node's first child is the decode that made the node, run on (the same forwards, each transition decoded once);
+the tree is decoded and the old log-probs are computed in eval mode (the official ``_prepare_inputs`` runs inside
+the HF trainer's ``training_step``, after ``model.train()``: under the LoRA dropout); a child's targets stop at the harness's stop tokens (the official at ``eos_token_id`` only); texts are
 cut at the first stop token before they are rewarded (the official code decodes the whole canvas, skipping special
 tokens); the siblings' self-distillation reads each support token's log-prob from the row of a sibling that chose it
 (all siblings are scored on the same parent state, so it is the official parent forward's value); the sibling
