@@ -46,11 +46,12 @@ prompts' left padding not attended; the official sampler draws its Gumbel noise 
 attends the padding); each branch has its own random stream where the official branches share the global one,
 and a node's first child is the decode that made the node, run on (the same forwards, each transition decoded once);
 the tree is decoded and the old log-probs are computed in eval mode (the official ``_prepare_inputs`` runs inside
-the HF trainer's ``training_step``, after ``model.train()``: under the LoRA dropout); a child's targets stop at the harness's stop tokens (the official at ``eos_token_id`` only); texts are
-cut at the first stop token before they are rewarded (the official code decodes the whole canvas, skipping special
-tokens); the siblings' self-distillation reads each support token's log-prob from the row of a sibling that chose it
-(all siblings are scored on the same parent state, so it is the official parent forward's value); the sibling
-groups' KL terms are summed in one batched pass (the official loop's order of summation differs by rounding).
+the HF trainer's ``training_step``, after ``model.train()``: under the LoRA dropout); a child's targets stop at the
+harness's stop tokens (the official at ``eos_token_id`` only); texts are cut at the first stop token before they are
+rewarded (the official code decodes the whole canvas, skipping special tokens); the siblings' self-distillation reads
+each support token's log-prob from the row of a sibling that chose it (all siblings are scored on the same parent
+state, so it is the official parent forward's value); the sibling groups' KL terms are summed in one batched pass
+(the official loop's order of summation differs by rounding).
 Not reproduced: ``parents_per_step`` > 1 (its buffer top-up mixes two trees in one step; here the inner iterations
 share out the parents, :class:`~stabledrl_bench.core.estimators.TreeTransitions`), sampler steps fewer than s
 (refused), the unused ``consistency_*`` options of ``DTreeRPOConfig`` and the tree printouts.

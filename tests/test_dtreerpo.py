@@ -514,7 +514,10 @@ def test_the_trainer_rewards_the_leaves_and_trains_each_parents_transitions(tmp_
     # 3 parents per prompt (the root and its 2 children), shared out over mu = 2: the first, then the other two
     order = tree.order.tolist()
     assert [noise.parents.tolist() for noise in mb.noises] == [order[:1], order[1:]]
-    assert mb.old[0] is None and set(mb.old[1].row_group.tolist()) <= set(range(rows * 2))
+    # iteration 1's rollout-policy rows: every child of those two parents, for both prompts (2 + 2 per prompt)
+    old = mb.old[1]
+    slots = tree.parent[old.row_to_seq.cpu(), old.row_column.cpu()]
+    assert mb.old[0] is None and sorted(set(slots.tolist())) == sorted(order[1:]) and old.row_to_seq.shape[0] == 8
     for iteration in range(2):
         loss, metrics = trainer._micro_loss(mb, iteration)
         assert math.isfinite(loss.item()) and "kl" in metrics and "self_distillation" in metrics
