@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from conftest import TREE_OF_FOUR
 
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.estimators import SequenceBatch, build_estimator
@@ -198,6 +199,8 @@ def rl_step(
         overrides.setdefault("baseline_options", {"logps_eval_num_steps": 2})
     if baseline == "mdpo":  # so does MDPO
         overrides.setdefault("baseline_options", {"sample_train_steps": 2})
+    if baseline == "dtreerpo":  # its 4 completions per prompt are the leaves of a tree
+        overrides.setdefault("baseline_options", TREE_OF_FOUR)
     cfg = TrainConfig(
         baseline=baseline,
         task="sudoku",

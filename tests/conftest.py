@@ -41,7 +41,10 @@ BUILTIN_BASELINES = (
     "bgpo",
     "egspo",
     "mdpo",
+    "dtreerpo",
 )
+# d-TreeRPO's completions are the leaves of one tree per prompt: with these options, 2 x 2 = 4 (a budget's usual G)
+TREE_OF_FOUR = {"num_tree_samples": 2, "tree_branch_factor": 2, "tree_contraction_factor": 2}
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 

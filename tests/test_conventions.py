@@ -42,7 +42,7 @@ EMULATED = {
     "sdar-trado": SDARBackend,
 }
 BASELINES = tuple(name for name in BUILTIN_BASELINES if not name.startswith("stabledrl_"))  # not the ablations
-FULL_ONLY = {"egspo", "mdpo"}  # their rollouts record the LLaDA sampler's predictions: full attention only
+FULL_ONLY = {"egspo", "mdpo", "dtreerpo"}  # their rollouts record or resume the LLaDA sampler: full attention only
 
 
 def baselines_for(attention: str) -> tuple[str, ...]:

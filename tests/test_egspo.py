@@ -345,6 +345,20 @@ def _config(tmp_path, attention: str, budget: Budget, **overrides) -> TrainConfi
     return TrainConfig(**{**fields, **overrides})
 
 
+def assert_a_step_trains(cfg: TrainConfig) -> None:
+    """One rollout and optimizer step of ``cfg``'s run, its texts rewarded by length: finite loss and gradient, every
+    ratio 1 (iteration 0: the policy is the rollout policy), and the weights move."""
+    trainer = RLTrainer(cfg)
+    trainer.task.reward_many = _by_length
+    micro_batches, _ = trainer.rollout()
+    before = [p.detach().clone() for p in trainer.train_dlm.model.parameters() if p.requires_grad]
+    metrics = trainer.optimizer_step(micro_batches, 0)
+    after = [p for p in trainer.train_dlm.model.parameters() if p.requires_grad]
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"]) and not metrics["skipped"]
+    assert metrics["ratio_max"] == pytest.approx(1.0)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 def recorded_rollout(cfg: TrainConfig) -> tuple[RLTrainer, MicroBatch, list[list[str]]]:
     """The first rollout of a run of one micro-batch, its texts rewarded by length; every reward call's texts kept
     (the completions first, then the predictions the rollout recorded)."""

@@ -415,7 +415,14 @@ def _inputs(dtype: torch.dtype, x: float = 0.0, adv: float = 0.0) -> LossInputs:
     logp = t([[-1.0, -0.5, -2.0], [-0.75, -1.25, -0.25], [-1.5, -0.375, -1.0], [-0.25, -2.25, -1.125]], grad=True)
     elbo, eubo = t([-3.0, -2.5, -4.0, -1.5], grad=True), t([-2.0, -2.0, -3.0, -1.0], grad=True)
     return LossInputs(
-        new=Estimate(token_logp=logp, token_mask=torch.ones(4, 3, dtype=torch.bool), elbo=elbo, eubo=eubo),
+        new=Estimate(
+            token_logp=logp,
+            token_mask=torch.ones(4, 3, dtype=torch.bool),
+            elbo=elbo,
+            eubo=eubo,
+            row_group=torch.tensor([0, 0, 1, 1]),  # d-TreeRPO's siblings: each group's two rows
+            token_ids=torch.tensor([[1, 2, 3], [1, 4, 3], [5, 5, 5], [5, 6, 5]]),
+        ),
         old=Estimate(token_logp=logp.detach() - shift[:, None], elbo=elbo.detach() - shift),
         ref=Estimate(token_logp=logp.detach() - 0.125, elbo=elbo.detach() - 0.5),
         advantages=t([adv, adv, 0.5, -0.5]),

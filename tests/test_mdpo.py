@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from conftest import small_budget
-from test_egspo import PROMPTS, TINY, _by_length, _gen, recorded_rollout
+from test_egspo import PROMPTS, TINY, _gen, assert_a_step_trains, recorded_rollout
 from test_egspo import _config as egspo_config
 from test_losses import close
 
@@ -362,15 +362,7 @@ def test_the_trainer_rewards_every_prediction_and_trains_on_the_steps_of_largest
 
 def test_a_training_step_on_the_tiny_model(tmp_path) -> None:
     budget = small_budget(max_steps=1, num_iterations=1, diffusion_steps=8, max_completion_length=16)
-    trainer = RLTrainer(_config(tmp_path, "full", budget, baseline_options={"sample_train_steps": 4, "beta": 0.0}))
-    trainer.task.reward_many = _by_length
-    micro_batches, _ = trainer.rollout()
-    before = [p.detach().clone() for p in trainer.train_dlm.model.parameters() if p.requires_grad]
-    metrics = trainer.optimizer_step(micro_batches, 0)
-    after = [p for p in trainer.train_dlm.model.parameters() if p.requires_grad]
-    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"]) and not metrics["skipped"]
-    assert metrics["ratio_max"] == pytest.approx(1.0)  # iteration 0: the policy is the rollout policy
-    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert_a_step_trains(_config(tmp_path, "full", budget, baseline_options={"sample_train_steps": 4, "beta": 0.0}))
 
 
 def test_the_trainer_refuses_block_models_before_any_rollout(tmp_path) -> None:

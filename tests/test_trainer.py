@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import BUILTIN_BASELINES, SMALL, small_budget
+from conftest import BUILTIN_BASELINES, SMALL, TREE_OF_FOUR, small_budget
 
 from stabledrl_bench.config import from_dict
 from stabledrl_bench.core import rollouts as rollouts_module
@@ -90,6 +90,8 @@ def test_each_baseline_runs_and_writes_log_plot_checkpoint(baseline, small_model
     options = {"baseline_options": {"keep_range": [0.0, 1.0]}} if baseline == "trado" else {}
     if baseline == "mdpo":  # its 16 trained steps exceed the 8 of this budget's sampler
         options = {"baseline_options": {"sample_train_steps": 4}}
+    if baseline == "dtreerpo":  # the budget's 4 completions per prompt are the leaves of its tree
+        options = {"baseline_options": TREE_OF_FOUR}
     final = RLTrainer(_config(small_models["full"], tmp_path, baseline, **options)).train()
     records = read_log(tmp_path / "log.jsonl")
     assert [r["step"] for r in records] == [1, 2]

@@ -47,6 +47,10 @@ class LossInputs:
     group_ids: torch.Tensor  # [B] long, the prompt each completion belongs to
     # what the loss needs from the other micro-batches of its optimizer step (Baseline.step_context); empty for most
     context: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the optimizer steps done before this one and the run's length (TRL's state.global_step and args.max_steps), for
+    # a loss whose terms follow a schedule over training (d-TreeRPO's self-distillation)
+    step: int = 0
+    total_steps: int = 1
 
     def token_rows(
         self, baseline: str

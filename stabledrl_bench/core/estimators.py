@@ -46,6 +46,7 @@ import torch
 
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.registry import Registry, subclass_check
+from stabledrl_bench.core.rollouts import TreeRecords
 from stabledrl_bench.errors import UserError
 
 if TYPE_CHECKING:
@@ -104,6 +105,12 @@ class Estimate:
     # [R, L] a weight per token of ``token_mask`` for the losses that weight their tokens (MDPO: the probability the
     # sampler gave the predicted token); None means 1.
     token_weight: torch.Tensor | None = None
+    # [R] long: rows with one value were scored on one state (d-TreeRPO: the transitions out of one parent node, its
+    # children), for the losses that compare such rows with each other; None: no such grouping.
+    row_group: torch.Tensor | None = None
+    # [R, L] long: the tokens whose log-probs ``token_logp`` holds, for the losses that compare the rows' tokens
+    # (d-TreeRPO's self-distillation); None: not kept.
+    token_ids: torch.Tensor | None = None
 
     def detach(self) -> Estimate:
         return Estimate(**{k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
@@ -153,6 +160,13 @@ class ChosenStepsNoise:
     """EGSPO: which of each sequence's chosen steps (columns of ``records["steps"]``) this estimate replays."""
 
     columns: torch.Tensor  # [C] long
+
+
+@dataclass
+class TreeNoise:
+    """d-TreeRPO: the parent nodes (slots of ``records["tree_parent"]``) whose transitions this estimate replays."""
+
+    parents: torch.Tensor  # [C] long
 
 
 @dataclass
@@ -1266,6 +1280,66 @@ class AdvantageSteps(ChosenSteps):
         )
         order = torch.argsort(advantages.abs(), dim=1, descending=True, stable=True)
         return order[:, : self.num_steps].to(batch.completion_ids.device)
+
+
+@ESTIMATORS.register("tree_transitions")
+@dataclass(frozen=True, kw_only=True)
+class TreeTransitions(TraceReplay):
+    """d-TreeRPO's likelihood (docs/estimators.md#tree_transitions): the log-prob of each transition parent -> child
+    of the rollout tree (the ``tree_branches`` scheme's records, :class:`~stabledrl_bench.core.rollouts.TreeRecords`),
+    one forward pass on the parent's partial state.
+
+    ``THU-BPM/d-TreeRPO: dtreerpo/dtreerpo_trainer.py`` at ``3eb6f21``, ``_get_local_transition_logps`` (lines
+    165-195) with ``_build_completion_mask`` (lines 197-214): the row of the transition into node c (depth d) is its
+    parent's state (every token its owner committed before u_(d-1) clean, the rest MASK); its targets are the tokens
+    c committed in [u_(d-1), u_d) up to and including the first stop token of c's own partial state (the official
+    ``changed_mask & eos_mask``: positions MASK in the parent, unmasked in the child, not after the child's first
+    EOS). One row per node and prompt (its owner leaf's row), sequence-major, levels ascending; ``row_column`` is
+    d - 1 (the column of the advantages [B, D]), ``row_group`` one value per parent node (the siblings, scored on
+    one state), ``token_ids`` the completion's tokens (the self-distillation compares siblings' tokens).
+
+    The noise is which parents' transitions to replay (deterministic): :meth:`draw` all of them, :meth:`draw_for`
+    shares them out over the inner iterations in the rollout's ``tree_order`` (``_prepare_inputs`` lines 645-697:
+    the buffered parent segments, shuffled, each trained ``num_iterations`` optimizer steps in a row): iteration i
+    of mu takes the parent at ``order[i P // mu]`` when mu >= P (runs of equal length when P divides mu), else the
+    parents ``order[i P // mu : (i + 1) P // mu]``.
+    """
+
+    post_num: int | None = None
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> TreeNoise:
+        del generator
+        return TreeNoise(parents=TreeRecords.of(batch.records).order.clone())
+
+    def draw_for(self, batch: SequenceBatch, generator: torch.Generator, iteration: int, iterations: int) -> TreeNoise:
+        del generator
+        order = TreeRecords.of(batch.records).order
+        parents = order.shape[0]
+        first = iteration * parents // iterations
+        last = first + 1 if iterations >= parents else (iteration + 1) * parents // iterations
+        return TreeNoise(parents=order[first:last].clone())
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: TreeNoise) -> Estimate:
+        tree = TreeRecords.of(batch.records)
+        _require(batch.unmask_step is not None, "tree_transitions needs the sampler's unmask_step for every completion")
+        assert batch.unmask_step is not None
+        dev = batch.completion_ids.device
+        take = tree.owned() & torch.isin(tree.parent, noise.parents.to(tree.parent.device))
+        seq, level = (index.to(dev) for index in take.nonzero(as_tuple=True))
+        steps, node = tree.steps.to(dev), tree.node.to(dev)
+        committed = batch.unmask_step[seq]
+        before, until = steps[level][:, None], steps[level + 1][:, None]
+        tokens = batch.completion_ids[seq]
+        child = torch.where(committed < until, tokens, model.mask_id)
+        targets = (committed >= before) & (committed < until) & model.completion_mask(child)
+        plan = TracePlan(row_to_seq=seq, masked=(committed >= before) | (committed < 0), targets=targets)
+        parent_row = seq - node[seq, -1] + node[seq, level]  # the row that owns the parent node
+        return dataclasses.replace(
+            self.replay(model, batch, plan),
+            row_column=level,
+            row_group=parent_row * tree.depth + level,
+            token_ids=tokens,
+        )
 
 
 # ====================================================================================== staircase

@@ -27,6 +27,7 @@ from stabledrl_bench.core.models.interface import DiffusionLM
 from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.core.sampling import (
     DecodeSettings,
+    DecodeState,
     DecodeStep,
     FullDecode,
     _block_logits64,
@@ -405,6 +406,168 @@ class EoserAss(RolloutScheme):
         return Rollout(out.completion_ids, out.unmask_step, out.nfe)
 
 
+def tree_bounds(steps: int, contraction: int) -> list[int]:
+    """The global steps at which a rollout tree branches, with 0 and ``steps``: int(k T / s) for k = 0..s, sorted and
+    deduplicated (``THU-BPM/d-TreeRPO: dtreerpo/dtreerpo_trainer.py`` at ``3eb6f21``, lines 273-276, which counts
+    the same points down from T as the steps still to run)."""
+    return sorted({int(k * steps / contraction) for k in range(contraction + 1)})
+
+
+@dataclass(frozen=True)
+class TreeRecords:
+    """A typed view of the records of a :class:`TreeBranches` rollout, one row per leaf (completion).
+
+    A tree of depth D (``steps``: the branch steps u_0 = 0 < u_1 < ... < u_D = T) has n_0 = 1 root per prompt,
+    n_1 = N children of the root and n_d = N b^(d-1) nodes at depth d; the leaves (d = D) are the completions, in
+    the order of their branch digits (k_1, ..., k_D), so that a node's leaves are consecutive rows. The node at depth
+    d is the partial decode before step u_d; it is *owned* by the first leaf under it (all later digits 0), whose
+    decode went through it: its partial state is that leaf's tokens committed at a step < u_d, MASK elsewhere
+    (:meth:`state`). Tensors (``records``): ``tree_steps`` [B, D+1] the branch steps; ``tree_node`` [B, D+1] the
+    owner (index in the prompt's leaves) of each node on the row's path, root to leaf (the parent/child links: the
+    parent of the node at depth d is the node at depth d-1 of the same row); ``tree_parent`` [B, D] the parent slot
+    (0 .. P-1, the P = n_0 + ... + n_(D-1) internal nodes of a prompt, depth-major) of the transition into depth d;
+    ``tree_order`` [B, P] the order in which the parents' transitions are trained (the same on every row).
+    """
+
+    steps: torch.Tensor  # [D+1] long
+    node: torch.Tensor  # [B, D+1] long
+    parent: torch.Tensor  # [B, D] long
+    order: torch.Tensor  # [P] long
+
+    @classmethod
+    def of(cls, records: Mapping[str, Any]) -> TreeRecords:
+        """The view of ``records``; one error line when a tree record is missing (another scheme drew them)."""
+        names = ("tree_steps", "tree_node", "tree_parent", "tree_order")
+        missing = [name for name in names if records.get(name) is None]
+        if missing:
+            raise UserError(f"records {', '.join(missing)} missing: they are recorded by the tree_branches rollout")
+        steps, node, parent, order = (records[name].long() for name in names)
+        return cls(steps[0], node, parent, order[0])
+
+    @property
+    def depth(self) -> int:
+        return self.steps.shape[0] - 1
+
+    def owned(self) -> torch.Tensor:
+        """[B, D] bool: the row owns the node at depth d (d = 1..D), hence trains the transition into it."""
+        return self.node[:, 1:] == self.node[:, -1:]
+
+    def state(self, completion_ids: torch.Tensor, unmask_step: torch.Tensor, depth: int, mask_id: int) -> torch.Tensor:
+        """[B, L] the partial state of each row's node at ``depth``: its tokens committed before step u_depth."""
+        return torch.where(unmask_step < self.steps[depth], completion_ids, mask_id)
+
+
+def _branch_generator(generator: torch.Generator) -> torch.Generator:
+    """A new random stream for one branch, seeded by a draw of ``generator`` (on its device)."""
+    seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=generator.device).manual_seed(seed)
+
+
+@ROLLOUTS.register("tree_branches")
+@dataclass(frozen=True)
+class TreeBranches(RolloutScheme):
+    """d-TreeRPO's rollout (``THU-BPM/d-TreeRPO: dtreerpo/dtreerpo_trainer.py`` at ``3eb6f21``, the tree search of
+    ``_perform_tree_search_and_compute_advantages`` lines 262-316 and ``_generate_partial`` lines 506-642): the
+    LLaDA sampler is stopped at the branch steps u_1 < ... < u_(D-1) (:func:`tree_bounds`, ``contraction_factor``
+    s) and each partial state is continued ``branch_factor`` b times (``num_tree_samples`` N times from the all-MASK
+    root), so that every prompt's N b^(D-1) completions are the leaves of one tree (:class:`TreeRecords`).
+
+    Each branch decodes with its own random stream: the k-th child of a node (k >= 1; every child of the root) with
+    a generator seeded by a draw of the rollout generator (in the order the branches are started: the root's, then,
+    first in first out, those of the nodes each decode went through); the first child (k = 0) of an inner node
+    continues the stream of the decode that made the node (``DecodeState.generator``), so the decode that reached a
+    node, run on to the end, *is* its first child and no forward is spent twice (every transition is decoded once,
+    as in the official loop). A decode covers all the prompts of the micro-batch (a node holds every prompt, as the
+    official node's batch does). Resuming is bitwise the uninterrupted sampler, and the official
+    ``_generate_partial`` re-derives a block's transfer quota from the masked count and the block's remaining steps,
+    which equals the quota the uninterrupted schedule gives those steps. The order in which the parents' transitions
+    are trained is a permutation drawn last from the rollout generator (``random.shuffle``, line 664).
+
+    Rows: the micro-batch's prompts repeated N b^(D-1) times (``num_generations``), each group's rows the leaves in
+    branch-digit order. ``nfe``: the forwards of every decode, over the rows (rounded up). Full-attention models with
+    exact decoding only (the resumable sampler's); at least s sampler steps (so that the depth is s).
+    """
+
+    description: ClassVar[str] = "a tree of LLaDA decodes that branch at scheduled steps (d-TreeRPO)"
+    num_tree_samples: int = 1  # N: children of the root (num_tree_samples)
+    branch_factor: int = 2  # b: children of every inner node (tree_branch_factor)
+    contraction_factor: int = 4  # s: branch steps at T / s, 2T / s, ... (tree_contraction_factor)
+
+    def __post_init__(self) -> None:
+        for name in ("num_tree_samples", "branch_factor", "contraction_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"tree_branches: {name} must be a positive integer, got {value!r}")
+
+    @property
+    def leaves(self) -> int:
+        """Completions per prompt: N b^(s-1)."""
+        return self.num_tree_samples * self.branch_factor ** (self.contraction_factor - 1)
+
+    def widths(self, depth: int) -> list[int]:
+        """Nodes per prompt at each depth 0..D: 1, N, N b, ..., N b^(D-1)."""
+        return [1] + [self.num_tree_samples * self.branch_factor ** (d - 1) for d in range(1, depth + 1)]
+
+    def records(self, rows: int, bounds: list[int], order: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The tree records (:class:`TreeRecords`) of ``rows`` leaves, each prompt's in tree order, for the branch
+        steps ``bounds`` and the parents' training ``order`` [P] (on its device)."""
+        depth = len(bounds) - 1
+        widths = self.widths(depth)
+        leaves = widths[-1]
+        span = [leaves // n for n in widths]
+        local = torch.arange(leaves, device=order.device)
+        node = torch.stack([local // s * s for s in span], dim=1)  # [leaves, D+1] owners
+        slots = [sum(widths[:d]) for d in range(depth)]
+        parent = torch.stack([slots[d] + local // span[d] for d in range(depth)], dim=1)
+        return {
+            "tree_steps": torch.tensor(bounds, device=order.device).repeat(rows, 1),
+            "tree_node": node.repeat(rows // leaves, 1),
+            "tree_parent": parent.repeat(rows // leaves, 1),
+            "tree_order": order.repeat(rows, 1),
+        }
+
+    def check(self, settings: DecodeSettings) -> None:
+        require_exact_llada(settings, "tree_branches rollout (d-TreeRPO)", "partial decodes")
+        if settings.steps < self.contraction_factor:
+            raise UserError(
+                f"tree_branches: contraction_factor={self.contraction_factor} exceeds the {settings.steps} sampler "
+                "steps (the tree would have fewer levels than branch points)"
+            )
+
+    def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
+        self.check(settings)
+        rows, leaves = prompt_ids.shape[0], self.leaves
+        prompts, masks = prompt_ids[::leaves], prompt_mask[::leaves]
+        if rows % leaves or not torch.equal(prompts.repeat_interleave(leaves, dim=0), prompt_ids):
+            raise UserError(
+                f"tree_branches: each prompt must come {leaves} times in a row (num_generations = N b^(s-1) = {leaves})"
+            )
+        bounds = tree_bounds(settings.steps, self.contraction_factor)
+        depth = len(bounds) - 1
+        span = [leaves // n for n in self.widths(depth)]  # leaves under a node at depth d
+        completion = torch.empty((rows, settings.max_completion_length), dtype=torch.long, device=prompt_ids.device)
+        unmask_step = torch.empty_like(completion)
+        group_rows = torch.arange(rows // leaves, device=prompt_ids.device) * leaves
+        forwards = 0
+        # (the state to resume, its depth, the first leaf of the branch, the branch's stream)
+        pending: list[tuple[DecodeState | None, int, int, torch.Generator]] = [
+            (None, 0, k * span[1], _branch_generator(generator)) for k in range(self.num_tree_samples)
+        ]
+        while pending:
+            start, level, leaf, stream = pending.pop(0)
+            out = generate(dlm, prompts, masks, settings, stream, start=start, snapshots=bounds[level + 1 : depth])
+            completion[group_rows + leaf], unmask_step[group_rows + leaf] = out.completion_ids, out.unmask_step
+            forwards += out.nfe
+            for inner in range(level + 1, depth):  # the inner nodes this decode went through, each branching
+                state = out.states[bounds[inner]]
+                for k in range(1, self.branch_factor):
+                    pending.append((state, inner, leaf + k * span[inner + 1], _branch_generator(generator)))
+        parents = sum(self.widths(depth)[:depth])
+        order = torch.randperm(parents, generator=generator, device=generator.device).to(prompt_ids.device)
+        records = self.records(rows, bounds, order)
+        return Rollout(completion, unmask_step, -(-forwards // leaves), records)
+
+
 __all__ = [
     "ROLLOUTS",
     "EntropySteps",
@@ -414,4 +577,7 @@ __all__ = [
     "RolloutScheme",
     "StepPredictions",
     "TokenEntropies",
+    "TreeBranches",
+    "TreeRecords",
+    "tree_bounds",
 ]

@@ -44,7 +44,14 @@ import torch
 
 from stabledrl_bench.core.baseline import BASELINES, LossInputs, build_baseline, training_estimator
 from stabledrl_bench.core.estimators import ESTIMATORS, Estimate, SequenceBatch, build_estimator
-from stabledrl_bench.core.rollouts import EntropySteps, RolloutScheme, StepPredictions, TokenEntropies
+from stabledrl_bench.core.rollouts import (
+    EntropySteps,
+    RolloutScheme,
+    StepPredictions,
+    TokenEntropies,
+    TreeBranches,
+    tree_bounds,
+)
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.processes import keyed_generator
 from stabledrl_bench.regression import fixtures
@@ -115,7 +122,8 @@ def estimate_values(prefix: str, estimate: Estimate | None) -> dict[str, Value]:
     if estimate is None:
         return {}
     values: dict[str, Value] = {}
-    for name in ("token_logp", "token_mask", "token_weight", "row_weight", "row_to_seq", "row_column", "elbo", "eubo"):
+    names = ("token_logp", "token_mask", "token_weight", "row_weight", "row_to_seq", "row_column", "row_group")
+    for name in (*names, "token_ids", "elbo", "eubo"):
         values.update(digest(f"{prefix}.{name}", getattr(estimate, name)))
     return values
 
@@ -141,6 +149,7 @@ def rl_config(workdir: Path, baseline: str, model: str, **overrides: Any):
 
     fields: dict[str, Any] = dict(
         baseline=baseline,
+        baseline_options=GOLDEN_OPTIONS.get(baseline, {}),
         task=TASK,
         model=str(fixtures.materialise(model, workdir)),
         protocol=PROTOCOL,
@@ -211,9 +220,11 @@ def stand_in_records(scheme: RolloutScheme, batch: SequenceBatch, rewards: torch
     default scheme). ``entropy_steps`` (EGSPO): its ``num_steps`` steps by the ``uniform`` rule over the rollouts'
     steps (entropies are not committed), and prediction rewards moved from each completion's reward by a fixed
     pattern of offsets in [-0.5, 0.5] (so the stepwise advantages differ from step to step). ``step_predictions``
-    (MDPO): see :func:`step_prediction_stand_ins`."""
+    (MDPO): see :func:`step_prediction_stand_ins`. ``tree_branches`` (d-TreeRPO): :func:`tree_stand_ins`."""
     if isinstance(scheme, StepPredictions):
         return step_prediction_stand_ins(batch, rewards)
+    if isinstance(scheme, TreeBranches):
+        return tree_stand_ins(scheme, batch)
     if isinstance(scheme, TokenEntropies):  # AGRPO's entropy rule: a fixed pattern of entropies in [1/8, 1]
         index = torch.arange(batch.completion_ids.numel()).reshape(batch.completion_ids.shape)
         return {"token_entropy": ((index * 3 + 1) % 8 + 1).to(torch.float64) / 8}
@@ -248,15 +259,27 @@ def step_prediction_stand_ins(batch: SequenceBatch, rewards: torch.Tensor) -> di
     return {"predictions": predictions, "confidence": confidence, "prediction_rewards": step_rewards}
 
 
+def tree_stand_ins(scheme: TreeBranches, batch: SequenceBatch) -> dict[str, torch.Tensor]:
+    """d-TreeRPO's records as fixed stand-ins for the committed rollouts (which are not trees): each group's rows
+    taken as the leaves of ``scheme``'s tree in order, over the T steps of the rollouts, the parents trained in
+    reverse order. Each transition is scored on its owner's own partial state, so the siblings' states differ here
+    (no number depends on their being equal)."""
+    assert batch.unmask_step is not None
+    steps = int(batch.unmask_step.max()) + 1
+    bounds = tree_bounds(steps, scheme.contraction_factor)
+    parents = sum(scheme.widths(len(bounds) - 1)[:-1])
+    return scheme.records(batch.unmask_step.shape[0], bounds, torch.arange(parents - 1, -1, -1))
+
+
 def run_forced(workdir: Path, baseline: str, attention: str, options: dict[str, Any] | None = None) -> Observation:
     """The committed rollouts through ``baseline``'s advantage rule, estimator and loss (see the module docstring),
-    under its default options or ``options`` (:data:`OPTION_VARIANTS`)."""
+    under its default options (with :data:`GOLDEN_OPTIONS`) or ``options`` (:data:`OPTION_VARIANTS`)."""
     from stabledrl_bench.core.models import load_diffusion_lm
 
     del workdir
     dlm = load_diffusion_lm(fixtures.model_dir(attention))
     fixed = fixtures.fixed_rollouts(attention)
-    method = build_baseline(baseline, **(options or {}))
+    method = build_baseline(baseline, **{**GOLDEN_OPTIONS.get(baseline, {}), **(options or {})})
     try:
         estimator = training_estimator(method, dlm, block_length=GOLDEN_BUDGET.block_length)
     except UserError as exc:
@@ -299,6 +322,8 @@ def run_estimator(workdir: Path, estimator: str, attention: str) -> Observation:
     if estimator == "advantage_steps":  # MDPO's: every step's prediction, and advantages [B, T] to rank the steps
         records = step_prediction_stand_ins(fixed.batch, fixed.rewards)
         records["advantages"] = records["prediction_rewards"]
+    if estimator == "tree_transitions":  # d-TreeRPO's: its golden tree over the committed rollouts
+        records = tree_stand_ins(build_baseline("dtreerpo", **GOLDEN_OPTIONS["dtreerpo"]).rollout(), fixed.batch)
     batch = dataclasses.replace(fixed.batch, records=records)
     try:
         bound = build_estimator(estimator).for_attention(attention).bind(dlm, block_length=GOLDEN_BUDGET.block_length)
@@ -521,6 +546,12 @@ RL_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
             "budget": dataclasses.replace(GOLDEN_BUDGET, block_length=CANVAS, diffusion_steps=5),
         }
     }
+}
+
+# Options a built-in method needs to run under the golden budget at all, given to every case of it: d-TreeRPO's
+# completions are the leaves of one tree per prompt, so its tree gets the budget's 4 (2 x 2, branching at step 10).
+GOLDEN_OPTIONS: dict[str, dict[str, Any]] = {
+    "dtreerpo": {"num_tree_samples": 2, "tree_branch_factor": 2, "tree_contraction_factor": 2}
 }
 GROUPS = ("rl", "forced", "sft", "samplers", "eval", "graders")
 

@@ -504,6 +504,8 @@ class RLTrainer:
             completion_mask=mb.batch.completion_mask,
             group_ids=mb.group_ids.to(mb.advantages.device),
             context=mb.context,
+            step=self.step,
+            total_steps=self.budget.max_steps,
         )
         loss, metrics = self.baseline.loss(inputs)
         if self.anchor is not None:
