@@ -79,9 +79,10 @@ class DecodeState:
 
     Why: a rollout tree (d-TreeRPO) branches one partial state into several continuations, and hint injection
     (IGPO) edits a canvas before decoding goes on; both need to start the sampler mid-run. Exact full-attention
-    decoding reads nothing else across steps (the transfer quota depends only on the block length, and a full
-    forward has no cache), so continuing from here with a generator in state ``rng_state`` draws what the
-    uninterrupted run drew, bitwise. The tensors are the state's own copies; resuming never writes into them.
+    decoding reads nothing else across steps (a block's transfer quota is read back from the canvas and
+    ``unmask_step``, :func:`_block_quota`, and a full forward has no cache), so continuing from here with a
+    generator in state ``rng_state`` draws what the uninterrupted run drew, bitwise. The tensors are the state's
+    own copies; resuming never writes into them.
     """
 
     sequences: torch.Tensor  # [B, P+L] the canvas before step ``step``'s commits: prompt (left-padded) + completion
@@ -366,6 +367,22 @@ def _commit(
     return torch.where(selected, tokens, state), steps.masked_fill(selected, step_index)
 
 
+def _block_quota(
+    block: torch.Tensor, block_steps: torch.Tensor, mask_id: int, first_step: int, steps_per_block: int
+) -> torch.Tensor:
+    """Each row's tokens to commit per step of one block, [B, steps_per_block]: :func:`transfer_schedule` of the
+    positions that were MASK when the block started, i.e. those still MASK in ``block`` [B, b] or committed by this
+    block's own steps (``block_steps`` >= ``first_step``; a resumed decode may enter a block mid-way).
+
+    LLaDA's ``get_num_transfer_tokens`` counts the block's masked positions, so a canvas whose block already holds
+    fixed tokens (IGPO's hints, ``facebookresearch/igpo: utils/generate.py`` lines 848-858) spreads only the
+    positions left to decode over the block's steps; on the all-MASK canvas of a plain decode every row counts b,
+    the schedule of every row is the same, and so are the numbers.
+    """
+    started_masked = (block == mask_id) | (block_steps >= first_step)
+    return transfer_schedule(started_masked.sum(dim=1), steps_per_block)
+
+
 def _with_completion(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_completion_length: int, mask_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -520,7 +537,9 @@ def _stopped_rows(completion: torch.Tensor, stop_ids: torch.Tensor, mask_id: int
     return has_stop & ~undecided
 
 
-def _select_by_factor(confidence: torch.Tensor, masked: torch.Tensor, quota: int, factor: float) -> torch.Tensor:
+def _select_by_factor(
+    confidence: torch.Tensor, masked: torch.Tensor, quota: torch.Tensor, factor: float
+) -> torch.Tensor:
     """Fast-dLLM's factor rule (arXiv:2505.22618, ``get_transfer_index_dynamic``): commit the n most confident
     masked positions, n the longest run of the ranked confidences with ``c_(i) >= 1 - factor / (i + 1)``
     (i = 1, 2, ...): the more tokens are committed at once, the more confident each one must be. At least the
@@ -637,8 +656,6 @@ def llada_generate(
     first = 0
     if start is not None:
         x, unmask_step, first = _resumed(start, x, unmask_step)
-    # every row's block is all MASK at its start, so one schedule serves every row (transfer_schedule)
-    quota = transfer_schedule(torch.tensor([block_length]), steps_per_block)[0].tolist()
     stop_ids = torch.tensor(model.stop_ids, device=x.device)
     ctx = _FullContext(model, x, key_valid, mask, cache, cfg_scale)
     ctx.keep_full = observer is not None
@@ -646,6 +663,7 @@ def llada_generate(
     for j in range(first // steps_per_block, num_blocks):
         cols = slice(j * block_length, (j + 1) * block_length)
         span = slice(prompt_len + cols.start, prompt_len + cols.stop)
+        quota = _block_quota(x[:, span], unmask_step[:, cols], model.mask_id, j * steps_per_block, steps_per_block)
         for i in range(first % steps_per_block if j == first // steps_per_block else 0, steps_per_block):
             if j * steps_per_block + i in snapshots:
                 states[j * steps_per_block + i] = _snapshot(x, unmask_step, j * steps_per_block + i, generator)
@@ -661,9 +679,9 @@ def llada_generate(
             else:
                 confidence = torch.rand(tokens.shape, generator=generator, dtype=torch.float64, device=x.device)
             if strategy == "factor":
-                selected = _select_by_factor(confidence, masked, quota[i], factor)
+                selected = _select_by_factor(confidence, masked, quota[ctx.rows, i], factor)
             else:
-                selected = _select_block(confidence, masked, quota[i], strategy, threshold)
+                selected = _select_block(confidence, masked, quota[ctx.rows, i], strategy, threshold)
             if observer is not None:
                 assert ctx.full_logits is not None
                 observer(
@@ -794,11 +812,11 @@ def _sample_block(
 def _select_block(
     confidence: torch.Tensor,
     masked: torch.Tensor,
-    quota: int,
+    quota: int | torch.Tensor,
     strategy: str,
     threshold: float,
 ) -> torch.Tensor:
-    """Positions to commit in each row's block.
+    """Positions to commit in each row's block (``quota``: one for every row, or [R] each row's own).
 
     static: the top-``quota`` masked positions by confidence. dynamic: every masked position with confidence
     > threshold, unless that is fewer than the quota, then the top-quota ones. The quota is capped by the
