@@ -23,6 +23,7 @@ name                        file                 in one line
 ``bgpo``                    ``bgpo.py``          BGPO: PPO linear in each ELBO sample, dual clip (DARE's port)
 ``egspo``                   ``egspo.py``         EGSPO: step PPO on the highest-entropy sampler steps, stepwise A
 ``mdpo``                    ``mdpo.py``          MDPO: token PPO on the steps of largest |A|, every prediction rewarded
+``igpo``                    ``igpo.py``          IGPO: all-wrong groups re-decoded with solution hints, token PPO
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -57,6 +58,7 @@ BUILTIN_MODULES = (
     "bgpo",
     "egspo",
     "mdpo",
+    "igpo",
 )  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:
