@@ -469,6 +469,7 @@ class HintInjection(RolloutScheme):
         wrong = all_wrong_groups(feedback.correct(torch.arange(rows), out.completion_ids), size)
         completion_ids, unmask_step, nfe = out.completion_ids.clone(), out.unmask_step.clone(), out.nfe
         hint_mask = torch.zeros((rows, length), dtype=torch.bool, device=completion_ids.device)
+        hinted_rows = torch.zeros(rows, dtype=torch.bool, device=completion_ids.device)
         redo = (wrong[:, None] * size + torch.arange(size)).flatten()
         if len(redo):
             ratios = [r for _ in wrong.tolist() for r in self.ratios(size, generator)]
@@ -490,8 +491,7 @@ class HintInjection(RolloutScheme):
                     completion_ids[target] = hinted.completion_ids[source]
                     unmask_step[target] = hinted.unmask_step[source]
                     hint_mask[target] = hints[source].to(hint_mask.device)
-        hinted_rows = torch.zeros(rows, dtype=torch.bool, device=completion_ids.device)
-        hinted_rows[hint_mask.any(dim=1)] = True
+                    hinted_rows[target] = True
         return Rollout(completion_ids, unmask_step, nfe, {"hint_mask": hint_mask, "hinted": hinted_rows})
 
     def ratios(self, size: int, generator: torch.Generator) -> list[float]:
