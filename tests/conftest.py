@@ -41,6 +41,7 @@ BUILTIN_BASELINES = (
     "bgpo",
     "egspo",
     "mdpo",
+    "igpo",
 )
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

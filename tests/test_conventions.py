@@ -42,7 +42,8 @@ EMULATED = {
     "sdar-trado": SDARBackend,
 }
 BASELINES = tuple(name for name in BUILTIN_BASELINES if not name.startswith("stabledrl_"))  # not the ablations
-FULL_ONLY = {"egspo", "mdpo"}  # their rollouts record the LLaDA sampler's predictions: full attention only
+# their rollouts record the LLaDA sampler's predictions (EGSPO, MDPO) or resume it from a hinted canvas (IGPO)
+FULL_ONLY = {"egspo", "mdpo", "igpo"}
 
 
 def baselines_for(attention: str) -> tuple[str, ...]:

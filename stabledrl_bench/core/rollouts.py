@@ -422,7 +422,7 @@ class HintInjection(RolloutScheme):
         "solution fixed in the canvas (IGPO)"
     )
     needs_references: ClassVar[bool] = True
-    ratio_low: float = 0.1  # inpaint_chunk_ratio_low (igpo_config: diffu_grpo_config.py line 520)
+    ratio_low: float = 0.1  # inpaint_chunk_ratio_low (utils/diffu_grpo_config.py line 520)
     ratio_high: float = 0.5  # inpaint_chunk_high_initial_ratio (line 526)
     min_chunk_size: int = 4  # line 471
     max_chunk_size: int = 8  # line 475
