@@ -512,33 +512,28 @@ class IGPOOneStep(Estimator):
 
     def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: D1Noise) -> Estimate:
         del noise  # the prompt is never masked
-        completion = torch.full_like(batch.completion_ids, model.mask_id)
         length = batch.completion_ids.shape[1]
+        z = torch.cat((batch.prompt_ids, torch.full_like(batch.completion_ids, model.mask_id)), dim=1)
         attention = model.context_attention(batch.prompt_mask, length)
+        mask = torch.ones_like(batch.completion_ids, dtype=torch.bool)
+        hint = batch.records.get("hint_mask")
+        if hint is None:
+            logp = self._clean_token_logps(model, z, attention, None, batch.completion_ids, batch.prompt_ids.shape[1])
+            return Estimate(token_logp=logp, token_mask=mask)
+        hint = hint.to(batch.completion_ids.device).bool()
 
         def read(logp: torch.Tensor, rows: slice) -> torch.Tensor:
-            chosen = logp.gather(-1, batch.completion_ids[rows].unsqueeze(-1))
+            """The clean token's log-prob and, at the hint positions only, the entropy (0 elsewhere)."""
+            chosen = logp.gather(-1, batch.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
+            entropy = torch.zeros_like(chosen)
             with torch.no_grad():
-                p = logp.exp()
-                entropy = -(p * torch.log(p + ENTROPY_EPS)).sum(dim=-1, keepdim=True)
-            return torch.cat((chosen, entropy), dim=-1)
+                p = logp[hint[rows]].exp()
+                entropy[hint[rows]] = -(p * torch.log(p + ENTROPY_EPS)).sum(dim=-1)
+            return torch.stack((chosen, entropy), dim=-1)
 
-        reads = self._token_reads(
-            model,
-            torch.cat((batch.prompt_ids, completion), dim=1),
-            attention,
-            None,
-            length,
-            batch.prompt_ids.shape[1],
-            read,
-        )
-        logp = reads[..., 0]
-        hint = batch.records.get("hint_mask")
-        weight = None if hint is None else kept_hints(hint.to(logp.device), reads[..., 1], self.hint_keep_ratio)
-        mask = torch.ones_like(batch.completion_ids, dtype=torch.bool)
-        return Estimate(
-            token_logp=logp, token_mask=mask, token_weight=None if weight is None else weight.to(logp.dtype)
-        )
+        reads = self._token_reads(model, z, attention, None, length, batch.prompt_ids.shape[1], read)
+        weight = kept_hints(hint, reads[..., 1], self.hint_keep_ratio)
+        return Estimate(token_logp=reads[..., 0], token_mask=mask, token_weight=weight.to(reads.dtype))
 
 
 ENTROPY_EPS = 1e-8  # inside the log of IGPO's token entropies (trainer_igpo.py line 1124)
