@@ -24,6 +24,7 @@ name                        file                 in one line
 ``egspo``                   ``egspo.py``         EGSPO: step PPO on the highest-entropy sampler steps, stepwise A
 ``mdpo``                    ``mdpo.py``          MDPO: token PPO on the steps of largest |A|, every prediction rewarded
 ``dtreerpo``                ``dtreerpo.py``      d-TreeRPO: token PPO on rollout-tree transitions, self-distillation
+``igpo``                    ``igpo.py``          IGPO: all-wrong groups re-decoded with solution hints, token PPO
 ==========================  ===================  ===============================================================
 
 Metrics every loss returns where they mean something, under the same names so runs overlay in one plot:
@@ -59,6 +60,7 @@ BUILTIN_MODULES = (
     "egspo",
     "mdpo",
     "dtreerpo",
+    "igpo",
 )  # registration (= listing) order
 
 for _module in BUILTIN_MODULES:

@@ -261,6 +261,12 @@ class Task(ABC):
     def _target(self, doc: Mapping[str, Any], protocol: str) -> str:
         """Gold completion under a (validated) ``protocol``."""
 
+    def worked_solution(self, doc: Mapping[str, Any]) -> str | None:
+        """The doc's own worked solution, the reasoning trace a method may draw hints from (IGPO); None where the
+        task or split carries none (the default: puzzles and code have an answer, not a reference trace)."""
+        del doc
+        return None
+
     # ------------------------------------------------------------------------------ rewards, grading
     def reward(self, completion: str, doc: Mapping[str, Any], profile: str = "d1") -> RewardResult:
         """The RL reward of ``completion`` under the registered reward ``profile``, by component."""

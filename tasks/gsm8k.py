@@ -48,11 +48,11 @@ class GSM8KTask(MathTask):
     def gold(self, doc: Mapping[str, Any]) -> str:
         return gsm8k_gold(require(doc, "answer", (str, int, float), "a solution ending in '#### N', or N"))
 
-    def reasoning(self, doc: Mapping[str, Any]) -> str:
+    def worked_solution(self, doc: Mapping[str, Any]) -> str | None:
         """The dataset's worked solution (text before ``####``) without calculator annotations."""
         text = str(doc.get("answer", ""))
         steps = strip_calculator_annotations(text.split("####")[0]).strip() if "####" in text else ""
-        return steps or super().reasoning(doc)
+        return steps or super().worked_solution(doc)
 
     def d1_train_message(self, question: str) -> str:
         return D1_TRAIN_SYSTEM_PROMPT + "\n\n" + question

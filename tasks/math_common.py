@@ -60,11 +60,15 @@ class MathTask(Task):
     def gold(self, doc: Mapping[str, Any]) -> str:
         """The final answer, normalised as the graders expect it (validated; :class:`UserError` if bad)."""
 
-    def reasoning(self, doc: Mapping[str, Any]) -> str:
-        """A worked solution for gold completions, with boxes removed so the final answer is the only box."""
+    def worked_solution(self, doc: Mapping[str, Any]) -> str | None:
+        """The doc's own worked solution (``solution``), boxes removed so the final answer is the only box; None
+        where the split carries none (MATH's training splits)."""
         solution = doc.get("solution") or ""
-        text = solution.replace("\\boxed", "").replace("\\fbox", "").strip()
-        return text or GENERIC_REASONING
+        return solution.replace("\\boxed", "").replace("\\fbox", "").strip() or None
+
+    def reasoning(self, doc: Mapping[str, Any]) -> str:
+        """A worked solution for gold completions: the doc's own (:meth:`worked_solution`), else a generic line."""
+        return self.worked_solution(doc) or GENERIC_REASONING
 
     @abstractmethod
     def d1_train_message(self, question: str) -> str:

@@ -203,7 +203,7 @@ def rl_step(
         overrides.setdefault("baseline_options", TREE_OF_FOUR)
     cfg = TrainConfig(
         baseline=baseline,
-        task="sudoku",
+        task="gsm8k" if baseline == "igpo" else "sudoku",  # IGPO's hints need worked solutions: GSM8K's answers
         model=str(model),
         protocol="tiny",
         budget=budget,

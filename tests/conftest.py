@@ -42,6 +42,7 @@ BUILTIN_BASELINES = (
     "egspo",
     "mdpo",
     "dtreerpo",
+    "igpo",
 )
 # d-TreeRPO's completions are the leaves of one tree per prompt: with these options, 2 x 2 = 4 (a budget's usual G)
 TREE_OF_FOUR = {"num_tree_samples": 2, "tree_branch_factor": 2, "tree_contraction_factor": 2}

@@ -42,7 +42,9 @@ EMULATED = {
     "sdar-trado": SDARBackend,
 }
 BASELINES = tuple(name for name in BUILTIN_BASELINES if not name.startswith("stabledrl_"))  # not the ablations
-FULL_ONLY = {"egspo", "mdpo", "dtreerpo"}  # their rollouts record or resume the LLaDA sampler: full attention only
+# their rollouts record the LLaDA sampler's predictions (EGSPO, MDPO) or resume it from a partial state (d-TreeRPO's
+# tree, IGPO's hinted canvas)
+FULL_ONLY = {"egspo", "mdpo", "dtreerpo", "igpo"}
 
 
 def baselines_for(attention: str) -> tuple[str, ...]:

@@ -612,7 +612,10 @@ def test_staircase_draw_counts(block_model):
 
 @pytest.mark.parametrize(
     "name",
-    sorted(set(ESTIMATORS) - {"trace_replay", "ar_replay", "chosen_steps", "advantage_steps", "tree_transitions"}),
+    sorted(
+        set(ESTIMATORS)
+        - {"trace_replay", "ar_replay", "chosen_steps", "advantage_steps", "tree_transitions", "igpo_one_step"}
+    ),
 )  # no draws
 def test_draw_deterministic_per_seed(full_model, name):
     batch = make_batch(full_model)

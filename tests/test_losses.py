@@ -458,6 +458,7 @@ BETAS = {
     "gdsd": 1e-3,
     "egspo": 0.04,
     "mdpo": 0.04,
+    "igpo": 0.04,
 }
 
 

@@ -118,14 +118,18 @@ def ref_llada(
     remasking="low_confidence",
     cfg_scale=0.0,
     generator=None,
+    canvas=None,
 ):
     """LLaDA generate.py, one row and one position at a time.
 
     Randomness is drawn per step for the whole batch in the sampler's order (Gumbel uniforms [B, block, V],
     then random confidences [B, block]), and the Gumbel-max uses LLaDA's own form exp(l) / (-log u)^tau.
+    ``canvas`` [B, L]: a completion canvas whose non-MASK tokens stay fixed (IGPO's ``generate_inpainting``, whose
+    schedule counts the block's MASK positions only, as this one always does); all MASK by default.
     """
     batch, plen = ids.shape
-    rows = [ids[r].tolist() + [model.mask_id] * max_completion_length for r in range(batch)]
+    start = [[model.mask_id] * max_completion_length] * batch if canvas is None else canvas.tolist()
+    rows = [ids[r].tolist() + list(start[r]) for r in range(batch)]
     keys = [valid[r].tolist() + [True] * max_completion_length for r in range(batch)]
     steps_of = [[-1] * max_completion_length for _ in range(batch)]
     n_blocks = max_completion_length // block_length

@@ -92,6 +92,8 @@ def test_each_baseline_runs_and_writes_log_plot_checkpoint(baseline, small_model
         options = {"baseline_options": {"sample_train_steps": 4}}
     if baseline == "dtreerpo":  # the budget's 4 completions per prompt are the leaves of its tree
         options = {"baseline_options": TREE_OF_FOUR}
+    elif baseline == "igpo":  # its hints need worked solutions: GSM8K's training answers
+        options = {"task": "gsm8k", "train_split": "train", "generator_options": {}}
     final = RLTrainer(_config(small_models["full"], tmp_path, baseline, **options)).train()
     records = read_log(tmp_path / "log.jsonl")
     assert [r["step"] for r in records] == [1, 2]

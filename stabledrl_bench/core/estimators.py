@@ -31,6 +31,7 @@ name                proxy                                                       
 ``trace_sample``    AGRPO: the replay at Monte-Carlo sampled steps of the trajectory  token_logp [B K, L]
 ``ar_replay``       JustGRPO: the left-to-right (autoregressive) factorisation       token_logp [R, L]
 ``chosen_steps``    EGSPO: the replay at the steps the rollout chose per sequence     token_logp [B K, L]
+``igpo_one_step``   IGPO: all-MASK one-step log-probs, hints filtered by entropy      token_logp, weight [B, L]
 ``staircase_elbo``  block-diffusion ELBO, all blocks in one staircase pass           elbo, eubo [B] (+ tokens)
 ==================  ===============================================================  ==========================
 """
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -47,6 +49,7 @@ import torch
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.core.rollouts import TreeRecords
+from stabledrl_bench.core.sampling import _top_by_confidence
 from stabledrl_bench.errors import UserError
 
 if TYPE_CHECKING:
@@ -404,7 +407,29 @@ class Estimator(ABC):
         read_start: int,
     ) -> torch.Tensor:
         """log p(targets) [R, L] read from logits at positions read_start .. read_start+L of each row."""
-        rows, length = targets.shape
+        return self._token_reads(
+            model,
+            input_ids,
+            attention,
+            position_ids,
+            targets.shape[1],
+            read_start,
+            lambda logp, rows: logp.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1),
+        )
+
+    def _token_reads(
+        self,
+        model: DiffusionLM,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        length: int,
+        read_start: int,
+        read: Callable[[torch.Tensor, slice], torch.Tensor],
+    ) -> torch.Tensor:
+        """``read(logp, rows)`` of the log-softmax [r, L, V] at positions read_start .. read_start+L of each chunk of
+        rows (``micro_batch_size`` rows at a time), concatenated over the rows: [R, L, ...]."""
+        rows = input_ids.shape[0]
         step = self.micro_batch_size or max(rows, 1)
         starts = list(range(0, rows, step))
         out = []
@@ -415,7 +440,7 @@ class Estimator(ABC):
             pos = None if position_ids is None else position_ids[lo:hi]
             logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos)[:, read_start : read_start + length]
             logp = torch.log_softmax(logits.to(_log_prob_dtype(logits.dtype)), dim=-1)
-            chunk = logp.gather(-1, targets[lo:hi].unsqueeze(-1)).squeeze(-1)
+            chunk = read(logp, slice(lo, hi))
             if i < len(starts):
                 out.append(chunk)
             else:
@@ -469,6 +494,73 @@ class D1OneStep(Estimator):
         )
         mask = batch.completion_mask.bool()
         return Estimate(token_logp=torch.where(mask, logp, torch.zeros_like(logp)), token_mask=mask)
+
+
+@ESTIMATORS.register("igpo_one_step")
+@dataclass(frozen=True, kw_only=True)
+class IGPOOneStep(Estimator):
+    """IGPO's likelihood with ``d1_masking`` (its published run, ``run_igpo.sh``; docs/estimators.md#igpo_one_step;
+    ``facebookresearch/igpo`` at ``e85eaea``, ``trainer_igpo.py``): every timestep is T (lines 967-976), so the
+    mask ratio t / T is 1 and every completion position is MASK in z = [x, M^L] (lines 988-1025; the prompt is
+    never masked); log pi(y^k) = log softmax(f(z))_k[y^k] at every position (lines 1107-1140).
+
+    ``token_mask``: all L positions, post-EOS included (the official loss counts the masked positions, not the
+    completion mask, lines 681-686). ``token_weight``: 1, except at the positions a hint was injected into
+    (``records["hint_mask"]``, the ``hint_injection`` rollout), where only the ``max(1, int(n * hint_keep_ratio))``
+    of the row's n hint positions of highest entropy H = -sum_v p_v log(p_v + 1e-8) of the distribution there
+    count (weight 1), the others 0 (lines 1764-1826; ties: the earlier position). Why: a hint token was not drawn
+    by the policy, and only its most uncertain positions carry a learning signal the policy could have produced.
+    The loss reads the rollout policy's weights (its ``old`` estimate), as the official filter is computed once,
+    from the rollout policy's entropies. Nothing is drawn at random.
+    """
+
+    hint_keep_ratio: float = 0.2  # entropy_clipping_ratio_inpaint (diffu_grpo_config.py line 487)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(_is_prob(self.hint_keep_ratio), f"hint_keep_ratio must be in [0, 1], got {self.hint_keep_ratio!r}")
+
+    def draw(self, batch: SequenceBatch, generator: torch.Generator) -> D1Noise:
+        del generator
+        return D1Noise(prompt_masked=torch.zeros_like(batch.prompt_mask, dtype=torch.bool))
+
+    def evaluate(self, model: DiffusionLM, batch: SequenceBatch, noise: D1Noise) -> Estimate:
+        del noise  # the prompt is never masked
+        length = batch.completion_ids.shape[1]
+        z = torch.cat((batch.prompt_ids, torch.full_like(batch.completion_ids, model.mask_id)), dim=1)
+        attention = model.context_attention(batch.prompt_mask, length)
+        mask = torch.ones_like(batch.completion_ids, dtype=torch.bool)
+        hint = batch.records.get("hint_mask")
+        if hint is None:
+            logp = self._clean_token_logps(model, z, attention, None, batch.completion_ids, batch.prompt_ids.shape[1])
+            return Estimate(token_logp=logp, token_mask=mask)
+        hint = hint.to(batch.completion_ids.device).bool()
+
+        def read(logp: torch.Tensor, rows: slice) -> torch.Tensor:
+            """The clean token's log-prob and, at the hint positions only, the entropy (0 elsewhere)."""
+            chosen = logp.gather(-1, batch.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
+            entropy = torch.zeros_like(chosen)
+            with torch.no_grad():
+                p = logp[hint[rows]].exp()
+                entropy[hint[rows]] = -(p * torch.log(p + ENTROPY_EPS)).sum(dim=-1)
+            return torch.stack((chosen, entropy), dim=-1)
+
+        reads = self._token_reads(model, z, attention, None, length, batch.prompt_ids.shape[1], read)
+        weight = kept_hints(hint, reads[..., 1], self.hint_keep_ratio)
+        return Estimate(token_logp=reads[..., 0], token_mask=mask, token_weight=weight.to(reads.dtype))
+
+
+ENTROPY_EPS = 1e-8  # inside the log of IGPO's token entropies (trainer_igpo.py line 1124)
+
+
+def kept_hints(hint: torch.Tensor, entropy: torch.Tensor, keep_ratio: float) -> torch.Tensor:
+    """[R, L] bool: every position but the hint positions (``hint`` [R, L] bool) outside each row's
+    ``max(1, int(n * keep_ratio))`` hint positions of highest ``entropy`` [R, L] (n: the row's hint count; ties:
+    the earlier position); IGPO's filter (``trainer_igpo.py`` lines 1786-1826)."""
+    count = hint.sum(dim=1)
+    keep = torch.where(count > 0, (count.double() * keep_ratio).floor().long().clamp(min=1), 0)
+    top = _top_by_confidence(entropy.detach().masked_fill(~hint, float("-inf")), keep)
+    return ~hint | top
 
 
 # ====================================================================================== coupled

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -52,11 +52,30 @@ class Rollout:
     records: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Feedback:
+    """What the trainer answers, during a rollout, about the micro-batch's rows (rows are grouped contiguously,
+    ``group_size`` completions per prompt): for a scheme that reacts to its own completions (IGPO regenerates the
+    groups whose completions are all wrong). Nothing is computed until a scheme asks.
+
+    ``correct(rows, completion_ids)``: [R] bool, whether the task's grader accepts each completion [R, L] as an answer
+    to the prompt of row ``rows[r]``. ``reference(row)``: the token ids of the worked solution of row ``row``'s
+    prompt, written as a completion (a :class:`~stabledrl_bench.errors.UserError` for a prompt that has none).
+    """
+
+    group_size: int
+    correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    reference: Callable[[int], list[int]]
+
+
 class RolloutScheme(ABC):
     """A way of drawing completions: ``sample`` one micro-batch (see the module docstring)."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # the scheme draws on the task's worked solutions (Feedback.reference): the trainer refuses, before any
+    # rollout, a task that has none
+    needs_references: ClassVar[bool] = False
 
     @abstractmethod
     def sample(
@@ -69,6 +88,20 @@ class RolloutScheme(ABC):
     ) -> Rollout:
         """The completions of ``prompt_ids`` (rows already repeated per completion) under ``settings``, drawing
         every random number from ``generator``."""
+
+    def sample_with_feedback(
+        self,
+        dlm: DiffusionLM,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        settings: DecodeSettings,
+        generator: torch.Generator,
+        feedback: Feedback,
+    ) -> Rollout:
+        """What the trainer calls: :meth:`sample`, for every scheme that does not look at its completions' grades
+        (the feedback is never consulted, so nothing is graded twice)."""
+        del feedback
+        return self.sample(dlm, prompt_ids, prompt_mask, settings, generator)
 
     def settings(self) -> dict[str, Any]:
         """The scheme and its options, as run folders record them."""
@@ -568,10 +601,204 @@ class TreeBranches(RolloutScheme):
         return Rollout(completion, unmask_step, -(-forwards // leaves), records)
 
 
+FREE_TAIL = 30  # the canvas's last tokens never hold a hint (generate.py lines 501-503)
+MAX_STRETCH = 1.5  # the hints' spacing is stretched by at most this factor, never shrunk (lines 522-524)
+
+
+@ROLLOUTS.register("hint_injection")
+@dataclass(frozen=True)
+class HintInjection(RolloutScheme):
+    """IGPO's rollout (``facebookresearch/igpo`` at ``e85eaea``: ``trainer_igpo.py:
+    _generate_and_score_completions`` lines 1377-1682; ``utils/generate.py: generate_inpainting`` lines 727-922 and
+    ``create_spacing_scaled_inpainting_sequence`` lines 472-724): every completion decoded by the budget's sampler;
+    then each group whose completions the grader all rejects is decoded again with fragments of the prompt's worked
+    solution fixed in the canvas, and up to ``max_replacements`` of the hinted completions the grader accepts take
+    the places of the group's first completions. Why: a group that is all wrong has zero advantage everywhere and
+    teaches nothing; a correct hinted completion gives it a signal (arXiv 2509.10396).
+
+    Hints of one row (its ratio r): the worked solution's tokens, cut to the canvas less its last 30 positions, are
+    split into chunks of ``randint(min_chunk_size, max_chunk_size)`` tokens (a shorter remainder is dropped);
+    ``int(chunks * (1 - r))`` chunks drawn at random are hidden, the others (and the last chunk, with
+    ``reveal_last_chunk``) are placed in order, the first at int(start * s) and each next after the previous one
+    with the original gap stretched, int(gap * s) capped at ``max_spacing``, s = clamp(usable / length, 1, 1.5);
+    a chunk running past the usable positions is cut and the rest dropped. The ratios of a group's G rows are G
+    draws of U[ratio_low, ratio_high), sorted ascending (lines 1448-1470). The hinted rows decode from that canvas
+    (``sampling.DecodeState`` at step 0) with the sampler's every rule, each block's transfer quota spread over its
+    still-masked positions only, as ``get_num_transfer_tokens`` of the masked count does (lines 848-858).
+    Replacement (lines 1557-1606): of the hinted rows the grader accepts, ``max_replacements`` at random (all if
+    fewer) replace rows 0, 1, ... of the group, hints and all; the group's other rows stay as first decoded.
+
+    Records (docs/rollouts.md#hint_injection), per row: ``hint_mask`` [L] bool, the positions holding an injected
+    token (all False for a completion the sampler decoded alone); ``hinted`` bool, the row is a hinted completion.
+    Random numbers, from the micro-batch's generator in this order: the first decode, every wrong group's ratios,
+    every hinted row's chunks and hidden chunks (row order), the hinted decode, the replacements' choices (the
+    official code draws them from Python's and torch's global generators). ``nfe`` adds the hinted decode's.
+    """
+
+    description: ClassVar[str] = (
+        "the budget's sampler; groups whose completions are all wrong re-decoded with hints from the worked "
+        "solution fixed in the canvas (IGPO)"
+    )
+    needs_references: ClassVar[bool] = True
+    ratio_low: float = 0.1  # inpaint_chunk_ratio_low (utils/diffu_grpo_config.py line 520)
+    ratio_high: float = 0.5  # inpaint_chunk_high_initial_ratio (line 526)
+    min_chunk_size: int = 4  # line 471
+    max_chunk_size: int = 8  # line 475
+    max_spacing: int = 100  # line 483
+    max_replacements: int = 1  # line 510
+    # create_spacing_scaled_inpainting_sequence's default (line 484): generate_inpainting passes no value, so the
+    # config's inpaint_last_chunk_end (False, line 493) is never read
+    reveal_last_chunk: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ratio_low <= self.ratio_high <= 1:
+            raise UserError(
+                f"hint_injection: need 0 < ratio_low <= ratio_high <= 1, got {self.ratio_low} and {self.ratio_high}"
+            )
+        for name in ("min_chunk_size", "max_chunk_size", "max_replacements"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"hint_injection: {name} must be a positive integer, got {value!r}")
+        if self.max_chunk_size < self.min_chunk_size:
+            raise UserError("hint_injection: max_chunk_size must be at least min_chunk_size")
+        if isinstance(self.max_spacing, bool) or not isinstance(self.max_spacing, int) or self.max_spacing < 0:
+            raise UserError(f"hint_injection: max_spacing must be a non-negative integer, got {self.max_spacing!r}")
+
+    def check(self, settings: DecodeSettings) -> None:
+        if not isinstance(settings, FullDecode):
+            raise UserError(
+                "the hint_injection rollout (IGPO) resumes the LLaDA sampler from a hinted canvas: it needs a "
+                "full-attention model"
+            )
+        if settings.approximate:
+            raise UserError("the hint_injection rollout (IGPO) needs exact decoding (budget.rollout_decode: exact)")
+
+    def sample(self, dlm, prompt_ids, prompt_mask, settings, generator) -> Rollout:
+        raise UserError(
+            "the hint_injection rollout (IGPO) grades its completions as it draws them: it needs the trainer's "
+            "feedback (sample_with_feedback)"
+        )
+
+    def sample_with_feedback(self, dlm, prompt_ids, prompt_mask, settings, generator, feedback) -> Rollout:
+        self.check(settings)
+        out = generate(dlm, prompt_ids, prompt_mask, settings, generator=generator)
+        size = feedback.group_size
+        rows, length = out.completion_ids.shape
+        wrong = all_wrong_groups(feedback.correct(torch.arange(rows), out.completion_ids), size)
+        completion_ids, unmask_step, nfe = out.completion_ids.clone(), out.unmask_step.clone(), out.nfe
+        hint_mask = torch.zeros((rows, length), dtype=torch.bool, device=completion_ids.device)
+        hinted_rows = torch.zeros(rows, dtype=torch.bool, device=completion_ids.device)
+        redo = (wrong[:, None] * size + torch.arange(size)).flatten()
+        if len(redo):
+            ratios = [r for _ in wrong.tolist() for r in self.ratios(size, generator)]
+            canvases, hints = zip(
+                *(
+                    self.hint_canvas(feedback.reference(row), length, ratio, dlm.mask_id, generator)
+                    for row, ratio in zip(redo.tolist(), ratios, strict=True)
+                ),
+                strict=True,
+            )
+            canvas = torch.stack(canvases).to(prompt_ids.device)
+            start = DecodeState(torch.cat((prompt_ids[redo], canvas), dim=1), torch.full_like(canvas, -1), 0, None)
+            hinted = generate(dlm, prompt_ids[redo], prompt_mask[redo], settings, generator=generator, start=start)
+            nfe += hinted.nfe
+            accepted = feedback.correct(redo, hinted.completion_ids).view(-1, size)
+            for g, group in enumerate(wrong.tolist()):
+                for i, local in enumerate(self.replacements(accepted[g], generator)):
+                    source, target = g * size + local, group * size + i
+                    completion_ids[target] = hinted.completion_ids[source]
+                    unmask_step[target] = hinted.unmask_step[source]
+                    hint_mask[target] = hints[source].to(hint_mask.device)
+                    hinted_rows[target] = True
+        return Rollout(completion_ids, unmask_step, nfe, {"hint_mask": hint_mask, "hinted": hinted_rows})
+
+    def ratios(self, size: int, generator: torch.Generator) -> list[float]:
+        """One group's hint ratios: ``size`` draws of U[ratio_low, ratio_high) in float32, ascending (lines
+        1459-1470)."""
+        u = torch.rand(size, generator=generator, device=generator.device).cpu()
+        return (u * (self.ratio_high - self.ratio_low) + self.ratio_low).sort().values.tolist()
+
+    def chunks(self, count: int, generator: torch.Generator) -> list[tuple[int, int]]:
+        """The worked solution's first ``count`` tokens cut into consecutive chunks (lines 552-564)."""
+        out: list[tuple[int, int]] = []
+        start = 0
+        while start < count:
+            drawn = torch.randint(
+                self.min_chunk_size, self.max_chunk_size + 1, (1,), generator=generator, device=generator.device
+            )
+            size = min(int(drawn), count - start)
+            if size < self.min_chunk_size:  # a short remainder is hard to fill in: dropped (lines 559-562)
+                break
+            out.append((start, start + size))
+            start += size
+        return out
+
+    def hint_canvas(
+        self, reference: list[int], length: int, ratio: float, mask_id: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row's completion canvas [L] (MASK but for the hints) and its hint mask [L] bool, from the worked
+        solution's token ids and the row's hint ratio (the class docstring; lines 501-640)."""
+        tokens = torch.full((length,), mask_id, dtype=torch.long)
+        hint = torch.zeros(length, dtype=torch.bool)
+        usable = max(0, length - FREE_TAIL)
+        if not reference or usable == 0:
+            return tokens, hint
+        stretch = min(MAX_STRETCH, max(1.0, usable / len(reference)))
+        kept = reference[:usable]
+        chunks = self.chunks(len(kept), generator)
+        hidden_count = int(len(chunks) * (1 - ratio))
+        hidden: set[int] = set()
+        if hidden_count > 0:
+            hidden = set(
+                torch.randperm(len(chunks), generator=generator, device=generator.device)[:hidden_count].tolist()
+            )
+        last = len(chunks) - 1
+        shown = [c for k, c in enumerate(chunks) if k not in hidden or (self.reveal_last_chunk and k == last)]
+        for (lo, _), (start, end) in zip(shown, place_chunks(shown, usable, stretch, self.max_spacing), strict=False):
+            tokens[start:end] = torch.tensor(kept[lo : lo + end - start])
+            hint[start:end] = True
+        return tokens, hint
+
+    def replacements(self, accepted: torch.Tensor, generator: torch.Generator) -> list[int]:
+        """Which of a group's hinted rows (``accepted`` [G] bool: the grader's verdicts) replace its rows 0, 1, ...:
+        all accepted ones up to ``max_replacements``, beyond that a random choice in random order (lines
+        1573-1585)."""
+        correct = accepted.nonzero().flatten().cpu()
+        if len(correct) > self.max_replacements:
+            order = torch.randperm(len(correct), generator=generator, device=generator.device).cpu()
+            correct = correct[order[: self.max_replacements]]
+        return correct.tolist()
+
+
+def place_chunks(shown: list[tuple[int, int]], usable: int, stretch: float, max_spacing: int) -> list[tuple[int, int]]:
+    """Where the shown chunks [lo, hi) of a worked solution go in the canvas, [start, end) each, in order
+    (``scale_chunk_positions``, generate.py lines 671-724, and the placement, lines 613-637): the first at
+    int(lo * stretch), each next one after the previous one's end with the original gap stretched, int(gap *
+    stretch), capped at ``max_spacing``; a chunk running past ``usable`` is cut there; a chunk starting at or
+    beyond it, and every later one, is dropped (so fewer places than chunks may come back)."""
+    placed: list[tuple[int, int]] = []
+    end = 0
+    for k, (lo, hi) in enumerate(shown):
+        start = int(lo * stretch) if k == 0 else end + min(int((lo - shown[k - 1][1]) * stretch), max_spacing)
+        if start >= usable:
+            break
+        end = min(start + hi - lo, usable)
+        placed.append((start, end))
+    return placed
+
+
+def all_wrong_groups(correct: torch.Tensor, size: int) -> torch.Tensor:
+    """The groups [n] (long, ascending) none of whose ``size`` completions the grader accepts: ``correct`` [rows]
+    bool, rows grouped contiguously (IGPO's trigger, ``trainer_igpo.py`` lines 1281-1286 and 1420-1422)."""
+    return (~correct.bool().view(-1, size)).all(dim=1).nonzero().flatten().cpu()
+
+
 __all__ = [
     "ROLLOUTS",
     "EntropySteps",
     "EoserAss",
+    "Feedback",
+    "HintInjection",
     "Independent",
     "Rollout",
     "RolloutScheme",
@@ -579,5 +806,7 @@ __all__ = [
     "TokenEntropies",
     "TreeBranches",
     "TreeRecords",
+    "all_wrong_groups",
+    "place_chunks",
     "tree_bounds",
 ]

@@ -86,10 +86,10 @@ class DecodeState:
 
     Why: a rollout tree (d-TreeRPO) branches one partial state into several continuations, and hint injection
     (IGPO) edits a canvas before decoding goes on; both need to start the sampler mid-run. Exact full-attention
-    decoding reads nothing else across steps (the transfer quotas and EOS factors depend only on the settings
-    and the step, and a full forward has no cache), so continuing from here with a generator in state
-    ``rng_state`` draws what the uninterrupted run drew, bitwise. The tensors are the state's own copies; resuming
-    never writes into them.
+    decoding reads nothing else across steps (a block's transfer quota is read back from the canvas and
+    ``unmask_step``, :func:`_block_quota`, the EOS factors depend only on the settings and the step, and a full
+    forward has no cache), so continuing from here with a generator in state ``rng_state`` draws what the
+    uninterrupted run drew, bitwise. The tensors are the state's own copies; resuming never writes into them.
     """
 
     sequences: torch.Tensor  # [B, P+L] the canvas before step ``step``'s commits: prompt (left-padded) + completion
@@ -414,13 +414,31 @@ def eos_factors(settings: FullDecode) -> list[float] | None:
 
 def _step_plan(settings: FullDecode) -> list[tuple[int, slice, list[int]]]:
     """The blocks of the canvas in decoding order: each one's first global step, its columns of the completion and
-    its tokens to commit per step. Every row's block is all MASK at its start, so one schedule serves every row."""
+    its tokens to commit per step on an all-MASK block (a block holding fixed tokens: :func:`_row_quotas`)."""
     length, block = settings.max_completion_length, settings.block_length
     if settings.schedule == "ascending":
         return [(0, slice(0, length), ascending_schedule(length, settings.steps))]
     per_block = settings.steps // settings.num_blocks
     quota = transfer_schedule(torch.tensor([block]), per_block)[0].tolist()
     return [(j * per_block, slice(j * block, (j + 1) * block), quota) for j in range(settings.num_blocks)]
+
+
+def _row_quotas(
+    settings: FullDecode,
+    schedule: list[int],
+    block: torch.Tensor,
+    block_steps: torch.Tensor,
+    mask_id: int,
+    first_step: int,
+) -> torch.Tensor:
+    """Each row's tokens to commit per step of one block, [B, steps]. The even split counts only the positions that
+    were MASK when the block started (:func:`_block_quota`, as LLaDA's ``get_num_transfer_tokens``), so a canvas
+    with fixed tokens (IGPO's hints) spreads only what is left to decode; the ascending schedule is CJ-GRPO's
+    fixed 1, 2, 4, ... for every row, as its authors' ``get_num_transfer_tokens_ass`` (their canvases are all
+    MASK). On an all-MASK block both are ``schedule`` itself."""
+    if settings.schedule == "ascending":
+        return torch.tensor(schedule, device=block.device).expand(block.shape[0], -1)
+    return _block_quota(block, block_steps, mask_id, first_step, len(schedule))
 
 
 def _top_by_confidence(confidence: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -464,6 +482,22 @@ def _commit(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A block's state and unmask steps after writing the selected tokens, committed at ``step_index``."""
     return torch.where(selected, tokens, state), steps.masked_fill(selected, step_index)
+
+
+def _block_quota(
+    block: torch.Tensor, block_steps: torch.Tensor, mask_id: int, first_step: int, steps_per_block: int
+) -> torch.Tensor:
+    """Each row's tokens to commit per step of one block, [B, steps_per_block]: :func:`transfer_schedule` of the
+    positions that were MASK when the block started, i.e. those still MASK in ``block`` [B, b] or committed by this
+    block's own steps (``block_steps`` >= ``first_step``; a resumed decode may enter a block mid-way).
+
+    LLaDA's ``get_num_transfer_tokens`` counts the block's masked positions, so a canvas whose block already holds
+    fixed tokens (IGPO's hints, ``facebookresearch/igpo: utils/generate.py`` lines 848-858) spreads only the
+    positions left to decode over the block's steps; on the all-MASK canvas of a plain decode every row counts b,
+    the schedule of every row is the same, and so are the numbers.
+    """
+    started_masked = (block == mask_id) | (block_steps >= first_step)
+    return transfer_schedule(started_masked.sum(dim=1), steps_per_block)
 
 
 def _with_completion(
@@ -620,7 +654,9 @@ def _stopped_rows(completion: torch.Tensor, stop_ids: torch.Tensor, mask_id: int
     return has_stop & ~undecided
 
 
-def _select_by_factor(confidence: torch.Tensor, masked: torch.Tensor, quota: int, factor: float) -> torch.Tensor:
+def _select_by_factor(
+    confidence: torch.Tensor, masked: torch.Tensor, quota: torch.Tensor, factor: float
+) -> torch.Tensor:
     """Fast-dLLM's factor rule (arXiv:2505.22618, ``get_transfer_index_dynamic``): commit the n most confident
     masked positions, n the longest run of the ranked confidences with ``c_(i) >= 1 - factor / (i + 1)``
     (i = 1, 2, ...): the more tokens are committed at once, the more confident each one must be. At least the
@@ -737,11 +773,12 @@ def llada_generate(
     ctx = _FullContext(model, x, key_valid, mask, cache, cfg_scale)
     ctx.keep_full = observer is not None
     states: dict[int, DecodeState] = {}
-    for offset, cols, quota in _step_plan(settings):
-        if offset + len(quota) <= first:
+    for offset, cols, schedule in _step_plan(settings):
+        if offset + len(schedule) <= first:
             continue  # a block finished before the state resumed from
         span = slice(prompt_len + cols.start, prompt_len + cols.stop)
-        for i in range(max(first - offset, 0), len(quota)):
+        quota = _row_quotas(settings, schedule, x[:, span], unmask_step[:, cols], model.mask_id, offset)
+        for i in range(max(first - offset, 0), len(schedule)):
             index = offset + i
             if index in snapshots:
                 states[index] = _snapshot(x, unmask_step, index, generator)
@@ -759,9 +796,9 @@ def llada_generate(
             else:
                 confidence = torch.rand(tokens.shape, generator=generator, dtype=torch.float64, device=x.device)
             if strategy == "factor":
-                selected = _select_by_factor(confidence, masked, quota[i], factor)
+                selected = _select_by_factor(confidence, masked, quota[ctx.rows, i], factor)
             else:
-                selected = _select_block(confidence, masked, quota[i], strategy, threshold)
+                selected = _select_block(confidence, masked, quota[ctx.rows, i], strategy, threshold)
             if observer is not None:
                 assert ctx.full_logits is not None
                 observer(DecodeStep(index, ctx.rows, x[ctx.rows], ctx.full_logits, logits, selected, span, tokens))
@@ -888,11 +925,11 @@ def _sample_block(
 def _select_block(
     confidence: torch.Tensor,
     masked: torch.Tensor,
-    quota: int,
+    quota: int | torch.Tensor,
     strategy: str,
     threshold: float,
 ) -> torch.Tensor:
-    """Positions to commit in each row's block.
+    """Positions to commit in each row's block (``quota``: one for every row, or [R] each row's own).
 
     static: the top-``quota`` masked positions by confidence. dynamic: every masked position with confidence
     > threshold, unless that is fewer than the quota, then the top-quota ones. The quota is capped by the

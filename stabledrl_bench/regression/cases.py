@@ -12,7 +12,8 @@ group       a case and what it records
             advantage rule, estimator (masks from a keyed generator) and loss against fixed, deterministic shifts
             of the rollout and reference estimates; loss, metrics, gradient. ``estimator:<name>@<attention>``: each
             registered estimator's values on the same rollouts. A method whose rollout records more (EGSPO's chosen
-            steps and prediction rewards) gets fixed stand-ins for those records (``stand_in_records``).
+            steps and prediction rewards, IGPO's hint positions) gets fixed stand-ins for those records
+            (``stand_in_records``).
 ``sft``     ``<attention>``: 3 SFT steps (loss, gradient norm, learning rate) and the weights after them.
             ``warm-start:<table>-<task>``: the first 3 steps of the tiny preset's own warm start of a task (every
             task of table 1's, Sudoku of table 2's with the block model; the built-in tiny model drawn from seed
@@ -26,8 +27,9 @@ group       a case and what it records
 ==========  =====================================================================================================
 
 A method installed through the ``stabledrl_bench.baselines`` entry point gets ``rl`` and ``forced`` cases like the
-built-ins (``regress --baselines NAME``). A method or estimator that refuses a kind of model records that refusal
-as its value (``unsupported``), so a change in what it supports is caught too.
+built-ins (``regress --baselines NAME``). The ``rl`` cases train on Sudoku, except a method whose rollout needs
+worked solutions (IGPO's hints), which trains on GSM8K (:data:`RL_TASKS`). A method or estimator that refuses a kind
+of model records that refusal as its value (``unsupported``), so a change in what it supports is caught too.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from stabledrl_bench.core.baseline import BASELINES, LossInputs, build_baseline,
 from stabledrl_bench.core.estimators import ESTIMATORS, Estimate, SequenceBatch, build_estimator
 from stabledrl_bench.core.rollouts import (
     EntropySteps,
+    HintInjection,
     RolloutScheme,
     StepPredictions,
     TokenEntropies,
@@ -143,6 +146,10 @@ def loss_input_values(inputs: LossInputs) -> dict[str, Value]:
 VOLATILE = frozenset({"seconds", "step"})  # wall time; the step is the row's name
 
 
+# The golden task of a method whose rollout needs worked solutions (Sudoku has none): GSM8K's training answers.
+RL_TASKS = {"igpo": "gsm8k"}
+
+
 def rl_config(workdir: Path, baseline: str, model: str, **overrides: Any):
     """The golden RL run's TrainConfig (``overrides``: other values of its fields, for the invariance classes)."""
     from stabledrl_bench.training.config import TrainConfig
@@ -150,7 +157,7 @@ def rl_config(workdir: Path, baseline: str, model: str, **overrides: Any):
     fields: dict[str, Any] = dict(
         baseline=baseline,
         baseline_options=GOLDEN_OPTIONS.get(baseline, {}),
-        task=TASK,
+        task=RL_TASKS.get(baseline, TASK),
         model=str(fixtures.materialise(model, workdir)),
         protocol=PROTOCOL,
         train_split=SPLIT,
@@ -220,11 +227,14 @@ def stand_in_records(scheme: RolloutScheme, batch: SequenceBatch, rewards: torch
     default scheme). ``entropy_steps`` (EGSPO): its ``num_steps`` steps by the ``uniform`` rule over the rollouts'
     steps (entropies are not committed), and prediction rewards moved from each completion's reward by a fixed
     pattern of offsets in [-0.5, 0.5] (so the stepwise advantages differ from step to step). ``step_predictions``
-    (MDPO): see :func:`step_prediction_stand_ins`. ``tree_branches`` (d-TreeRPO): :func:`tree_stand_ins`."""
+    (MDPO): see :func:`step_prediction_stand_ins`. ``tree_branches`` (d-TreeRPO): :func:`tree_stand_ins`.
+    ``hint_injection`` (IGPO): :func:`hint_stand_ins`."""
     if isinstance(scheme, StepPredictions):
         return step_prediction_stand_ins(batch, rewards)
     if isinstance(scheme, TreeBranches):
         return tree_stand_ins(scheme, batch)
+    if isinstance(scheme, HintInjection):
+        return hint_stand_ins(batch)
     if isinstance(scheme, TokenEntropies):  # AGRPO's entropy rule: a fixed pattern of entropies in [1/8, 1]
         index = torch.arange(batch.completion_ids.numel()).reshape(batch.completion_ids.shape)
         return {"token_entropy": ((index * 3 + 1) % 8 + 1).to(torch.float64) / 8}
@@ -235,6 +245,15 @@ def stand_in_records(scheme: RolloutScheme, batch: SequenceBatch, rewards: torch
     k = scheme.num_steps
     steps = dataclasses.replace(scheme, selection="uniform").choose(torch.zeros(rows, total), torch.Generator())
     return {"steps": steps, "prediction_rewards": rewards[:, None] - _offsets(rows, k, rewards.dtype)}
+
+
+def hint_stand_ins(batch: SequenceBatch) -> dict[str, torch.Tensor]:
+    """IGPO's records as fixed stand-ins for the committed rollouts (decoded without hints): every other row a
+    hinted completion, its hints at the positions of a fixed pattern (two of every five)."""
+    rows, length = batch.completion_ids.shape
+    index = torch.arange(rows)[:, None] * 3 + torch.arange(length)[None, :]
+    hint_mask = (index % 5 < 2) & (torch.arange(rows)[:, None] % 2 == 0)
+    return {"hint_mask": hint_mask, "hinted": hint_mask.any(dim=1)}
 
 
 def _offsets(rows: int, columns: int, dtype: torch.dtype) -> torch.Tensor:
@@ -324,6 +343,8 @@ def run_estimator(workdir: Path, estimator: str, attention: str) -> Observation:
         records["advantages"] = records["prediction_rewards"]
     if estimator == "tree_transitions":  # d-TreeRPO's: its golden tree over the committed rollouts
         records = tree_stand_ins(build_baseline("dtreerpo", **GOLDEN_OPTIONS["dtreerpo"]).rollout(), fixed.batch)
+    if estimator == "igpo_one_step":  # IGPO's: the positions of injected hints, whose entropies it ranks
+        records = hint_stand_ins(fixed.batch)
     batch = dataclasses.replace(fixed.batch, records=records)
     try:
         bound = build_estimator(estimator).for_attention(attention).bind(dlm, block_length=GOLDEN_BUDGET.block_length)

@@ -43,10 +43,11 @@ from stabledrl_bench.core.baseline import Baseline, LossInputs, bound_estimator,
 from stabledrl_bench.core.estimators import ESPOElbo, Estimate, Estimator, SequenceBatch
 from stabledrl_bench.core.losses import anchor_kl
 from stabledrl_bench.core.models import DiffusionLM
+from stabledrl_bench.core.rollouts import Feedback
 from stabledrl_bench.errors import UserError, on_interrupt, require_folder
 from stabledrl_bench.processes import gather_lists, keyed_generator, process_state, require_shared_folder
 from stabledrl_bench.reporting.curves import plot_curves
-from stabledrl_bench.tasks import REWARD_PROFILES, get_task
+from stabledrl_bench.tasks import REWARD_PROFILES, Task, get_task
 from stabledrl_bench.training.assembly import load_policy, prepare_models
 from stabledrl_bench.training.checkpoint import (
     exclusive,
@@ -146,6 +147,11 @@ class RLTrainer:
         self.baseline = build_baseline(cfg.baseline, **cfg.baseline_options)
         self.baseline.require_groups(cfg.budget.num_generations)
         self.scheme = self.baseline.rollout()
+        if self.scheme.needs_references and type(self.task).worked_solution is Task.worked_solution:
+            raise UserError(
+                f"the {self.scheme.name} rollout ({cfg.baseline}) draws hints from the prompts' worked solutions, and "
+                f"task {cfg.task!r} carries none (GSM8K's answers do)"
+            )
         self.grad_accum = accumulation_steps(cfg.budget.prompts_per_step, cfg.per_device_prompts)
         self.baseline.require_micro_batches(cfg.budget.prompts_per_step // cfg.per_device_prompts)
         # accelerate's own accumulation (no_sync under DDP, the engine under DeepSpeed)
@@ -267,10 +273,12 @@ class RLTrainer:
                 prefill=specs[0].prefill,
                 max_prompt_length=budget.max_prompt_length,
             )
-            with self.acc.autocast():
-                out = self.scheme.sample(self.dlm, prompt_ids, prompt_mask, self.decode, rollout_gen)
-            texts = self.dlm.decode(out.completion_ids)
             doc_rows = [doc for doc in chunk for _ in range(budget.num_generations)]
+            with self.acc.autocast():
+                out = self.scheme.sample_with_feedback(
+                    self.dlm, prompt_ids, prompt_mask, self.decode, rollout_gen, self._feedback(doc_rows)
+                )
+            texts = self.dlm.decode(out.completion_ids)
             # the whole chunk at once: math tasks check it concurrently on every math-verify worker
             results = self.task.reward_many(texts, doc_rows, cfg.reward_profile)
             records = self._batch_records(out.records, doc_rows)
@@ -301,6 +309,29 @@ class RLTrainer:
             )
         self.dlm.model.train(was_training)
         return sampled
+
+    def _feedback(self, doc_rows: list[dict[str, Any]]) -> Feedback:
+        """What a rollout scheme may ask about one micro-batch's rows while it draws them (``rollouts.Feedback``): the
+        task grader's verdicts, and each prompt's worked solution written as a completion in the run's protocol
+        (``Task.target_completion``), tokenized as the completions are. Nothing is graded or tokenized unless the
+        scheme asks (the default scheme never does)."""
+
+        def correct(rows: torch.Tensor, completion_ids: torch.Tensor) -> torch.Tensor:
+            docs = [doc_rows[row] for row in rows.tolist()]
+            grades = self.task.grade_many(self.dlm.decode(completion_ids), docs)
+            return torch.tensor([grade.correct for grade in grades], dtype=torch.bool)
+
+        def reference(row: int) -> list[int]:
+            doc = doc_rows[row]
+            if self.task.worked_solution(doc) is None:
+                raise UserError(
+                    f"{doc.get('doc_id', 'a prompt')} carries no worked solution to draw hints from (the "
+                    f"{self.scheme.name} rollout needs one for every training prompt; GSM8K's answers have one)"
+                )
+            text = self.task.target_completion(doc, self.cfg.protocol)
+            return list(self.dlm.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        return Feedback(self.budget.num_generations, correct, reference)
 
     def _batch_records(self, records: Mapping[str, Any], doc_rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """What a rollout scheme recorded per completion (tensors of one row each), for the estimator and the
