@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from stabledrl_bench.core.logprobs import chosen_token_logps
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.errors import UserError
@@ -287,11 +288,6 @@ def _content_uniform(batch: SequenceBatch, shape: tuple[int, ...], device: torch
     return torch.stack(rows) if rows else torch.zeros((0, *shape), dtype=torch.float64, device=device)
 
 
-def _log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for low-precision models (as every official code does), float64 for float64 models."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _block_ids(length: int, block_size: int | None, device: torch.device) -> torch.Tensor:
     """Block index of each completion position (all 0 when there are no blocks)."""
     pos = torch.arange(length, device=device)
@@ -400,8 +396,7 @@ class Estimator(ABC):
             hi = min(lo + step, rows)
             pos = None if position_ids is None else position_ids[lo:hi]
             logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos)[:, read_start : read_start + length]
-            logp = torch.log_softmax(logits.to(_log_prob_dtype(logits.dtype)), dim=-1)
-            chunk = logp.gather(-1, targets[lo:hi].unsqueeze(-1)).squeeze(-1)
+            chunk = chosen_token_logps(logits, targets[lo:hi])
             if i < len(starts):
                 out.append(chunk)
             else:
