@@ -43,7 +43,14 @@ from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm
 from stabledrl_bench.core.models.convert import save_tiny_as
-from stabledrl_bench.experiments.plan import ACTIVATION_VALUES_OUTSIDE_BLOCKS, Method, Shape, phase_forwards, plan
+from stabledrl_bench.experiments.plan import (
+    ACTIVATION_VALUES_OUTSIDE_BLOCKS,
+    LOGITS_ROW,
+    Method,
+    Shape,
+    phase_forwards,
+    plan,
+)
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.processes import process_state
 from stabledrl_bench.training.config import TrainConfig
@@ -239,7 +246,7 @@ def compared(result: dict, forward_peak_ddp: float | None) -> list[tuple[str, fl
     grads = _snapshot(record, "POST_BW")["GRAD"]  # every gradient, in its final (sharded) form
     if result["config"] == "ddp":  # views into DDP's buckets (gradient_as_bucket_view), made before the tracker
         grads += record["ddp_buckets"]
-    logits = planned["logits (+ fp32 log-probs and grad)"]
+    logits = planned[LOGITS_ROW]
     activations = planned["activations, checkpointing on" if on else "activations, checkpointing off"]
     if on:  # the forward pass saves the blocks' inputs; the one block recomputed in backward is not seen there
         activations -= block_activation_bytes(result)
