@@ -144,9 +144,11 @@ def planned_logits(args: argparse.Namespace) -> dict[str, float]:
 
 
 def when() -> dict:
+    from stabledrl_bench.reporting.provenance import cpu_model
+
     return {
         "utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
-        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores), {platform.processor() or 'unknown'}",
+        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores), {cpu_model() or 'model unknown'}",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "load": [round(value, 2) for value in os.getloadavg()],
