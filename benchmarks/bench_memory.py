@@ -24,10 +24,8 @@ norm of both steps (the same on both sides: the change moves no number). The pla
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "stabledrl_bench"  # what a side measures: the code under it
 VOCAB = 126_464  # LLaDA-8B's vocabulary
 CATEGORIES = ("PARAM", "GRAD", "OPT", "ACT", "TEMP")
 
@@ -143,34 +142,22 @@ def planned_logits(args: argparse.Namespace) -> dict[str, float]:
     return {"before": before, "after": logits_bytes(args.rows, args.prompt + args.length, args.length, VOCAB, compute)}
 
 
-def when() -> dict:
-    from stabledrl_bench.reporting.provenance import cpu_model
-
-    return {
-        "utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
-        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores), {cpu_model() or 'model unknown'}",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "load": [round(value, 2) for value in os.getloadavg()],
-    }
-
-
 def write_report(result: dict, out: str) -> str:
     """The markdown report of one before/after pair."""
+    from bench_plan import when_line
+
     from stabledrl_bench.atomic import atomic_write_text
 
-    args, before, after, stamp = result["args"], result["before"], result["after"], result["when"]
+    args, before, after = result["args"], result["before"], result["after"]
     mib = 2**20
-    load = " / ".join(f"{value:.2f}" for value in stamp["load"])
     compute = "the forward under bf16 autocast" if args["bf16"] else "float32 compute"
     checkpointing = "on" if args["checkpointing"] else "off"
     lines = [
         "# One RL step's peak memory with LLaDA's vocabulary, before and after chosen-token log-probs by spans",
         "",
-        f"Written by `benchmarks/bench_memory.py` on {stamp['utc']} UTC on an {stamp['machine']}, Python "
-        f"{stamp['python']}, torch {stamp['torch']}, one thread per process, load average {load} (1 / 5 / 15 min) "
-        "when it ended. Memory is counted by torch's `MemTracker` (tensor storages, not the allocator's pages), so it "
-        "does not depend on the load.",
+        f"Written by `benchmarks/bench_memory.py`, measured {when_line(result['when'])}; one thread per process. "
+        "Memory is counted by torch's `MemTracker` (tensor storages, not the allocator's pages), so it does not depend "
+        "on the load.",
         "",
         f"Model: the LLaDA layout of `bench_plan.py`'s `{args['size']}` decoder blocks with LLaDA's vocabulary "
         f"({VOCAB:,} entries): {after['parameters']:,} parameters, float32, {compute}. One micro-batch of GRPO "
@@ -213,7 +200,7 @@ def git(*args: str) -> str:
 
 
 def main() -> int:
-    from bench_plan import SIZES
+    from bench_plan import SIZES, when
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="the commit to measure as 'before' (e.g. 1582c18)")
@@ -238,7 +225,8 @@ def main() -> int:
     result = {
         "args": vars(args),
         "before_rev": git("rev-parse", "--short", args.before),
-        "after_rev": git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain") else ""),
+        "after_rev": git("rev-parse", "--short", "HEAD")
+        + ("+changes" if git("status", "--porcelain", PACKAGE) else ""),
         "before": before,
         "after": after,
         "planned_logits": planned_logits(args),

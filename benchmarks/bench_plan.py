@@ -53,6 +53,7 @@ from stabledrl_bench.experiments.plan import (
 )
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.processes import process_state
+from stabledrl_bench.reporting.provenance import cpu_model
 from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import RLTrainer
@@ -284,14 +285,14 @@ def when() -> dict:
     """When and where a measurement was made (a report may gather measurements of several days: --from-json)."""
     return {
         "utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
-        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores)",
+        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores{', ' + cpu_model() if cpu_model() else ''})",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "load": [round(value, 2) for value in os.getloadavg()],
     }
 
 
-def _when_line(stamp: dict) -> str:
+def when_line(stamp: dict) -> str:
     load = " / ".join(f"{value:.2f}" for value in stamp["load"])
     return (
         f"{stamp['utc']} UTC on an {stamp['machine']}, Python {stamp['python']}, torch {stamp['torch']}, load average "
@@ -301,7 +302,7 @@ def _when_line(stamp: dict) -> str:
 
 def write_report(results: list[dict], out: str) -> str:
     """The markdown report: conditions, then per size, config and checkpointing the plan against the measurement."""
-    stamps = {_when_line(result["when"]): None for result in results}
+    stamps = {when_line(result["when"]): None for result in results}
     lines = [
         "# check-model's plan against a measured RL step",
         "",
@@ -342,7 +343,7 @@ def write_report(results: list[dict], out: str) -> str:
             f"{shape['hidden']}, MLP {shape['mlp']}, {shape['attention']} attention), {result['config']}, "
             f"checkpointing {on}"
         )
-        lines += ["", f"Measured {_when_line(result['when'])}.", ""]
+        lines += ["", f"Measured {when_line(result['when'])}.", ""]
         if result["config"] == "fsdp" and _ddp_twin(results, result) is None:
             lines += ["No DDP run of this size and checkpointing to subtract, so no gathered-blocks row.", ""]
         lines += ["| | planned | measured | measured / planned |", "|---|---:|---:|---:|"]
