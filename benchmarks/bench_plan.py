@@ -43,9 +43,17 @@ from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.models import build_tiny, load_diffusion_lm
 from stabledrl_bench.core.models.convert import save_tiny_as
-from stabledrl_bench.experiments.plan import ACTIVATION_VALUES_OUTSIDE_BLOCKS, Method, Shape, phase_forwards, plan
+from stabledrl_bench.experiments.plan import (
+    ACTIVATION_VALUES_OUTSIDE_BLOCKS,
+    LOGITS_ROW,
+    Method,
+    Shape,
+    phase_forwards,
+    plan,
+)
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.processes import process_state
+from stabledrl_bench.reporting.provenance import cpu_model
 from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.trainer import RLTrainer
@@ -239,7 +247,7 @@ def compared(result: dict, forward_peak_ddp: float | None) -> list[tuple[str, fl
     grads = _snapshot(record, "POST_BW")["GRAD"]  # every gradient, in its final (sharded) form
     if result["config"] == "ddp":  # views into DDP's buckets (gradient_as_bucket_view), made before the tracker
         grads += record["ddp_buckets"]
-    logits = planned["logits (+ fp32 log-probs and grad)"]
+    logits = planned[LOGITS_ROW]
     activations = planned["activations, checkpointing on" if on else "activations, checkpointing off"]
     if on:  # the forward pass saves the blocks' inputs; the one block recomputed in backward is not seen there
         activations -= block_activation_bytes(result)
@@ -277,14 +285,14 @@ def when() -> dict:
     """When and where a measurement was made (a report may gather measurements of several days: --from-json)."""
     return {
         "utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
-        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores)",
+        "machine": f"{platform.machine()} CPU ({os.cpu_count()} cores{', ' + cpu_model() if cpu_model() else ''})",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "load": [round(value, 2) for value in os.getloadavg()],
     }
 
 
-def _when_line(stamp: dict) -> str:
+def when_line(stamp: dict) -> str:
     load = " / ".join(f"{value:.2f}" for value in stamp["load"])
     return (
         f"{stamp['utc']} UTC on an {stamp['machine']}, Python {stamp['python']}, torch {stamp['torch']}, load average "
@@ -294,7 +302,7 @@ def _when_line(stamp: dict) -> str:
 
 def write_report(results: list[dict], out: str) -> str:
     """The markdown report: conditions, then per size, config and checkpointing the plan against the measurement."""
-    stamps = {_when_line(result["when"]): None for result in results}
+    stamps = {when_line(result["when"]): None for result in results}
     lines = [
         "# check-model's plan against a measured RL step",
         "",
@@ -335,7 +343,7 @@ def write_report(results: list[dict], out: str) -> str:
             f"{shape['hidden']}, MLP {shape['mlp']}, {shape['attention']} attention), {result['config']}, "
             f"checkpointing {on}"
         )
-        lines += ["", f"Measured {_when_line(result['when'])}.", ""]
+        lines += ["", f"Measured {when_line(result['when'])}.", ""]
         if result["config"] == "fsdp" and _ddp_twin(results, result) is None:
             lines += ["No DDP run of this size and checkpointing to subtract, so no gathered-blocks row.", ""]
         lines += ["| | planned | measured | measured / planned |", "|---|---:|---:|---:|"]

@@ -10,7 +10,7 @@ from conftest import SMALL
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.models import build_tiny
-from stabledrl_bench.experiments.plan import SHAPES, GiB, Shape, plan, sampling_forwards, table_plan
+from stabledrl_bench.experiments.plan import LOGITS_ROW, SHAPES, GiB, Shape, plan, sampling_forwards, table_plan
 from stabledrl_bench.experiments.presets import presets
 from stabledrl_bench.tasks import get_task
 
@@ -56,7 +56,10 @@ def test_memory_disk_and_time_by_hand(dlm, shape):
     assert memory["ddp"]["activations, checkpointing on"] == pytest.approx(
         (layers * 2 * rows * tokens * hidden + per_layer + outside) / GiB
     )
-    assert memory["ddp"]["logits (+ fp32 log-probs and grad)"] == pytest.approx(rows * 256 * dlm.vocab_size * 10 / GiB)
+    # bf16 logits of all 512 positions and the copy of the 256 scored ones kept for the backward pass (2 bytes each),
+    # and one 256-position span's float32 log-softmax, incoming gradient and log-softmax gradient (3 x 4 bytes)
+    logits = rows * (512 + 256) * dlm.vocab_size * 2 + 3 * 4 * 256 * dlm.vocab_size
+    assert memory["ddp"][LOGITS_ROW] == pytest.approx(logits / GiB)
     assert report["disk (GiB)"]["checkpoint (fp32 weights + AdamW, all shards)"] == pytest.approx(12 * p / GiB)
     # FLOPs: sampling 128 forwards of every completion, the old-policy estimate, mu x (forward + backward with
     # recomputation: 1 + 3), over 8 GPUs at 100 TFLOP/s

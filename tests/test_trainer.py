@@ -115,6 +115,34 @@ def test_gradient_checkpointing_gives_the_same_step(small_models, tmp_path):
     assert all(torch.allclose(pa[k], pb[k], rtol=0, atol=1e-6) for k in pa)
 
 
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_no_activation_is_alive_when_the_optimizer_steps(small_models, tmp_path, checkpointing):
+    """The backward pass frees the loss's graph, recomputed blocks included: when AdamW steps, what is left of the
+    forward passes (torch's MemTracker: storages made in a forward or a recomputation and still alive) is smaller
+    than one hidden-state tensor of a micro-batch, i.e. per-token values at most (the loss and the estimates)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    budget = small_budget(prompts_per_step=1)  # one micro-batch: MemTracker follows one forward of a module a step
+    trainer = RLTrainer(_config(small_models["full"], tmp_path, budget=budget, gradient_checkpointing=checkpointing))
+    micro_batches, _ = trainer.rollout()
+    tracker = MemTracker()
+    tracker.track_external(trainer.optimizer.optimizer, trainer.train_dlm.model)
+    alive: list[int] = []
+
+    def at_step(*_) -> None:
+        (current,) = tracker.get_tracker_snapshot("current").values()
+        alive.append(next(value for key, value in current.items() if getattr(key, "name", key) == "ACT"))
+
+    handle = trainer.optimizer.optimizer.register_step_pre_hook(at_step)
+    with tracker:
+        trainer.optimizer_step(micro_batches, 0)
+    handle.remove()
+    rows, prompt = micro_batches[-1].batch.prompt_ids.shape
+    hidden_state = 4 * rows * (prompt + micro_batches[-1].batch.completion_ids.shape[1]) * SMALL["hidden_size"]
+    assert len(alive) == 1
+    assert alive[0] < hidden_state
+
+
 def test_block_model_uses_staircase_estimator(small_models, tmp_path):
     trainer = RLTrainer(_config(small_models["block"], tmp_path, "stabledrl"))
     assert type(trainer.estimator).name == "staircase_elbo"

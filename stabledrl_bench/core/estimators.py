@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from stabledrl_bench.core.logprobs import chosen_token_logps, log_prob_dtype
 from stabledrl_bench.core.masks import staircase_mask, staircase_position_ids
 from stabledrl_bench.core.registry import Registry, subclass_check
 from stabledrl_bench.core.rollouts import TreeRecords
@@ -304,11 +305,6 @@ def _content_uniform(batch: SequenceBatch, shape: tuple[int, ...], device: torch
     return torch.stack(rows) if rows else torch.zeros((0, *shape), dtype=torch.float64, device=device)
 
 
-def _log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for low-precision models (as every official code does), float64 for float64 models."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _block_ids(length: int, block_size: int | None, device: torch.device) -> torch.Tensor:
     """Block index of each completion position (all 0 when there are no blocks)."""
     pos = torch.arange(length, device=device)
@@ -414,7 +410,7 @@ class Estimator(ABC):
             position_ids,
             targets.shape[1],
             read_start,
-            lambda logp, rows: logp.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1),
+            lambda logits, rows: chosen_token_logps(logits, targets[rows]),
         )
 
     def _token_reads(
@@ -427,8 +423,10 @@ class Estimator(ABC):
         read_start: int,
         read: Callable[[torch.Tensor, slice], torch.Tensor],
     ) -> torch.Tensor:
-        """``read(logp, rows)`` of the log-softmax [r, L, V] at positions read_start .. read_start+L of each chunk of
-        rows (``micro_batch_size`` rows at a time), concatenated over the rows: [R, L, ...]."""
+        """``read(logits, rows)`` of the logits [r, L, V] at positions read_start .. read_start+L of each chunk of rows
+        (``micro_batch_size`` rows at a time), concatenated over the rows: [R, L, ...]. A read that needs only the
+        chosen tokens' log-probs takes them span by span (:func:`~stabledrl_bench.core.logprobs.chosen_token_logps`),
+        one that needs the whole distribution (IGPO's entropies) takes the log-softmax itself."""
         rows = input_ids.shape[0]
         step = self.micro_batch_size or max(rows, 1)
         starts = list(range(0, rows, step))
@@ -439,8 +437,7 @@ class Estimator(ABC):
             hi = min(lo + step, rows)
             pos = None if position_ids is None else position_ids[lo:hi]
             logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos)[:, read_start : read_start + length]
-            logp = torch.log_softmax(logits.to(_log_prob_dtype(logits.dtype)), dim=-1)
-            chunk = read(logp, slice(lo, hi))
+            chunk = read(logits, slice(lo, hi))
             if i < len(starts):
                 out.append(chunk)
             else:
@@ -536,8 +533,9 @@ class IGPOOneStep(Estimator):
             return Estimate(token_logp=logp, token_mask=mask)
         hint = hint.to(batch.completion_ids.device).bool()
 
-        def read(logp: torch.Tensor, rows: slice) -> torch.Tensor:
+        def read(logits: torch.Tensor, rows: slice) -> torch.Tensor:
             """The clean token's log-prob and, at the hint positions only, the entropy (0 elsewhere)."""
+            logp = torch.log_softmax(logits.to(log_prob_dtype(logits.dtype)), dim=-1)
             chosen = logp.gather(-1, batch.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
             entropy = torch.zeros_like(chosen)
             with torch.no_grad():

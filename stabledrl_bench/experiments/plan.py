@@ -8,10 +8,12 @@ launch config's sharding (under DDP the gradients are views into its all-reduce 
 prefetched, and part of a third: 2.8 as measured at 100M-400M parameters); activations count
 what a pre-norm, SiLU-gated decoder block (LLaDA, Dream, SDAR) saves for its backward pass, 11 x hidden + 4 x MLP
 width values per token in the compute dtype (attention by a fused kernel, so no tokens x tokens term; SDAR's
-per-head query/key norms add theirs), and 3 x hidden outside the blocks; logits are logits in the compute dtype
-plus float32 log-probabilities and their gradient; time is forward/backward FLOPs (2 x parameters per token
-forward, twice that backward, once more when recomputing; a block model samples with its key cache) divided by an
-assumed sustained throughput per GPU (``--tflops``, default 400 TFLOP/s, about 40% of an H100's dense bf16 peak).
+per-head query/key norms add theirs), and 3 x hidden outside the blocks; logits are those of every position of a
+row, which the model computes, and a copy of the scored positions' that the chosen tokens' log-probabilities keep for
+the backward pass, in the compute dtype, plus one span's float32 log-softmax and its backward
+(:func:`logits_bytes`); time is forward/backward FLOPs (2 x parameters per token forward, twice that backward, once
+more when recomputing; a block model samples with its key cache) divided by an assumed sustained throughput per GPU
+(``--tflops``, default 400 TFLOP/s, about 40% of an H100's dense bf16 peak).
 What each number assumes is printed beside it.
 
 Work is counted in *token-forwards* (one token through one forward pass; a backward pass counts two): sampling,
@@ -36,6 +38,7 @@ from typing import Any
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.estimators import Estimator, TraceReplay
+from stabledrl_bench.core.logprobs import SPAN_POSITIONS
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
@@ -53,6 +56,10 @@ CONFIGS = ("ddp", "fsdp", "deepspeed_zero2")
 ACTIVATION_VALUES_PER_HIDDEN = 11
 ACTIVATION_VALUES_PER_MLP = 4
 ACTIVATION_VALUES_OUTSIDE_BLOCKS = 3
+LOGITS_ROW = "logits (all + scored copy, by spans)"
+# Float32 tensors of one span that the backward of the log-probabilities holds at once (core/logprobs.py): its
+# log-softmax, the scattered incoming gradient and log-softmax's gradient.
+SPAN_FLOAT32_TENSORS = 3
 # FSDP2 holds the block it computes unsharded, and around its forward peak the next block's all-gather output and
 # its copy into the unsharded parameters (up to 3 blocks). Measured on 2 processes (benchmarks/bench_plan.py), with
 # / without activation checkpointing: LLaDA-20M 2.51 / 2.18, SDAR-20M 2.53 / 2.02, LLaDA-100M 2.76 / 2.60,
@@ -288,6 +295,21 @@ def eval_work(
     )
 
 
+def logits_bytes(rows: int, tokens: int, scored: int, vocab: int, compute_bytes: int) -> int:
+    """The logits' peak bytes in one forward and backward pass over ``rows`` rows of ``tokens`` positions whose last
+    ``scored`` are read (``core/logprobs.py``, measured by ``benchmarks/bench_memory.py``).
+
+    At the end of the forward pass the model's logits of every position (the prompt's too) and the copy of the scored
+    positions' kept for the backward pass exist together, in the compute dtype; in the backward pass that copy and its
+    gradient, then the gradient of every position, hold as much or less. One span's float32 tensors (at most
+    ``SPAN_POSITIONS`` positions of one row) come on top. Before the spans, the scored positions' float32
+    log-softmax and its gradient were kept instead: compute + 8 bytes per scored value, and the backward's peak
+    (12 bytes per scored value) above the forward's.
+    """
+    span = SPAN_FLOAT32_TENSORS * 4 * min(SPAN_POSITIONS, scored) * vocab
+    return rows * (tokens + scored) * vocab * compute_bytes + span
+
+
 # ------------------------------------------------------------------------------------------------- the plans
 def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) -> dict:
     """Memory per GPU under each shipped config, disk, and time of one ``baseline`` run of ``preset`` on
@@ -309,7 +331,7 @@ def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) 
         # each block's input, then one block recomputed at a time in the backward pass
         return shape.layers * per_value * shape.hidden + block_bytes + outside
 
-    logits = micro_rows * rows * budget.max_completion_length * shape.vocab * (compute_bytes + 8)
+    logits = logits_bytes(micro_rows * rows, tokens, budget.max_completion_length, shape.vocab, compute_bytes)
     configs = {}
     for config in CONFIGS:
         sharded = processes if config == "fsdp" else 1
@@ -333,7 +355,7 @@ def plan(shape: Shape, preset, *, processes: int, baseline: str, tflops: float) 
         rows_of_config = {**state, **extra}
         rows_of_config["activations, checkpointing on"] = activations(True)
         rows_of_config["activations, checkpointing off"] = activations(False)
-        rows_of_config["logits (+ fp32 log-probs and grad)"] = logits
+        rows_of_config[LOGITS_ROW] = logits
         total = sum(state.values()) + sum(extra.values()) + activations(preset.gradient_checkpointing) + logits
         rows_of_config["total with the preset's checkpointing"] = total
         configs[config] = {name: value / GiB for name, value in rows_of_config.items()}

@@ -1,0 +1,90 @@
+"""Log-probabilities of chosen tokens without a float32 log-softmax over the whole vocabulary at once.
+
+Every estimator needs log p(y_k) at each scored position k, a single number out of the vocabulary's V logits
+(126,464 for LLaDA). Taken as ``log_softmax(logits.float()).gather(...)``, a forward pass holds the float32
+log-softmax of every position of the micro-batch, and autograd keeps it (log-softmax's backward reads its
+output) until the backward pass: 4 bytes per position and vocabulary entry, twice the bf16 logits themselves; the
+backward then makes two more float32 tensors of that size (the scattered incoming gradient and log-softmax's).
+
+:func:`chosen_token_logps` computes the same numbers a span of positions at a time, keeping only the logits (in
+their own dtype) for the backward pass, which recomputes each span's log-softmax. Peers do the same: TRL's
+``selective_log_softmax`` (``trl/trainer/utils.py``) loops over rows to avoid the full log-softmax, and SDAR's
+fused linear cross-entropy goes further, never keeping the logits at all.
+
+Why a span's ``log_softmax`` and not ``gather(logits) - logsumexp(logits)``: log-softmax is computed row by row, so
+cutting the rows into spans gives every value and gradient bitwise what the whole tensor gives, whereas
+``logsumexp`` sums in another order (and rounds ``x - (max + log s)`` where log-softmax rounds ``(x - max) - log s``),
+which would move every pinned number by a few units in the last place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+# Positions per span: at LLaDA's vocabulary one span's float32 log-softmax is 256 x 126,464 x 4 B = 124 MiB, and its
+# backward holds about three such tensors at once.
+SPAN_POSITIONS = 256
+
+
+def log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for low-precision models (as every official code does), float64 for float64 models."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _spans(rows: int, length: int, span: int) -> Iterator[tuple[int, slice]]:
+    """(row, positions) pieces covering [rows, length], at most ``span`` positions each, never across rows (a
+    piece of one row is contiguous in any [rows, T, V] logits whose last two dimensions are)."""
+    for row in range(rows):
+        for start in range(0, length, span):
+            yield row, slice(start, min(start + span, length))
+
+
+def _span_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[targets] of one span [n, V] -> [n], in :func:`log_prob_dtype` of the logits."""
+    logp = torch.log_softmax(logits.to(log_prob_dtype(logits.dtype)), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+class _ChosenTokenLogps(torch.autograd.Function):
+    """Forward: each span's log-probabilities, its log-softmax freed at once. Saved: the logits and targets.
+    Backward: each span's log-softmax recomputed and differentiated by autograd itself (the same gather,
+    log-softmax and cast backward kernels as the whole tensor's graph, so the gradient is bitwise the same)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, span: int) -> torch.Tensor:
+        out = torch.empty(targets.shape, dtype=log_prob_dtype(logits.dtype), device=logits.device)
+        for row, cols in _spans(*targets.shape, span):
+            out[row, cols] = _span_logps(logits[row, cols], targets[row, cols])
+        if ctx.needs_input_grad[0]:  # a column slice of longer logits would keep them all alive: keep what is read
+            ctx.save_for_backward(logits.contiguous(), targets)
+        ctx.span = span
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, targets = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for row, cols in _spans(*targets.shape, ctx.span):
+            with torch.enable_grad():
+                piece = logits[row, cols].detach().requires_grad_()
+                (grad_piece,) = torch.autograd.grad(_span_logps(piece, targets[row, cols]), piece, grad[row, cols])
+            grad_logits[row, cols] = grad_piece
+        return grad_logits, None, None
+
+
+def chosen_token_logps(logits: torch.Tensor, targets: torch.Tensor, span: int = SPAN_POSITIONS) -> torch.Tensor:
+    """log softmax(logits)[targets]: [R, L] from logits [R, L, V] (any strides) and targets [R, L] (int64).
+
+    Bitwise ``torch.log_softmax(logits.to(log_prob_dtype(logits.dtype)), -1).gather(-1, targets[..., None])[..., 0]``
+    and its gradient, at a fraction of the memory: at most ``span`` positions' float32 log-softmax exist at a time
+    (forward and backward), and the backward pass keeps the logits in their dtype instead of the float32
+    log-softmax (module docstring).
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"logits [R, L, V] and targets [R, L], got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    if span < 1:
+        raise ValueError(f"span must be a positive number of positions, got {span}")
+    return _ChosenTokenLogps.apply(logits, targets, span)
