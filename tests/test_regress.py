@@ -132,7 +132,7 @@ def test_a_changed_optimizer_step_fails_sft_and_rl(pinned, monkeypatch, capsys) 
             group["eps"] *= 1e4
         return optimizer
 
-    for module in ("stabledrl_bench.training.sft", "stabledrl_bench.training.trainer"):
+    for module in ("stabledrl_bench.training.sft", "stabledrl_bench.training.assembly"):
         monkeypatch.setattr(f"{module}.build_optimizer", mutated)
     assert regress("--references", str(pinned), "--groups", "sft") == 1
     rows = failing_rows(capsys)

@@ -93,11 +93,58 @@ def test_ctrl_c_stops_every_job_through_its_interrupt_path(tmp_path: Path) -> No
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt) as caught:
-        run_graph(stages, 2, threads=1)
+    # a suite started in the background (`pytest &`) inherits SIGINT ignored: Python's own handler, as in a terminal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            run_graph(stages, 2, threads=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert rerun_notes(caught.value) == ["the waiting job resumes"]
     assert len(list(tmp_path.glob("cleaned-*"))) == 2
     assert not multiprocessing.active_children()
+
+
+PARENT = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import worker_jobs
+from stabledrl_bench.experiments.workers import WorkerPool
+pool = WorkerPool(1, 1)
+pool.submit("wait", worker_jobs.wait_for_stop, (sys.argv[1],), __import__("pathlib").Path("/dev/null"))
+print(pool._processes[0].pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_parent_killed_without_ctrl_c_takes_its_workers_with_it(tmp_path: Path) -> None:
+    """A parent killed outright (SIGKILL: no chance to stop its jobs) leaves no worker running: the job is
+    interrupted through its own path (its cleanup runs) and the worker ends."""
+    import subprocess
+    import sys
+
+    tests = str(Path(__file__).parent)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path), tests], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert parent.stdout is not None
+    worker = int(parent.stdout.readline())
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("started-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob("started-*")), "the job never started"
+    parent.kill()
+    parent.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its parent")
+    assert list(tmp_path.glob("cleaned-*")), "the job was not interrupted through its own path"
 
 
 def test_stages_that_others_wait_for_start_first(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ its job ran alone or beside others (``reproduce --workers``).
 * :class:`WorkerPool`: ``N`` spawned processes, each with the given thread count. A worker ignores Ctrl-C (the
   terminal sends it to every process of the group); the parent asks the running jobs to stop
   (:meth:`WorkerPool.interrupt`): in a job, SIGTERM raises ``KeyboardInterrupt``, so the job leaves through the
-  same path as an interrupted run in the foreground and says what re-running resumes. A job's printed output goes
-  to its own log file: several progress bars in one terminal would overwrite each other.
+  same path as an interrupted run in the foreground and says what re-running resumes. A parent killed without
+  Ctrl-C takes its workers with it (:func:`_end_with_parent`). A job's printed output goes to its own log file:
+  several progress bars in one terminal would overwrite each other.
 * :func:`run_graph`: the scheduler. A stage runs once every stage it needs has finished; with one worker, in this
   process, in plan order, printing to the terminal as a single job does.
 """
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -88,11 +91,35 @@ def _serve(tasks: Any, results: Any, threads: int) -> None:
     """A worker's loop: jobs from ``tasks`` until ``None``, outcomes to ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_terminate)
+    _end_with_parent()
     import torch
 
     torch.set_num_threads(threads)
     while (task := tasks.get()) is not None:
         results.put(_call(*task))
+
+
+PARENT_GONE_GRACE_S = 60.0  # how long a worker whose parent died lets its job leave through its interrupt path
+
+
+def _end_with_parent() -> None:
+    """End this worker when the process that started it is gone. A parent stopped by Ctrl-C stops its jobs itself
+    (:meth:`WorkerPool.interrupt`); one killed otherwise (``kill``, the out-of-memory killer, a closed session)
+    cannot, and its workers would run their jobs to the end with nobody to take the results, holding the cores. So
+    a thread waits on the parent's sentinel; when it fires, the running job is interrupted as by
+    :meth:`WorkerPool.interrupt` (SIGTERM: its checkpoint and rerun note, as in the foreground), and the worker
+    exits once it has had :data:`PARENT_GONE_GRACE_S` to do so."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(PARENT_GONE_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
 @dataclass
