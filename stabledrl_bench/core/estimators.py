@@ -23,6 +23,8 @@ Registered estimators (``ESTIMATORS``; ``build_estimator(name, **kwargs)``):
 name                proxy                                                            returns
 ==================  ===============================================================  ==========================
 ``d1_one_step``     d1 mean-field one-step log-probs, prompt masked with p           token_logp [B, L]
+``coupled_pair``    coupled-GRPO: a mask and its complement, plus the all-masked pass  token_logp [B, L]
+``sdmc_elbo``       GDPO: Gauss-Legendre quadrature ELBO over mask ratios            elbo [B]
 ``spg_block``       SPG block_random masks: per-token-mean ELBO and Renyi EUBO       elbo, eubo [B] (+ tokens)
 ``espo_elbo``       ESPO sum-scale ELBO, stratified counts, antithetic complement     elbo [B]
 ``denoise_pair``    GDSD: ESPO's masks, per-sample (un)weighted denoising log-probs  elbo [B], elbo_samples [B, K]
@@ -31,6 +33,8 @@ name                proxy                                                       
 ``trace_sample``    AGRPO: the replay at Monte-Carlo sampled steps of the trajectory  token_logp [B K, L]
 ``ar_replay``       JustGRPO: the left-to-right (autoregressive) factorisation       token_logp [R, L]
 ``chosen_steps``    EGSPO: the replay at the steps the rollout chose per sequence     token_logp [B K, L]
+``advantage_steps`` MDPO: each chosen step's full prediction at every masked position  token_logp [B K, L]
+``tree_transitions`` d-TreeRPO: each tree transition on its parent's partial state  token_logp [R, L]
 ``igpo_one_step``   IGPO: all-MASK one-step log-probs, hints filtered by entropy      token_logp, weight [B, L]
 ``staircase_elbo``  block-diffusion ELBO, all blocks in one staircase pass           elbo, eubo [B] (+ tokens)
 ==================  ===============================================================  ==========================
