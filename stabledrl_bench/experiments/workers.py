@@ -96,10 +96,14 @@ def _serve(tasks: Any, results: Any, threads: int) -> None:
 
     torch.set_num_threads(threads)
     while (task := tasks.get()) is not None:
-        results.put(_call(*task))
+        outcome = _call(*task)
+        if _PARENT_GONE.is_set():
+            break  # nobody is left to take the outcome
+        results.put(outcome)
 
 
 PARENT_GONE_GRACE_S = 60.0  # how long a worker whose parent died lets its job leave through its interrupt path
+_PARENT_GONE = threading.Event()  # in a worker: the process that started it has ended
 
 
 def _end_with_parent() -> None:
@@ -107,14 +111,15 @@ def _end_with_parent() -> None:
     (:meth:`WorkerPool.interrupt`); one killed otherwise (``kill``, the out-of-memory killer, a closed session)
     cannot, and its workers would run their jobs to the end with nobody to take the results, holding the cores. So
     a thread waits on the parent's sentinel; when it fires, the running job is interrupted as by
-    :meth:`WorkerPool.interrupt` (SIGTERM: its checkpoint and rerun note, as in the foreground), and the worker
-    exits once it has had :data:`PARENT_GONE_GRACE_S` to do so."""
+    :meth:`WorkerPool.interrupt` (SIGTERM: its checkpoint and rerun note, as in the foreground) and the worker ends
+    when the job has left; a job that does not leave within :data:`PARENT_GONE_GRACE_S` is ended with it."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
+        _PARENT_GONE.set()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(PARENT_GONE_GRACE_S)
         os._exit(1)
