@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from stabledrl_bench.reporting.provenance import cpu_model
 from stabledrl_bench.tasks.graders.sandbox import Limits, run_program
 
 PROGRAM = """
@@ -96,6 +97,7 @@ def main() -> None:
     load = under_load(24, args.concurrency)
     document = {
         "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),
         "uid": os.geteuid(),
         "programs": args.programs,
@@ -107,8 +109,9 @@ def main() -> None:
     lines = [
         "# The sandbox: throughput and grading under load",
         "",
-        f"Written by `benchmarks/bench_sandbox.py` on {document['date']}, {document['cores']} cores, as uid "
-        f"{document['uid']}; load average before {load_before}, after {document['load_after']}.",
+        f"Written by `benchmarks/bench_sandbox.py` on {document['date']}, {document['cpu']} "
+        f"({document['cores']} cores), as uid {document['uid']}; load average before {load_before}, after "
+        f"{document['load_after']}.",
         "",
         f"| programs run | programs per second (median of {args.repeats}) | each |",
         "| --- | --- | --- |",
