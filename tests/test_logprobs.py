@@ -42,7 +42,8 @@ def _value_and_grad(fn, logits: torch.Tensor, targets: torch.Tensor, weights: to
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("span", [1, 3, 4, 7, LENGTH, 64])  # 3, 4 and 7 leave a shorter last span
+# 3, 4 and 7 leave a shorter last span of a row; 20 takes two whole rows, then the last one alone; 64 all three
+@pytest.mark.parametrize("span", [1, 3, 4, 7, LENGTH, 20, 64])
 def test_spans_give_the_whole_tensors_values_and_gradients_bitwise(dtype, span):
     logits, targets, weights = _inputs(dtype)
     want, want_grad = _value_and_grad(whole, logits, targets, weights)

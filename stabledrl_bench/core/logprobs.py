@@ -33,16 +33,22 @@ def log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _spans(rows: int, length: int, span: int) -> Iterator[tuple[int, slice]]:
-    """(row, positions) pieces covering [rows, length], at most ``span`` positions each, never across rows (a
-    piece of one row is contiguous in any [rows, T, V] logits whose last two dimensions are)."""
+def _spans(rows: int, length: int, span: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, positions) pieces covering [rows, length], at most ``span`` positions each: whole rows together when a
+    row fits in a span (a short canvas costs a few pieces, not one per row), else pieces of one row. Log-softmax is
+    computed per position, so any cut gives the same numbers."""
+    if length <= span:
+        per = span // length
+        for start in range(0, rows, per):
+            yield slice(start, min(start + per, rows)), slice(0, length)
+        return
     for row in range(rows):
         for start in range(0, length, span):
-            yield row, slice(start, min(start + span, length))
+            yield slice(row, row + 1), slice(start, min(start + span, length))
 
 
 def _span_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[targets] of one span [n, V] -> [n], in :func:`log_prob_dtype` of the logits."""
+    """log_softmax(logits)[targets] of one piece [r, n, V] -> [r, n], in :func:`log_prob_dtype` of the logits."""
     logp = torch.log_softmax(logits.to(log_prob_dtype(logits.dtype)), dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
@@ -55,8 +61,8 @@ class _ChosenTokenLogps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, span: int) -> torch.Tensor:
         out = torch.empty(targets.shape, dtype=log_prob_dtype(logits.dtype), device=logits.device)
-        for row, cols in _spans(*targets.shape, span):
-            out[row, cols] = _span_logps(logits[row, cols], targets[row, cols])
+        for rows, cols in _spans(*targets.shape, span):
+            out[rows, cols] = _span_logps(logits[rows, cols], targets[rows, cols])
         if ctx.needs_input_grad[0]:  # a column slice of longer logits would keep them all alive: keep what is read
             ctx.save_for_backward(logits.contiguous(), targets)
         ctx.span = span
@@ -67,11 +73,11 @@ class _ChosenTokenLogps(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, targets = ctx.saved_tensors
         grad_logits = torch.empty_like(logits)
-        for row, cols in _spans(*targets.shape, ctx.span):
+        for rows, cols in _spans(*targets.shape, ctx.span):
             with torch.enable_grad():
-                piece = logits[row, cols].detach().requires_grad_()
-                (grad_piece,) = torch.autograd.grad(_span_logps(piece, targets[row, cols]), piece, grad[row, cols])
-            grad_logits[row, cols] = grad_piece
+                piece = logits[rows, cols].detach().requires_grad_()
+                (grad_piece,) = torch.autograd.grad(_span_logps(piece, targets[rows, cols]), piece, grad[rows, cols])
+            grad_logits[rows, cols] = grad_piece
         return grad_logits, None, None
 
 
