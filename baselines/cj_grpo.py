@@ -88,8 +88,10 @@ class CJGRPOConfig(BaselineConfig):
     epsilon: float = 0.5  # PPO clip range (train.yaml)
     beta: float = 0.04  # k3 KL to the frozen reference
     decoding: str = "semi-ar"  # the rollout (module docstring; train.yaml line 76)
-    eos_min_gamma: float = 0.01  # EOSER: EOS's confidence factor at the first step (train.yaml line 74) ...
-    eos_max_gamma: float = 1.0  # ... rising to this one at the last (line 75)
+    # EOSER: EOS's confidence factor at the first step, rising to eos_max_gamma at the last: the scheme's defaults
+    # (train.yaml lines 74-75)
+    eos_min_gamma: float = EoserAss.eos_min_gamma
+    eos_max_gamma: float = EoserAss.eos_max_gamma
 
     def __post_init__(self) -> None:
         super().__post_init__()
