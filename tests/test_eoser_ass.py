@@ -184,7 +184,7 @@ class _Constant:
     def __init__(self, dlm) -> None:
         self.dlm = dlm
 
-    def __call__(self, input_ids, attention_mask=None, position_ids=None):
+    def __call__(self, input_ids, attention_mask=None, position_ids=None, keep=None):
         del attention_mask, position_ids
         dlm, vocab = self.dlm, self.dlm.vocab_size
         length = len(self.TOP_PROBS)
@@ -195,7 +195,7 @@ class _Constant:
             logits[input_ids.shape[1] - length + k] = math.log(rest)
             logits[input_ids.shape[1] - length + k, top] = math.log(p)
         logits[:, dlm.mask_id] = NEG_INF
-        return logits.expand(input_ids.shape[0], -1, -1)
+        return logits.expand(input_ids.shape[0], -1, -1)[:, keep]
 
 
 @pytest.mark.parametrize(

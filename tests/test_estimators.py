@@ -340,8 +340,8 @@ def test_coupled_pair_hand_computed_weights():
         def agreed_passes(self, passes):
             return passes
 
-        def logits(self, ids, attention, positions):
-            return torch.zeros(*ids.shape, 4)  # log p = log(1/4) for every token
+        def logits(self, ids, attention, positions, keep=None):
+            return torch.zeros(*ids.shape, 4)[:, keep]  # log p = log(1/4) for every token
 
     batch = SequenceBatch(
         prompt_ids=torch.tensor([[1, 2]]),

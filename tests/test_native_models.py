@@ -364,3 +364,39 @@ def test_check_model_says_which_code_runs_the_network(folders, capsys) -> None:
     out = capsys.readouterr().out
     assert "family               llada-native" in out and "implementation       native (llada.py" in out
     assert "[fail]" not in out
+
+
+# ------------------------------------------------------------------------------------------ kept logits
+FINAL_NORMS = ("norm", "model.transformer.ln_f", "model.norm")  # the tiny model's, the native LLaDA's, Qwen's
+
+
+@pytest.mark.parametrize("which", ["tiny", "llada", "dream", "sdar"])
+def test_kept_logits_run_the_head_on_the_kept_positions_only(models, dream_folder, sdar_folder, which) -> None:
+    """``logits(keep=...)`` is ``logits()[:, keep]``; without gradients the final norm and head see the kept
+    positions alone (what decoding and the no-grad likelihood passes ask for), with gradients every position (the
+    head's weight gradient sums over positions, and fewer rows would be added up in another order); a shifted
+    model's position 0 repeats its own position 0, so a slice from 0 runs the whole head."""
+    dlm = {"tiny": models[0], "llada": models[1]}.get(which) or load_diffusion_lm(
+        dream_folder if which == "dream" else sdar_folder
+    )
+    modules = dict(dlm.model.named_modules())
+    norm = next(modules[name] for name in FINAL_NORMS if name in modules)
+    rows: list[int] = []
+    handle = norm.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    ids, mask = dlm.encode_prompts(PROMPTS, chat_template=False)
+    canvas = torch.cat((ids, torch.full((ids.shape[0], 8), dlm.mask_id)), dim=1)
+    attention, length = dlm.context_attention(mask, 8), canvas.shape[1]
+    keep = slice(length - 8, length - 4)
+    try:
+        with torch.no_grad():
+            full = dlm.logits(canvas, attention)
+            kept = dlm.logits(canvas, attention, keep=keep)
+            from_start = dlm.logits(canvas, attention, keep=slice(0, 3))
+        assert rows == [length, 4, length if dlm.shift_logits else 3]
+        # the same dot products over fewer rows (bitwise on the CPUs `regress` pins; a BLAS may pick another kernel)
+        torch.testing.assert_close(kept, full[:, keep], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(from_start, full[:, :3], rtol=1e-6, atol=1e-6)
+        with torch.enable_grad():
+            assert torch.equal(dlm.logits(canvas, attention, keep=keep), full[:, keep]) and rows[-1] == length
+    finally:
+        handle.remove()

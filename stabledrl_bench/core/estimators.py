@@ -440,7 +440,7 @@ class Estimator(ABC):
             lo = starts[min(i, len(starts) - 1)]
             hi = min(lo + step, rows)
             pos = None if position_ids is None else position_ids[lo:hi]
-            logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos)[:, read_start : read_start + length]
+            logits = model.logits(input_ids[lo:hi], attention[lo:hi], pos, keep=slice(read_start, read_start + length))
             chunk = read(logits, slice(lo, hi))
             if i < len(starts):
                 out.append(chunk)

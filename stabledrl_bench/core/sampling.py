@@ -517,17 +517,19 @@ def _llada_step_logits(
     key_valid: torch.Tensor | None,
     prompt_real: torch.Tensor,
     cfg_scale: float,
+    keep: slice | None = None,
 ) -> torch.Tensor:
-    """Logits [B, T, V] of one full forward; with CFG ``l = l_u + (s+1)(l_c - l_u)``, both halves in one batch.
+    """Logits [B, T, V] of one full forward (of the positions ``keep`` only, when given: the step reads one
+    block); with CFG ``l = l_u + (s+1)(l_c - l_u)``, both halves in one batch.
 
     The unconditional copy replaces every real prompt token by MASK (LLaDA's ``un_x[prompt_index] = mask_id``).
     """
     if cfg_scale == 0:
-        return model.logits(x, attention_mask=key_valid)
+        return model.logits(x, attention_mask=key_valid, keep=keep)
     uncond = x.clone()
     uncond[:, : prompt_real.shape[1]][prompt_real] = model.mask_id
     mask = None if key_valid is None else key_valid.repeat(2, 1)
-    cond_logits, uncond_logits = model.logits(torch.cat((x, uncond)), attention_mask=mask).chunk(2)
+    cond_logits, uncond_logits = model.logits(torch.cat((x, uncond)), attention_mask=mask, keep=keep).chunk(2)
     return uncond_logits + (cfg_scale + 1) * (cond_logits - uncond_logits)
 
 
@@ -590,31 +592,32 @@ class _FullContext(_WorkingBatch):
         if self.cache_mode == "none":
             self.nfe += 2 if self.cfg_scale > 0 else 1
             key_valid = self.key_valid[self.rows]
-            logits = _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale)
-            if self.keep_full:
-                self.full_logits = logits
-            return logits[:, span]
+            if not self.keep_full:  # the block's logits only
+                return _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale, span)
+            self.full_logits = _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale)
+            return self.full_logits[:, span]
         if first_step:
             return self._refresh(x, span)
         mask = self._pattern(torch.cat((self._cached_positions(span), self.queries)), len(self.queries))
+        block = slice(self.shift, self.shift + span.stop - span.start)
         logits, _ = self.model.forward_cached(
-            x[:, self.queries], mask, self.positions[self.rows][:, self.queries], self.cache, store=False
+            x[:, self.queries], mask, self.positions[self.rows][:, self.queries], self.cache, store=False, keep=block
         )
         self.nfe += 1
-        return logits[:, self.shift : self.shift + span.stop - span.start]
+        return logits
 
     def _refresh(self, x: torch.Tensor, span: slice) -> torch.Tensor:
         """Full forward storing every position, then the cache keeps only the positions not forwarded later."""
         total = x.shape[1]
         everything = torch.arange(total, device=x.device)
         logits, cache = self.model.forward_cached(
-            x, self._pattern(everything, total), self.positions[self.rows], None, store=True
+            x, self._pattern(everything, total), self.positions[self.rows], None, store=True, keep=span
         )
         self.nfe += 1
         start = span.start - self.shift
         self.queries = torch.arange(start, total if self.cache_mode == "prefix" else span.stop, device=x.device)
         self.cache = self.model.select_cache_positions(cache, self._cached_positions(span))
-        return logits[:, span]
+        return logits
 
     def _cached_positions(self, span: slice) -> torch.Tensor:
         """Positions whose keys/values stay cached during the block: before it, and (dual) after it."""
@@ -975,7 +978,7 @@ class _BlockContext(_WorkingBatch):
         context = slice(0, span.stop)
         mask = block_causal_mask(self.key_valid[self.rows, context], self.prompt_len, self.model.block_size)
         self.nfe += 1
-        return self.model.logits(self.x[self.rows, context], mask, self.positions[self.rows, context])[:, span]
+        return self.model.logits(self.x[self.rows, context], mask, self.positions[self.rows, context], keep=span)
 
     def store(self, span: slice) -> None:
         """Append the finished block's keys/values to the cache (exact: it never attends to later blocks)."""

@@ -105,6 +105,7 @@ class TinyBackend(Backend):
     block_classes = ("Block",)
     supports_kv_cache = True
     full_cache_modes = ("prefix", "dual")
+    keeps_logits = True
 
 
 @MODEL_FAMILIES.register("llada")
@@ -138,8 +139,9 @@ class NativeBackend(Backend):
 
     model_types = ()  # chosen by the loader from the folder's model_type (NATIVE), never by model_type alone
     full_cache_modes = ("prefix", "dual")
+    keeps_logits = True
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache, store):
+    def _forward(self, input_ids, attention_mask, position_ids, cache, store, keep=None):
         pattern = None if attention_mask is None else as_pattern(attention_mask, input_ids.shape[1])
         out = self.model(
             input_ids=input_ids,
@@ -147,6 +149,7 @@ class NativeBackend(Backend):
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=store,
+            logits_to_keep=keep,
         )
         return out.logits, out.past_key_values
 

@@ -174,14 +174,17 @@ def _sdar(
     return EmulatedOutput(logits=logits, past_key_values=past_key_values)
 
 
-def _broken(model: TinyDLM, input_ids, attention_mask=None, position_ids=None, kv_cache=None, use_cache=False):
+def _broken(
+    model: TinyDLM, input_ids, attention_mask=None, position_ids=None, kv_cache=None, use_cache=False, **kept: Any
+):
+    """The ``broken`` convention (module docstring); ``kept`` passes on the tiny backend's ``logits_to_keep``."""
     mask = None
     if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
         length = input_ids.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
         mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
     return model.native_forward(
-        input_ids, attention_mask=mask, position_ids=position_ids, kv_cache=kv_cache, use_cache=use_cache
+        input_ids, attention_mask=mask, position_ids=position_ids, kv_cache=kv_cache, use_cache=use_cache, **kept
     )
 
 

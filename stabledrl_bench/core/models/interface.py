@@ -47,6 +47,9 @@ class DiffusionLM:
     full_cache_modes: tuple[str, ...] = ()
     # Class names of the model's repeated decoder blocks: the unit of activation checkpointing and of FSDP sharding.
     block_classes: tuple[str, ...] = ()
+    # The wrapped model's forward takes ``logits_to_keep`` (Hugging Face's name; here a slice of positions) and runs
+    # its output head on those positions only (see :meth:`logits`' ``keep``).
+    keeps_logits: bool = False
 
     def __init__(
         self,
@@ -95,12 +98,14 @@ class DiffusionLM:
         position_ids: torch.Tensor | None,
         cache: Any,
         store: bool,
+        keep: slice | None = None,
     ) -> tuple[torch.Tensor, Any]:
         """One call of the wrapped model in its own convention: logits [B, Q, V] and the (updated) cache.
 
         ``attention_mask`` is None, [B, K] key padding or a boolean [B, 1, Q, K] pattern over the cached keys
         followed by these ones; ``cache`` is whatever an earlier call returned (None at first); ``store`` asks to
-        keep this call's keys/values in it.
+        keep this call's keys/values in it. ``keep`` (only where :attr:`keeps_logits`) asks for the logits of
+        those positions only, [B, len, V].
         """
         out = self.model(
             input_ids=input_ids,
@@ -108,6 +113,7 @@ class DiffusionLM:
             position_ids=position_ids,
             kv_cache=cache,
             use_cache=store,
+            **({} if keep is None else {"logits_to_keep": keep}),
         )
         return out.logits, out.kv_cache
 
@@ -116,12 +122,24 @@ class DiffusionLM:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        keep: slice | None = None,
     ) -> torch.Tensor:
         """Logits [B, T, V] where row t predicts the clean token at position t.
 
         ``attention_mask`` is [B, T] key padding (True/1 = real token) or a boolean [B, 1, T, T] pattern.
         ``position_ids`` default to real-token positions for key padding, to ``0..T-1`` otherwise.
+
+        ``keep`` (a slice of positions) returns only those positions' logits, ``logits(...)[:, keep]``. Without
+        gradients, a model that :attr:`keeps_logits` runs its output head on them alone: a decoding step reads
+        one block, and at LLaDA's vocabulary of 126,464 the head costs more than the blocks of a small model (and
+        its logits are the largest tensor of the pass). Each kept row is the same dot products as before, and on
+        the CPUs this project pins they come out bitwise the same (``regress``); a BLAS may pick another kernel
+        for another matrix shape, as for another batch size. With gradients the whole head runs as before: the
+        head's weight gradient sums over positions, and a sum over fewer rows is added up in another order.
         """
+        raw = self._kept_head(keep, input_ids.shape[1])
+        if keep is not None and raw is None:
+            return self.logits(input_ids, attention_mask, position_ids)[:, keep]
         if attention_mask is not None and attention_mask.dim() == 2:
             key_valid = attention_mask.bool()
             if bool(key_valid.all()):
@@ -135,8 +153,25 @@ class DiffusionLM:
                 f"model {self.name!r} ignores attention masks, so it cannot run a {attention_mask.dim()}-D attention "
                 "pattern (block diffusion needs a model that honours its mask)"
             )
+        if raw is not None:
+            logits, _ = self._forward(input_ids, attention_mask, position_ids, None, False, keep=raw)
+            return logits
         logits, _ = self._forward(input_ids, attention_mask, position_ids, None, False)
         return self._shift(logits)
+
+    def _kept_head(self, keep: slice | None, length: int) -> slice | None:
+        """The positions of the model's own output that make ``keep`` when the head can run on them alone, else
+        None (the whole output is computed and sliced): no ``keep``, gradients on, a model without
+        ``logits_to_keep``, a pad-free one, or a shifted model's first position (which repeats its position 0)."""
+        if keep is None:
+            return None
+        start, stop, stride = keep.indices(length)
+        if stride != 1:
+            raise ValueError(f"keep must be a contiguous slice, got {keep}")
+        shift = int(self.shift_logits)
+        if torch.is_grad_enabled() or not self.keeps_logits or self.pad_free or start < shift or stop <= start:
+            return None
+        return slice(start - shift, stop - shift)
 
     def _pad_free_logits(self, input_ids: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
         """Logits of a left-padded batch computed without pad tokens: one call per amount of padding.
@@ -191,17 +226,21 @@ class DiffusionLM:
         position_ids: torch.Tensor | None,
         cache: Any,
         store: bool,
+        keep: slice | None = None,
     ) -> tuple[torch.Tensor, Any]:
         """Like :meth:`logits` but against cached keys/values (exact for block attention, see ``full_cache_modes``).
 
         The cache is opaque to callers: pass None first, then what the last storing call returned (or
         :meth:`select_cache_rows` / :meth:`select_cache_positions` of it). ``attention_mask`` is a boolean
-        [B, 1, Q, K] pattern over the cached keys followed by these ones.
+        [B, 1, Q, K] pattern over the cached keys followed by these ones. ``keep`` as in :meth:`logits`.
         """
         if not (self.supports_kv_cache or self.full_cache_modes):
             raise NotImplementedError(f"the {self.family} backend has no KV cache")
+        raw = self._kept_head(keep, input_ids.shape[1])
+        if raw is not None:
+            return self._forward(input_ids, attention_mask, position_ids, cache, store, keep=raw)
         logits, cache = self._forward(input_ids, attention_mask, position_ids, cache, store)
-        return self._shift(logits), cache
+        return self._shift(logits) if keep is None else self._shift(logits)[:, keep], cache
 
     def select_cache_rows(self, cache: Any, keep: torch.Tensor) -> Any:
         """The cache restricted to the rows flagged in ``keep`` (rows that stopped decoding leave the batch)."""

@@ -190,9 +190,10 @@ class LLaDANativeModel(NativeDiffusionModel):
         position_ids: torch.Tensor | None = None,
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
+        logits_to_keep: slice | None = None,
         **_: Any,
     ) -> NativeOutput:
-        """Logits [B, Q, V] for ``input_ids`` [B, Q].
+        """Logits [B, Q, V] for ``input_ids`` [B, Q] (``logits_to_keep``: of those positions only).
 
         ``attention_mask``: None (every query sees every key), a [B, K] key-padding mask, or a [B, 1, Q, K] pattern
         (boolean, True = attend, or additive); K counts cached keys first. ``position_ids`` [B, Q] default to the
@@ -202,7 +203,7 @@ class LLaDANativeModel(NativeDiffusionModel):
         x, present = self.run_blocks(
             transformer["wte"](input_ids), transformer["blocks"], attention_mask, position_ids, past_key_values
         )
-        x = transformer["ln_f"](x)
+        x = transformer["ln_f"](x if logits_to_keep is None else x[:, logits_to_keep])
         head = transformer["wte"].weight if self.config.weight_tying else transformer["ff_out"].weight
         logits = F.linear(x, head)
         if self.config.scale_logits:

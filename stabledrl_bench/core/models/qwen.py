@@ -212,6 +212,7 @@ class QwenDiffusionModel(NativeDiffusionModel):
         position_ids: torch.Tensor | None = None,
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
+        logits_to_keep: slice | None = None,
         **_: Any,
     ) -> NativeOutput:
         """Logits [B, Q, V] for ``input_ids`` [B, Q] (Dream's unshifted: position i predicts token i + 1);
@@ -219,7 +220,7 @@ class QwenDiffusionModel(NativeDiffusionModel):
         x, present = self.run_blocks(
             self.model.embed_tokens(input_ids), self.model.layers, attention_mask, position_ids, past_key_values
         )
-        logits = self.lm_head(self.model.norm(x))
+        logits = self.lm_head(self.model.norm(x if logits_to_keep is None else x[:, logits_to_keep]))
         return NativeOutput(logits=logits, past_key_values=present if use_cache else None)
 
 

@@ -240,9 +240,10 @@ class TinyDLM(PreTrainedModel):
         position_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         use_cache: bool = False,
+        logits_to_keep: slice | None = None,
         **_: object,
     ) -> TinyDLMOutput:
-        """Logits [B, Q, V] for ``input_ids`` [B, Q].
+        """Logits [B, Q, V] for ``input_ids`` [B, Q] (``logits_to_keep``: of those positions only).
 
         ``attention_mask`` covers every key (cached ones first): [B, K] key padding or [B, 1, Q, K] boolean.
         ``position_ids`` default to positions following the cache. With ``use_cache`` the returned cache holds
@@ -251,7 +252,7 @@ class TinyDLM(PreTrainedModel):
         past_len = kv_cache[0][0].shape[2] if kv_cache else 0
         batch, q_len = input_ids.shape
         mask = _expand_mask(attention_mask, batch, q_len, past_len + q_len, input_ids.device)
-        logits, cache = self.run(input_ids, mask, position_ids, kv_cache)
+        logits, cache = self.run(input_ids, mask, position_ids, kv_cache, logits_to_keep)
         return TinyDLMOutput(logits=logits, kv_cache=cache if use_cache else None)
 
     def run(
@@ -260,8 +261,10 @@ class TinyDLM(PreTrainedModel):
         mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
         kv_cache: KVCache | None = None,
+        logits_to_keep: slice | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
-        """The network itself: logits and every layer's keys/values (cached ones included).
+        """The network itself: logits (of the ``logits_to_keep`` positions only, when given) and every layer's
+        keys/values (cached ones included).
 
         ``mask`` is what SDPA takes, [B, 1, Q, K]: boolean (True = attend), additive float, or None.
         """
@@ -284,7 +287,7 @@ class TinyDLM(PreTrainedModel):
             past = kv_cache[i] if kv_cache else None
             h, kv = layer(h, rope, mask, past)
             new_cache.append(kv)
-        return self.lm_head(self.norm(h)), new_cache
+        return self.lm_head(self.norm(h if logits_to_keep is None else h[:, logits_to_keep])), new_cache
 
     def num_parameters_human(self) -> str:
         n = sum(p.numel() for p in self.parameters())
