@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from test_leaderboard import NO_PUBLISHED, PUBLISHED_CELL, _training_csv, measured_tables, parse_tables, store_cells
+from test_passk import store_sampled
 from test_results import store
 
 from stabledrl_bench.errors import UserError
@@ -178,3 +179,12 @@ def test_each_table_shows_the_training_rewards_of_its_own_tasks(tmp_path: Path) 
     assert "**Training reward, HumanEval**" in section and "Training reward, GSM8K" not in section
     trained = [finding.column for finding in findings(tmp_path) if finding.block == "training reward"]
     assert trained == ["GSM8K", "HumanEval"]  # each once
+
+
+def test_sampled_coding_records_are_the_coding_tables_pass_at_k_block(tmp_path: Path) -> None:
+    # MBPP, two problems decoded twice: 1 of 2 and 0 of 2 correct -> pass@1 = (0.5 + 0) / 2 = 25%.
+    store_sampled(tmp_path, "sft", [[True, False], [False, False]], budget=None, task="mbpp")
+    markdown = build_leaderboard(tmp_path, NO_PUBLISHED)
+    assert "SAMPLED DECODING" not in markdown[: markdown.index("## Coding")]
+    block = coding(markdown)[coding(markdown).index("SAMPLED DECODING") :]
+    assert "| sft | start | tiny-dlm | d1-n2-t1 | 0 | 25.0 [0.0, 50.0] |" in block and "MBPP 128 pass@2" in block
