@@ -79,7 +79,7 @@ def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
     markdown = build_leaderboard(tmp_path)
     assert markdown.startswith("# stabledrl-bench leaderboard")
     assert "python -m stabledrl_bench leaderboard" in markdown
-    assert markdown.index("## Table 1") < markdown.index("## Table 2")
+    assert markdown.index("## Table 1") < markdown.index("## Table 2") < markdown.index("## Coding")
     tables = parse_tables(markdown)
     assert [kind for kind, _ in tables] == [
         "measured",
@@ -89,8 +89,9 @@ def test_layout_column_order_and_row_labels(tmp_path: Path) -> None:
         "aggregates",
         "published",
         "published",
+        "published",
     ]  # one seed: every comparison over runs is shown, and none is resolved
-    (_, rows), (_, change_rows), (_, run_rows), *_, (_, published_rows), rest = tables
+    (_, rows), (_, change_rows), (_, run_rows), *_, (_, published_rows), rest, _ = tables
     assert [row["GSM8K 128"].endswith("not resolved") for row in run_rows] == [True, True]
     assert "**Verdicts over runs, comparison `cmp`**: 0 of the 4 comparisons above are resolved" in markdown
     assert [row["Baseline"] for row in change_rows] == ["test_rl_a", "test_rl_b"]  # each against sft
@@ -392,7 +393,7 @@ def test_table2_shows_aime25_only_when_measured(tmp_path: Path) -> None:
     store(tmp_path, [True, False], task="aime25", sampling="static", **common)
     store(tmp_path, [True], task="math500", sampling="dynamic", **common)
     markdown = build_leaderboard(tmp_path)
-    table2 = parse_tables(markdown[markdown.index("## Table 2") :])
+    table2 = parse_tables(markdown[markdown.index("## Table 2") : markdown.index("## Coding")])
     (measured_kind, (row,)), (published_kind, published_rows) = table2
     assert (measured_kind, published_kind) == ("measured", "published")
     assert list(row)[len(ROW_COLUMNS) :] == [*TABLE2_HEADERS, "AIME 2025 static", "AIME 2025 dynamic"]
@@ -445,8 +446,8 @@ def test_each_protocol_is_compared_with_the_start_under_that_protocol(tmp_path: 
 
 def test_empty_results_directory_shows_published_blocks_only(tmp_path: Path) -> None:
     markdown = build_leaderboard(tmp_path)
-    assert markdown.count("**Measured by this code**: no results for this table yet.") == 2
-    assert [kind for kind, _ in parse_tables(markdown)] == ["published", "published"]
+    assert markdown.count("**Measured by this code**: no results for this table yet.") == 3
+    assert [kind for kind, _ in parse_tables(markdown)] == ["published", "published", "published"]
 
 
 def test_duplicate_evaluation_is_refused(tmp_path: Path) -> None:
@@ -511,16 +512,18 @@ def test_plot_has_one_row_of_panels_per_task(tmp_path: Path) -> None:
     assert two_tasks[0] == one_task[0] and two_tasks[1] > 1.6 * one_task[1]
 
 
-def _training_csv(results_dir: Path, rows: list[tuple], comparison: str = "cmp", *, seeded: bool = False) -> Path:
-    """A Sudoku training-reward file of ``rows``: (run, step, reward), the seedless old format read as seed 0, or
-    with ``seeded`` (run, seed, step, reward)."""
-    path = training_path(results_dir, comparison, "sudoku")
+def _training_csv(
+    results_dir: Path, rows: list[tuple], comparison: str = "cmp", *, seeded: bool = False, task: str = "sudoku"
+) -> Path:
+    """A training-reward file of ``task`` (Sudoku by default) of ``rows``: (run, step, reward), the seedless old
+    format read as seed 0, or with ``seeded`` (run, seed, step, reward)."""
+    path = training_path(results_dir, comparison, task)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = "task,seed,run,step,reward_mean" if seeded else "task,run,step,reward_mean"
     lines = [header]
     for row in rows:
         run, *seed, step, reward = row
-        lines.append(",".join(map(str, ["sudoku", *seed, run, step, reward])))
+        lines.append(",".join(map(str, [task, *seed, run, step, reward])))
     path.write_text("\n".join(lines) + "\n")
     return path
 

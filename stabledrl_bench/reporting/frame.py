@@ -14,6 +14,7 @@ import pandas as pd
 
 from stabledrl_bench.core.sampling import DecodeSettingsError, recorded_decode
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.reporting.layout import shown_table
 from stabledrl_bench.reporting.naming import model_short_name
 from stabledrl_bench.reporting.provenance import code_label, hardware_label
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
@@ -65,7 +66,11 @@ FRAME_COLUMNS = [
 
 
 def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per record with the fields the grouping and checks need; ``index`` points into ``records``."""
+    """One row per record with the fields the grouping and checks need; ``index`` points into ``records``.
+
+    ``table`` is the leaderboard table the record is shown in (:func:`~.layout.shown_table`): a Table 1 record of
+    HumanEval or MBPP belongs to the coding table, whose columns are SPG's coding table's.
+    """
     rows = []
     for index, record in enumerate(records):
         model, where = record["model"], (record["seed"], record["task"], record["comparison"])
@@ -73,7 +78,7 @@ def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             {
                 "index": index,
                 "comparison": record["comparison"],
-                "table": record["table"],
+                "table": shown_table(record["table"], record["task"]),
                 "baseline": record["baseline"],
                 "model_key": json.dumps([_row_path(model[key], *where) for key in ("name", "checkpoint")]),
                 "model": _row_path(_model_label(model), *where),

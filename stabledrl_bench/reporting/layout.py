@@ -1,9 +1,10 @@
-"""The tables' layout: which columns Table 1 and Table 2 have, what an average column averages, and the notes that
-say what a column outside the paper's layout measures (the task's own :attr:`Task.note`)."""
+"""The tables' layout: which columns Table 1, Table 2 and the coding table have, which table a record is shown in,
+what an average column averages, and the notes that say what a column outside the paper's layout measures (the
+task's own :attr:`Task.note`)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from stabledrl_bench.reporting.markdown import task_label
@@ -16,12 +17,20 @@ from stabledrl_bench.tasks import TASKS
 TABLE1_TASKS = ("gsm8k", "math500", "countdown", "sudoku")
 TABLE2_TASKS = ("math500", "aime24", "gsm8k", "aime25")
 TABLE2_OPTIONAL = ("aime25",)  # a paper column shown only when some row has it
+# SPG's coding table (arXiv 2510.09541, Table 2): the same full-attention models and lengths as Table 1, on other
+# benchmarks. A Table 1 record of one of these tasks is shown there (:func:`shown_table`), never as a Table 1 column.
+CODE = "code"
+CODE_TASKS = ("humaneval", "mbpp")
+PAPER_TASKS = {"table1": TABLE1_TASKS, "table2": TABLE2_TASKS, CODE: CODE_TASKS}
 OVERALL = "overall"
 AVG = "avg"
 TABLE_TITLES = {
     "table1": "Table 1 — full attention (LLaDA layout)",
     "table2": "Table 2 — block diffusion (TraceRL layout)",
+    CODE: "Coding — full attention, HumanEval and MBPP (SPG layout)",
 }
+SHOWN_TABLES = tuple(TABLE_TITLES)  # the leaderboard's tables, in page order
+LENGTH_TABLES = ("table1", CODE)  # tables whose columns are generation lengths (Table 2's: sampling modes)
 CellKey = tuple[str, int | str]
 
 
@@ -34,22 +43,42 @@ class Column:
     parts: tuple[CellKey, ...]
 
 
+def shown_table(table: str, task: str) -> str:
+    """The leaderboard table a record of ``table`` (its ``table`` field) and ``task`` is shown in: its own, except
+    Table 1's coding tasks, which have a table of their own as in SPG's paper."""
+    return CODE if table == "table1" and task in CODE_TASKS else table
+
+
+def shows(table: str, task: str) -> bool:
+    """Whether the leaderboard's ``table`` shows ``task`` when one comparison has records of several tables: the
+    coding table shows Table 1's coding tasks, Table 1 its other tasks, Table 2 all of its own."""
+    return shown_table("table1" if table == CODE else table, task) == table
+
+
 def extra_tasks(table: str, present: Collection[str]) -> list[str]:
     """The measured tasks of ``table`` outside the paper's layout, in registry order (built-ins, then plugins)."""
-    paper = TABLE1_TASKS if table == "table1" else TABLE2_TASKS
-    return [task for task in TASKS if task in present and task not in paper]
+    return [task for task in TASKS if task in present and task not in PAPER_TASKS[table]]
+
+
+def _length_columns(tasks: Sequence[str]) -> list[Column]:
+    """Per task, one column per generation length and its average over the lengths."""
+    columns: list[Column] = []
+    for task in tasks:
+        cells = tuple((task, length) for length in TABLE1_LENGTHS)
+        columns += [Column(cell, f"{task_label(task)} {cell[1]}", (cell,)) for cell in cells]
+        columns.append(Column((task, AVG), f"{task_label(task)} avg", cells))
+    return columns
 
 
 def table_columns(table: str, present: Collection[str] = ()) -> list[Column]:
     """Column layout of ``table``: the paper's columns, then every other task in ``present`` (e.g. Table 1's
     generated Countdown / Sudoku sets, or a plugin task), outside Table 1's overall average. Table 2's optional
-    paper column (AIME 2025) is shown only when present."""
+    paper column (AIME 2025) is shown only when present. The coding table has per-task averages only, as the published
+    rows beside it."""
+    if table == CODE:
+        return _length_columns(CODE_TASKS)
     if table == "table1":
-        columns: list[Column] = []
-        for task in (*TABLE1_TASKS, *extra_tasks(table, present)):
-            cells = tuple((task, length) for length in TABLE1_LENGTHS)
-            columns += [Column(cell, f"{task_label(task)} {cell[1]}", (cell,)) for cell in cells]
-            columns.append(Column((task, AVG), f"{task_label(task)} avg", cells))
+        columns = _length_columns((*TABLE1_TASKS, *extra_tasks(table, present)))
         paper = [column for column in columns if column.key[1] != AVG and column.key[0] in TABLE1_TASKS]
         every = tuple(part for column in paper for part in column.parts)
         return [*columns, Column((OVERALL, ""), "Overall avg", every)]

@@ -14,6 +14,10 @@ Layout:
   (they are not in the paper).
 * **Table 2** (block diffusion, TraceRL layout): MATH500, AIME 2024, GSM8K (and AIME 2025 when measured), each
   under static and dynamic sampling.
+* **Coding** (full attention, the layout of SPG's coding table, arXiv 2510.09541 Table 2): HumanEval and MBPP x
+  128/256/512 and a per-task average. A Table 1 record of HumanEval or MBPP is shown here, not as a Table 1
+  column (:func:`~.layout.shown_table`); its comparison's other tasks stay in Table 1, each table with the training
+  rewards of its own tasks.
 
 Measured rows are grouped by their ``comparison``: each comparison is its own table, and all RL rows of one
 comparison must share one ``budget_hash`` (reference rows ``base``/``sft`` are exempt), otherwise building the
@@ -47,6 +51,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +61,15 @@ import pandas as pd
 from stabledrl_bench.atomic import atomic_write_text
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import check_consistency, join_unique, records_frame, row_name
-from stabledrl_bench.reporting.layout import TABLE_TITLES, Column, extra_notes, table_columns
+from stabledrl_bench.reporting.layout import (
+    LENGTH_TABLES,
+    SHOWN_TABLES,
+    TABLE_TITLES,
+    Column,
+    extra_notes,
+    shows,
+    table_columns,
+)
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.measured import MeasuredRow, compared_rows, measured_rows, paired_change, starting_points
 from stabledrl_bench.reporting.naming import slugify
@@ -140,7 +153,7 @@ def _caption(comparison: str, table: str, frame: pd.DataFrame, approximate: bool
     lengths = frame.drop_duplicates("length").sort_values("length")
     if (lengths["length"] != lengths["max_completion_length"]).any():
         pairs = ", ".join(f"{row.length} → {row.max_completion_length}" for row in lengths.itertuples())
-        noun = "generation lengths" if table == "table1" else "response limits"
+        noun = "generation lengths" if table in LENGTH_TABLES else "response limits"
         lines.append(f"Lengths are scaled by the preset: nominal {noun} → actual generated tokens: {pairs}.")
     lines += extra_notes(table, set(frame["task"]))
     if approximate:
@@ -261,13 +274,13 @@ def findings(results_dir: Path | str) -> list[Finding]:
     frame = records_frame(records)
     check_consistency(frame)
     found: list[Finding] = []
-    for table in ("table1", "table2"):
+    for table in SHOWN_TABLES:
         blocks = measured_blocks(table, frame, records)
         found += [finding for block in blocks for finding in block.found]
         found += [
             f
             for comparison in sorted({b.comparison for b in blocks})
-            for f in training_findings(results_dir, comparison)
+            for f in training_findings(results_dir, comparison, partial(shows, table))
         ]
         found += sampled_blocks(table, frame, records, None, Path("."))[1]
     return found
@@ -300,17 +313,20 @@ def _measured_blocks(
             text += "\n" + change
         found = list(block.found)
         if comparison not in trained:  # once per comparison
-            training = training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None)
+            shown = partial(shows, table)
+            training = training_block(results_dir, comparison, markdown_dir if plots_dir is not None else None, shown)
             if training:
                 text += "\n" + training
-                found += training_findings(results_dir, comparison)
+                found += training_findings(results_dir, comparison, shown)
         trained.add(comparison)
         if plots_dir is not None:
             name = slugify(comparison, 80) + ("__approximate" if block.approximate else "")
             plot_path = Path(plots_dir) / f"{table}__{name}.png"
             title = f"{TABLE_TITLES[table]}: {block.label}"
             canvases = (
-                dict(zip(group["length"], group["max_completion_length"], strict=True)) if table == "table1" else {}
+                dict(zip(group["length"], group["max_completion_length"], strict=True))
+                if table in LENGTH_TABLES
+                else {}
             )
             _plot(plot_path, title, rows, columns, canvases)
             text += f"\n![{table} {comparison}]({_link(plot_path, markdown_dir)})\n"
@@ -383,7 +399,7 @@ def build_leaderboard(
     check_consistency(frame)
     plots = None if plots_dir is None else Path(plots_dir)
     parts = [HEADER.format(results_dir=results_dir.as_posix(), n_resamples=N_RESAMPLES, missing=MISSING)]
-    for table in ("table1", "table2"):
+    for table in SHOWN_TABLES:
         measured = _measured_blocks(results_dir, table, frame, records, plots, Path(markdown_dir or "."))
         published = published_block(table, tables.get(table, EMPTY_BLOCK))
         parts.append(f"## {TABLE_TITLES[table]}\n\n{measured}\n{published}")

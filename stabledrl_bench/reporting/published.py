@@ -12,7 +12,17 @@ import pandas as pd
 import yaml
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.layout import AVG, OVERALL, TABLE1_TASKS, TABLE2_TASKS, Column, table_columns
+from stabledrl_bench.reporting.layout import (
+    AVG,
+    CODE,
+    CODE_TASKS,
+    OVERALL,
+    SHOWN_TABLES,
+    TABLE1_TASKS,
+    TABLE2_TASKS,
+    Column,
+    table_columns,
+)
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table
 from stabledrl_bench.reporting.schema import SAMPLING_MODES, TABLE1_LENGTHS
 
@@ -26,8 +36,10 @@ STATISTICS = {
     "best-average": "best checkpoint, best mean over the lengths",
     "best-per-length": "best checkpoint per length",
     "unstated": "not stated",
+    "released": "released model (not trained by the source)",
 }
 EMPTY_BLOCK: dict[str, Any] = {"title": "", "notes": [], "rows": []}
+ROUNDING = 0.05 + 1e-9  # a mean stored to one decimal, as the sources print theirs (plus float slack)
 
 
 def _published_cell(cell: Any, where: str) -> None:
@@ -48,14 +60,15 @@ def _validate_published(data: Any, where: str) -> None:
     """Published numbers are hand-entered, so their shape is checked as strictly as measured records."""
     if not isinstance(data, Mapping) or data.get("schema") != PUBLISHED_SCHEMA:
         raise UserError(f"{where}: expected a mapping with schema {PUBLISHED_SCHEMA!r}")
-    unknown = sorted(set(data) - {"schema", "table1", "table2"})
+    unknown = sorted(set(data) - {"schema", *SHOWN_TABLES})
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}")
     allowed = {
         "table1": (TABLE1_TASKS, (*TABLE1_LENGTHS, AVG)),
         "table2": (TABLE2_TASKS, SAMPLING_MODES),
+        CODE: (CODE_TASKS, (*TABLE1_LENGTHS, AVG)),
     }
-    for table in ("table1", "table2"):
+    for table in SHOWN_TABLES:
         block = data.get(table, EMPTY_BLOCK)
         at = f"{where}: {table}"
         if not isinstance(block, Mapping) or sorted(block) != ["notes", "rows", "title"]:
@@ -83,6 +96,19 @@ def _validate_published(data: Any, where: str) -> None:
                     if sub not in subs:
                         raise UserError(f"{at_row}: {sub!r} is not one of {subs}")
                     _published_cell(cell, f"{at_row} {sub}")
+                if AVG in cells and cells[AVG]["grade"] == "D":
+                    _derived_average(cells, at_row)
+
+
+def _derived_average(cells: Mapping[Any, Mapping[str, Any]], where: str) -> None:
+    """A grade-D average is arithmetic on the row's own length cells, so it is recomputed here: a hand-entered
+    mean that disagrees with its cells (beyond the one-decimal rounding of the sources) is a typo, not a number."""
+    lengths = [cells[length]["value"] for length in TABLE1_LENGTHS if length in cells]
+    if len(lengths) != len(TABLE1_LENGTHS):
+        raise UserError(f"{where} avg: a grade-D average needs every length's cell ({TABLE1_LENGTHS})")
+    mean = sum(lengths) / len(lengths)
+    if abs(cells[AVG]["value"] - mean) > ROUNDING:
+        raise UserError(f"{where} avg: {cells[AVG]['value']} is not the mean of its lengths, {mean:.2f}")
 
 
 def load_published(source: Mapping[str, Any] | Path | str | None = None) -> dict[str, Any]:

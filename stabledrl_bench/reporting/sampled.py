@@ -34,7 +34,7 @@ from stabledrl_bench.reporting.runlevel import RunInterval, paired_differences, 
 from stabledrl_bench.reporting.schema import REFERENCE_BASELINES
 from stabledrl_bench.reporting.stats import Interval, bootstrap_mean_ci
 
-Cell = tuple[str, Any]  # (task, length) in Table 1, (task, sampling) in Table 2
+Cell = tuple[str, Any]  # (task, length) in Table 1 and the coding table, (task, sampling) in Table 2
 
 
 @dataclass

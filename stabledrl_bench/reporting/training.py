@@ -5,6 +5,7 @@ shown under the comparison's tables with a curve per run."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -103,26 +104,31 @@ def _plot_training(path: Path, rewards: pd.DataFrame, comparison: str) -> Path |
     )
 
 
-def training_findings(results_dir: Path, comparison: str) -> list[Finding]:
-    """Every run of ``comparison`` against the frozen control, per task, over runs."""
+def training_findings(results_dir: Path, comparison: str, shown: Callable[[str], bool]) -> list[Finding]:
+    """Every run of ``comparison`` against the frozen control, per task that ``shown`` keeps, over runs."""
     found = []
-    for path in _training_files(results_dir, comparison):
-        rewards = read_training(path)
+    for _, rewards in _training_rewards(results_dir, comparison, shown):
         label = task_label(rewards["task"].iloc[0])
         for change in training_changes(rewards).itertuples():
             found.append(Finding(comparison, "training reward", change.run, CONTROL, label, change.over_runs))
     return found
 
 
-def _training_files(results_dir: Path, comparison: str) -> list[Path]:
-    return sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv"))
+def _training_rewards(
+    results_dir: Path, comparison: str, shown: Callable[[str], bool]
+) -> list[tuple[Path, pd.DataFrame]]:
+    """The training rewards of ``comparison``'s tasks that ``shown`` keeps, with their files: one comparison's tasks
+    can be shown in two leaderboard tables (Table 1 and the coding table), and each shows its own tasks' once."""
+    files = sorted((results_dir / TRAINING_DIR).glob(f"{slugify(comparison, 80)}__*.csv"))
+    found = [(path, read_training(path)) for path in files]
+    return [(path, rewards) for path, rewards in found if shown(rewards["task"].iloc[0])]
 
 
-def training_block(results_dir: Path, comparison: str, markdown_dir: Path | None) -> str:
-    """The training-reward table of every task of ``comparison`` (and, given ``markdown_dir``, its curves)."""
+def training_block(results_dir: Path, comparison: str, markdown_dir: Path | None, shown: Callable[[str], bool]) -> str:
+    """The training-reward table of every task of ``comparison`` that ``shown`` keeps (and, given ``markdown_dir``,
+    its curves)."""
     blocks = []
-    for path in _training_files(results_dir, comparison):
-        rewards = read_training(path)
+    for path, rewards in _training_rewards(results_dir, comparison, shown):
         changes = training_changes(rewards)
         if changes.empty:
             continue
