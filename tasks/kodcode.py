@@ -226,10 +226,10 @@ def _has_parameters(args: ast.arguments) -> bool:
     return bool(args.posonlyargs or args.args or args.kwonlyargs or args.vararg or args.kwarg)
 
 
-def read_rows(source: str, cache_dir: str | None = None) -> list[dict[str, Any]]:
+def read_rows(source: str) -> list[dict[str, Any]]:
     """The rows of ``source`` through ``datasets.load_dataset``: a local directory or a ``.json``/``.jsonl``/
-    ``.parquet`` file, else a Hub id (its ``train`` split, from the cache when offline; ``cache_dir`` overrides
-    ``datasets``' cache). One :class:`UserError` line, saying how to get the data, when it cannot be had."""
+    ``.parquet`` file, else a Hub id (its ``train`` split, from the cache when offline). One :class:`UserError`
+    line, saying how to get the data, when it cannot be had."""
     import datasets
     from datasets import utils as hf_utils
     from datasets.exceptions import DatasetsError
@@ -246,7 +246,7 @@ def read_rows(source: str, cache_dir: str | None = None) -> list[dict[str, Any]]
     bars_were_off = hf_utils.are_progress_bars_disabled()
     hf_utils.disable_progress_bars()
     try:
-        return datasets.load_dataset(*args, split="train", cache_dir=cache_dir, **options).to_list()
+        return datasets.load_dataset(*args, split="train", **options).to_list()
     except (OSError, ValueError, DatasetsError) as exc:
         if local:  # a copy that is there but does not read: say what datasets said
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
