@@ -15,8 +15,8 @@ dataset --local-dir DIR``) or a ``.json``/``.jsonl``/``.parquet`` file, loaded b
 with the local path. Where neither exists the task stops with one line saying how to get it. A row must hold
 ``question``, ``solution`` and ``test`` as strings (another shape is a corrupt file: one error naming the row); a
 row whose ``test`` defines no test function this task can call (below) is skipped, and the count is reported in a
-warning. Each doc keeps ``question_id`` (where the row has one), ``question``, ``solution``, ``test`` and
-``test_functions``.
+warning, as is a row whose reference solution's test program is longer than the sandbox runs. Each doc keeps
+``question_id`` (where the row has one), ``question``, ``solution``, ``test`` and ``test_functions``.
 
 **Sources.** SPG's official code (``facebookresearch/SPG`` at ``a1c7120``) has no coding task, and DiffuCoder's
 coupled-GRPO recipe (``apple/ml-diffucoder`` at ``f735e01``, ``recipes/config_coupled_code.yaml``) trains on
@@ -67,7 +67,8 @@ from typing import Any, ClassVar
 from ..errors import UserError
 from .base import require, tagged_completion
 from .code_benchmarks import UnitTestCodeTask
-from .graders.unit_tests import TestProgram
+from .graders import sandbox
+from .graders.unit_tests import TestProgram, driver_source
 from .math_common import D1_TRAIN_SYSTEM_PROMPT
 
 HUB_ID = "KodCode/KodCode-Light-RL-10K"
@@ -258,6 +259,10 @@ def read_rows(source: str) -> list[dict[str, Any]]:
             hf_utils.enable_progress_bars()
 
 
+def _fits(test: TestProgram) -> bool:
+    return len(driver_source(test).encode()) <= sandbox.MAX_SOURCE_BYTES
+
+
 def docs_of(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """The task's fields of each row (module docstring, **Data**); a row with no callable test is skipped, and the
     number skipped is reported in one warning."""
@@ -308,7 +313,17 @@ class KodCodeTask(UnitTestCodeTask):
         return (*super().docs_key(split), self.data)
 
     def _read(self, split: str) -> list[dict[str, Any]]:
-        return docs_of(read_rows(self.data), self.data)
+        """The rows' docs (:func:`docs_of`), less those whose reference solution's program is longer than the sandbox
+        runs (it refuses sources over ``MAX_SOURCE_BYTES``): no completion of them could earn a test's reward."""
+        docs = docs_of(read_rows(self.data), self.data)
+        fitting = [doc for doc in docs if _fits(self.test_program(self.solution(doc), doc))]
+        if len(fitting) < len(docs):
+            warnings.warn(
+                f"kodcode: skipped {len(docs) - len(fitting)} rows of {self.data!r} whose test program is longer than "
+                f"the sandbox runs ({sandbox.MAX_SOURCE_BYTES} bytes)",
+                stacklevel=2,
+            )
+        return fitting
 
     def eval_docs(self, limit: int | None = None) -> list[dict[str, Any]]:
         del limit

@@ -161,6 +161,18 @@ def test_corrupt_rows(tmp_path: Path) -> None:
         module.KodCodeTask(str(not_json)).load("train")
 
 
+def test_rows_too_long_for_the_sandbox_are_skipped(tmp_path: Path) -> None:
+    """The driver holds the program twice (whole, and as setup for the units): a 40,000-character test is over the
+    sandbox's 65,536-byte limit, a 20,000-character one is not."""
+    long_test = ADD["test"] + "\n\ndef test_long():\n    assert add(0, 0) == len('{}') - {}\n"
+    rows = [{**ADD, "test": long_test.format("x" * n, n)} for n in (20_000, 40_000)]
+    with pytest.warns(
+        UserWarning, match=r"^kodcode: skipped 1 rows of .* longer than the sandbox runs \(65536 bytes\)"
+    ):
+        docs = module.KodCodeTask(str(_jsonl(tmp_path / "long.jsonl", rows))).load("train")
+    assert [len(d["test"]) for d in docs] == [len(rows[0]["test"])]
+
+
 def test_test_functions_follow_pytest_naming() -> None:
     source = "def helper():\n    pass\n\ndef test_a():\n    pass\n\nclass TestB:\n    def test_c(self):\n        pass\n"
     assert module.test_functions(source + "def test_d(*args):\n    pass\n\ndef testE():\n    pass\n") == [
