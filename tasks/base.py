@@ -183,7 +183,7 @@ def stabledrl_profile(task: Task, completions: Sequence[str], docs: Sequence[Map
     return task.stabledrl_rewards(completions, docs)
 
 
-_DOCS: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
+_DOCS: dict[tuple[Any, ...], tuple[dict[str, Any], ...]] = {}
 _DOCS_LOCK = threading.Lock()
 
 
@@ -204,6 +204,9 @@ class Task(ABC):
     # Splits a task's puzzle generator and training splits never contain (the evaluation sets).
     held_out: ClassVar[tuple[str, ...]] = ("test",)
     protocols: ClassVar[tuple[str, ...]] = PROTOCOLS
+    # False for a training-only task (KodCode), whose eval_docs refuses and names the tasks that evaluate what it
+    # trains: evaluation suites, lm-eval and the regression graders list only evaluated tasks (evaluation_tasks()).
+    evaluated: ClassVar[bool] = True
 
     @classmethod
     def column_label(cls) -> str:
@@ -222,7 +225,7 @@ class Task(ABC):
             raise UserError(f"task {self.name!r} has no split {split!r}; splits: {', '.join(self.splits)}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise UserError(f"limit must be a non-negative integer, got {limit!r}")
-        key = (self.name, split)
+        key = self.docs_key(split)
         with _DOCS_LOCK:
             if key not in _DOCS:
                 rows = self._read(split)
@@ -232,6 +235,11 @@ class Task(ABC):
             docs = _DOCS[key]
         selected = docs if limit is None else docs[:limit]
         return [{k: list(v) if isinstance(v, list) else v for k, v in doc.items()} for doc in selected]
+
+    def docs_key(self, split: str) -> tuple[Any, ...]:
+        """What the process-wide docs cache keys ``split``'s docs by: the task and split, plus whatever else selects
+        the data (a task whose data path is an option adds it)."""
+        return (self.name, split)
 
     def eval_docs(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The evaluation docs of the d1 protocol (``eval_split``; Sudoku: d1's 256-puzzle subset)."""

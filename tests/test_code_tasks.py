@@ -175,6 +175,11 @@ PARTIAL = "def remove_Occ(s, ch):\n    return 'heo' if s == 'hello' else s"  # p
         (WRONG + "\nimport os\nos._exit(0)", "failed", 0),
         (WRONG + "\nprint('" + "passed" + "')", "failed", 0),  # printing proves nothing
         (WRONG + "\n" + FORGE, "failed", 0),  # the report's token is no module attribute
+        # rebinding what the driver runs the program and units with, or writes its report with, forges nothing
+        (WRONG + "\nimport builtins\nbuiltins.exec = lambda *args, **kwargs: None", "failed", 0),
+        (WRONG + '\nimport json\njson.dumps = lambda obj: \'{"result": "passed", "units": null}\'', "failed", 0),
+        (WRONG + "\nimport __main__\n__main__.UNITS = ['pass'] * len(__main__.UNITS)", "failed", 0),
+        (WRONG + "\nimport __main__\n__main__._units = lambda *args: [True] * 3", "failed", 0),
         (WRONG + "\ndef remove_Occ(s, ch): return input()", "failed", 0),  # stdin cannot be read
         ("import ctypes\nctypes.string_at(0)", "failed", 0),  # a crash is a failure, not an error of the harness
     ],

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.tasks import TASKS, get_task, list_tasks
+from stabledrl_bench.tasks import TASKS, evaluation_tasks, get_task, list_tasks
 from stabledrl_bench.tasks.base import DATA_DIR, read_data_file
 from stabledrl_bench.tasks.countdown import LARGE_TEST_RECIPE, CountdownTask, puzzle_key, solve
 from stabledrl_bench.tasks.graders.sudoku import count_solutions
@@ -61,7 +61,7 @@ def test_split_sizes_and_doc_ids(task: str, split: str, rows: int) -> None:
 
 
 def test_eval_docs_are_the_d1_evaluation_sets() -> None:
-    sizes = {name: len(get_task(name).eval_docs()) for name in list_tasks()}
+    sizes = {name: len(get_task(name).eval_docs()) for name in evaluation_tasks()}  # kodcode has none
     assert sizes == {
         **{"gsm8k": 1319, "math500": 500, "countdown": 256, "sudoku": 256, "aime24": 30, "aime25": 30},
         **{"countdown_large": 1024, "sudoku_hard": 256, "code_io": 256},  # not d1 sets: generated problems
@@ -141,7 +141,8 @@ def test_load_returns_independent_copies_and_checks_arguments() -> None:
 def test_registry() -> None:
     expected = ["gsm8k", "math500", "countdown", "sudoku", "aime24", "aime25", "countdown_large", "sudoku_hard"]
     expected += ["code_io", "humaneval", "mbpp"]
-    assert list_tasks() == expected == list(TASKS)
+    assert list_tasks() == [*expected, "kodcode"] == list(TASKS)  # kodcode: a training split only
+    assert evaluation_tasks() == expected
     with pytest.raises(UserError, match=r"unknown task 'apps'; known: gsm8k, math500"):
         get_task("apps")
 

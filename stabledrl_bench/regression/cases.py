@@ -638,7 +638,7 @@ def all_cases(baselines: list[str] | None = None, groups: list[str] | None = Non
     if "eval" in chosen_groups:
         cases += [Case("eval", name, {"name": name}) for name in EVALS]
     if "graders" in chosen_groups:
-        from stabledrl_bench.tasks import TASKS
+        from stabledrl_bench.tasks import evaluation_tasks
 
-        cases += [Case("graders", task, {"task": task}, cost=1.5) for task in TASKS]
+        cases += [Case("graders", task, {"task": task}, cost=1.5) for task in evaluation_tasks()]
     return cases

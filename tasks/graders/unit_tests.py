@@ -11,7 +11,9 @@ the same, except that the program runs in the sandbox (docs/sandbox.md), not in 
   ``passed``, ``failed`` or ``timed out`` on a line that starts with a random token passed on stdin. The program
   cannot simply report for itself: the token is read before it runs and kept in a local (a program would have to
   search the interpreter's frames or memory for it), and ``sys.exit`` or ``os._exit`` before its asserts ends the
-  driver without a report, so the sample fails (officially ``SystemExit`` is caught and fails too);
+  driver without a report, so the sample fails (officially ``SystemExit`` is caught and fails too). What the verdict
+  depends on (``exec``, ``compile``, the units, the report's text) is taken before the program runs, so rebinding
+  ``builtins.exec``, ``json.dumps`` or the driver's module attributes forges no pass;
 * the timer counts CPU time (``ITIMER_PROF``, 3 s), where the official one counts wall time (``ITIMER_REAL``):
   on a loaded machine a wall-clock timer turns correct programs into time-outs. The sandbox's own limits
   (:data:`LIMITS`) stop a program that sleeps or ignores the timer;
@@ -49,10 +51,12 @@ FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 # Runs inside the sandbox. Constants PROGRAM, SETUP, UNITS and LIMIT are prepended (driver_source); the token that
 # marks the report line comes on stdin, read before the program runs and kept in a local of _main, so no module
-# attribute (``import __main__``) reveals it. What it does not stop: a program that deliberately searches the
-# interpreter (the calling frame's locals, ``gc``) for the token; it guards against exits and printing.
+# attribute (``import __main__``) reveals it; what decides the verdict is kept in locals of _main too, so a program
+# that rebinds the driver's names, ``exec`` or ``json.dumps`` changes nothing. What it does not stop: a program that
+# deliberately searches the interpreter (the calling frame's locals, ``gc``) for them; it guards against exits,
+# printing and rebinding.
 _DRIVER = """\
-import json, signal, sys
+import signal, sys
 
 
 class TimeoutException(Exception):
@@ -81,20 +85,22 @@ def _timer(seconds):
     signal.setitimer(signal.ITIMER_PROF, seconds)
 
 
-def _units():
-    passed = [False] * len(UNITS)
+def _units(setup, units, run, build, timeout):
+    passed = [False for _ in units]
     namespace = {}
     try:
         _timer(LIMIT)
-        exec(compile(SETUP, "<string>", "exec"), namespace)
-        for i, unit in enumerate(UNITS):
+        run(build(setup, "<string>", "exec"), namespace)
+        i = 0
+        for unit in units:
             try:
-                exec(compile(unit, "<string>", "exec"), namespace)
+                run(build(unit, "<string>", "exec"), namespace)
                 passed[i] = True
-            except TimeoutException:
+            except timeout:
                 raise
             except BaseException:
                 pass
+            i += 1
     except BaseException:
         pass
     signal.setitimer(signal.ITIMER_PROF, 0)
@@ -103,21 +109,26 @@ def _units():
 
 def _main():
     token, out = sys.stdin.readline().strip(), sys.stdout  # locals: no module attribute leads to them
+    # Everything the verdict depends on after the program has run, taken now, as locals: the program can rebind
+    # module attributes and builtins (``__main__.UNITS``, ``builtins.exec``, ``json.dumps``), not these. The report
+    # is built from literals and a tuple's iteration, which no program can rebind.
+    run, build, timeout, units, setup, tests = exec, compile, TimeoutException, _units, SETUP, tuple(UNITS)
     sys.stdout = sys.stderr = sys.stdin = _Sink()
-    result, units = "failed", None
+    result, flags = "failed", None
     try:
         _timer(LIMIT)
-        exec(compile(PROGRAM, "<string>", "exec"), {})
+        run(build(PROGRAM, "<string>", "exec"), {})
         signal.setitimer(signal.ITIMER_PROF, 0)
         result = "passed"
-    except TimeoutException:
+    except timeout:
         result = "timed out"
     except BaseException:
         pass
     signal.setitimer(signal.ITIMER_PROF, 0)
-    if result == "failed" and UNITS:
-        units = _units()
-    out.write(token + json.dumps({"result": result, "units": units}) + "\\n")
+    if result == "failed" and tests:
+        flags = units(setup, tests, run, build, timeout)
+    listed = "null" if flags is None else "[" + ", ".join(["true" if flag else "false" for flag in flags]) + "]"
+    out.write(token + '{"result": "' + result + '", "units": ' + listed + "}\\n")
     out.flush()
 
 
