@@ -58,6 +58,10 @@ SETTINGS = {
     "learning_rate": 1e-6,
 }
 MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 704}
+# Two output vocabularies on the same small body: the tiny tokenizer's (the body's matrix products dominate, as in a
+# large model's blocks) and LLaDA's 126,464 (the output head and whatever a sampler does over the whole vocabulary
+# dominate). An 8B model lies between: its head is about 7% of a position's multiply-adds (4096 x 126,464 of 7.5B).
+VOCABULARIES = {"tiny tokenizer's vocabulary (112)": None, "LLaDA's vocabulary (126,464)": 126_464}
 # d1's LoRA (diffu_grpo_train.py, slurm_scripts/train.yaml): r 128, alpha 64, dropout 0.05 on q/k/v/o/up/down/gate
 # projections, of which LLaDA's blocks have q_proj, k_proj, v_proj and up_proj. d1's trainer needs LoRA: its
 # reference is the policy with the adapter disabled.
@@ -257,38 +261,56 @@ def main() -> int:
     if not args.out:
         raise SystemExit("error: --out is required")
     from stabledrl_bench.atomic import atomic_write_text
+
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {name: {"d1": [], "harness": []} for name in VOCABULARIES}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoints = {name: _checkpoint(Path(tmp) / name, size) for name, size in VOCABULARIES.items()}
+        for _ in range(args.repeats):  # interleaved: a load change hits both sides and both models alike
+            for name, checkpoint in checkpoints.items():
+                runs[name]["harness"].append(run_side(sys.executable, "harness", "--checkpoint", str(checkpoint)))
+                tokens = str(int(runs[name]["harness"][-1]["prompt tokens"]))
+                d1_args = ("--d1", str(args.d1), "--checkpoint", str(checkpoint), "--prompt-tokens", tokens)
+                runs[name]["d1"].append(run_side(args.d1_python, "d1", *d1_args))
+    text = _report(runs, args.repeats, load_before, os.getloadavg())
+    atomic_write_text(f"{args.out}.json", json.dumps({"settings": SETTINGS, "model": MODEL, "runs": runs}, indent=1))
+    atomic_write_text(f"{args.out}.md", text)
+    print(text)
+    return 0
+
+
+def _checkpoint(folder: Path, vocab_size: int | None) -> Path:
+    """The random-weight LLaDA-layout checkpoint both sides load (the tiny char tokenizer; a larger output
+    vocabulary only widens the head: its extra ids never come out of the tokenizer)."""
     from stabledrl_bench.core.models import build_tiny
     from stabledrl_bench.core.models.convert import save_tiny_as
 
-    runs: dict[str, list[dict[str, float]]] = {"d1": [], "harness": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = save_tiny_as(build_tiny(seed=0, **MODEL), "llada", Path(tmp) / "llada")
-        for _ in range(args.repeats):  # interleaved: a load change hits both sides alike
-            runs["harness"].append(run_side(sys.executable, "harness", "--checkpoint", str(checkpoint)))
-            tokens = str(int(runs["harness"][-1]["prompt tokens"]))
-            d1_args = ("--d1", str(args.d1), "--checkpoint", str(checkpoint), "--prompt-tokens", tokens)
-            runs["d1"].append(run_side(args.d1_python, "d1", *d1_args))
-    median = {side: {p: statistics.median(r.get(p, 0.0) for r in rs) for p in PARTS} for side, rs in runs.items()}
-    load = os.getloadavg()
+    extra = {} if vocab_size is None else {"vocab_size": vocab_size}
+    return save_tiny_as(build_tiny(seed=0, **MODEL, **extra), "llada", folder)
+
+
+def _report(runs: dict, repeats: int, load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
+    """Markdown: per vocabulary, the medians of each part and the step ratio of every interleaved pair."""
+    loads = " / ".join(f"{x:.2f}" for x in load_before), " / ".join(f"{x:.2f}" for x in load_after)
     lines = [
         "# One RL step: d1's diffu-GRPO trainer against this harness's grpo",
         "",
         f"Written by `benchmarks/bench_d1.py` on {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC: "
-        f"{platform.machine()} CPU ({os.cpu_count()} cores), one thread per side, load average {load[0]:.2f} / "
-        f"{load[1]:.2f} / {load[2]:.2f} at the end; medians of {args.repeats} interleaved runs (seconds).",
-        f"Model: a random-weight LLaDA-layout checkpoint {MODEL}; settings {SETTINGS}.",
-        "",
-        "| part | d1 | harness | d1 / harness |",
-        "|---|---:|---:|---:|",
+        f"{platform.machine()} CPU ({os.cpu_count()} cores), one thread per side; load average {loads[0]} before and "
+        f"{loads[1]} after; {repeats} interleaved pairs of runs per model, each side in a fresh process (seconds, "
+        "medians).",
+        f"Model: a random-weight LLaDA-layout checkpoint {MODEL}, once with the tiny tokenizer's vocabulary and once "
+        f"with LLaDA's; settings {SETTINGS}.",
     ]
-    for part in PARTS:
-        d, h = median["d1"][part], median["harness"][part]
-        lines.append(f"| {part} | {d:.3f} | {h:.3f} | {d / h:.2f} |" if h else f"| {part} | {d:.3f} | {h:.3f} | - |")
-    text = "\n".join(lines) + "\n"
-    atomic_write_text(f"{args.out}.json", json.dumps({"runs": runs, "median": median}, indent=1))
-    atomic_write_text(f"{args.out}.md", text)
-    print(text)
-    return 0
+    for name, sides in runs.items():
+        median = {side: {p: statistics.median(r.get(p, 0.0) for r in rs) for p in PARTS} for side, rs in sides.items()}
+        lines += ["", f"## {name}", "", "| part | d1 | harness | d1 / harness |", "|---|---:|---:|---:|"]
+        for part in PARTS:
+            d, h = median["d1"][part], median["harness"][part]
+            lines.append(f"| {part} | {d:.3f} | {h:.3f} | {d / h:.2f} |" if h else f"| {part} | {d:.3f} | - | - |")
+        ratios = [d["step"] / h["step"] for d, h in zip(sides["d1"], sides["harness"], strict=True)]
+        lines += ["", "Step ratio (d1 / harness) of each pair, in order: " + ", ".join(f"{r:.2f}" for r in ratios)]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

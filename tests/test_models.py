@@ -177,3 +177,12 @@ def test_dream_slot_shifts_logits(tmp_path):
     shifted = dream.logits(ids)
     torch.testing.assert_close(shifted[:, 1:], raw[:, :-1])
     torch.testing.assert_close(shifted[:, :1], raw[:, :1])
+
+
+def test_build_tiny_takes_a_larger_output_vocabulary() -> None:
+    """A benchmark can give the tiny body a real model's output head (LLaDA's 126,464); ids beyond the tokenizer's
+    only widen the logits."""
+    dlm = build_tiny(vocab_size=300)
+    ids, _ = dlm.encode_prompts(["12"], chat_template=False)
+    assert dlm.model.config.vocab_size == 300 and len(dlm.tokenizer) < 300
+    assert dlm.logits(ids).shape == (1, ids.shape[1], 300)

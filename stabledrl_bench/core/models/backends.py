@@ -290,17 +290,20 @@ def build_tiny(
     """A freshly initialised tiny model with the char tokenizer (deterministic given ``seed``).
 
     Initialisation draws from the global RNG inside a forked RNG state, so building a model never disturbs the
-    caller's random streams.
+    caller's random streams. ``config_overrides`` may enlarge ``vocab_size`` beyond the tokenizer's (benchmarks
+    that need a real model's output head: the extra ids never come out of the tokenizer).
     """
     tokenizer = build_char_tokenizer()
     config = TinyDLMConfig(
-        vocab_size=len(tokenizer),
-        mask_token_id=tokenizer.mask_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        attention_kind=attention,
-        block_size=block_size,
-        **config_overrides,
+        **{
+            "vocab_size": len(tokenizer),
+            "mask_token_id": tokenizer.mask_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "attention_kind": attention,
+            "block_size": block_size,
+            **config_overrides,
+        }
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
