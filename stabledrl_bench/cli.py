@@ -48,7 +48,11 @@ def _add_reproduce(sub) -> None:
 def _comparison_options(p) -> None:
     """The options of one comparison (``reproduce`` and ``platforms``)."""
     p.add_argument("table", choices=("table1", "table2"), help="table1 (full attention) or table2 (block diffusion)")
-    p.add_argument("--preset", default="auto", help="auto (default), tiny, smoke or paper")
+    p.add_argument(
+        "--preset",
+        default="auto",
+        help="auto (default), tiny, smoke, paper, or another of configs/presets/<table>.yaml",
+    )
     p.add_argument("--model", help="local weights for the paper preset (LLaDA-8B-Instruct / SDAR-8B)")
     p.add_argument("--baselines", help="comma-separated subset of baselines (default: all of the table)")
     p.add_argument("--tasks", help="comma-separated subset of the preset's tasks")

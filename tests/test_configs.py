@@ -93,7 +93,7 @@ def test_defaults_are_the_stabledrl_recipe():
 @pytest.mark.parametrize("table", ["table1", "table2"])
 def test_presets_load_and_paper_presets_reuse_the_recipe(table):
     loaded = presets(table)
-    assert set(loaded) == {"paper", "tiny", "smoke"}
+    assert set(loaded) == {"paper", "tiny", "smoke"} | ({"tiny-fast"} if table == "table1" else set())
     paper, tiny, smoke = loaded["paper"], loaded["tiny"], loaded["smoke"]
     recipe = read_recipe(PAPER_RECIPE)
     assert (paper.prompt_protocol, paper.reward_profile) == (recipe["protocol"], recipe["reward_profile"])
@@ -115,6 +115,11 @@ def test_presets_load_and_paper_presets_reuse_the_recipe(table):
     assert smoke.budget == dataclasses.replace(tiny.budget, max_steps=tiny.budget.num_iterations, **halved)
     assert (smoke.sft.max_steps, smoke.eval_limit) == (10, 8) and smoke.sft.optim == tiny.sft.optim
     assert tiny.model == ("tiny" if table == "table1" else "tiny-block") == tiny.sft.model
+    if table == "table1":  # the fast-rollout study's preset: the tiny one but for the rollouts' decoder
+        fast = loaded["tiny-fast"]
+        assert fast.budget == dataclasses.replace(tiny.budget, rollout_decode="fast")
+        assert (fast.sft, fast.tasks, fast.optim) == (tiny.sft, tiny.tasks, tiny.optim)
+        assert fast.task_sft("sudoku") == tiny.task_sft("sudoku")  # so the study shares the warm starts
 
 
 def _write_presets(folder, text):
