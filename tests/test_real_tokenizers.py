@@ -135,10 +135,12 @@ def scripted(dlm: DiffusionLM, prompt_len: int, end: int) -> None:
     forward = type(dlm.model).forward
     offset = 1 if dlm.shift_logits else 0  # Dream's logits at position i are read for token i + 1
 
-    def biased(model, input_ids, *args, position_ids=None, **kwargs):
-        out = forward(model, input_ids, *args, position_ids=position_ids, **kwargs)
+    def biased(model, input_ids, *args, position_ids=None, logits_to_keep=None, **kwargs):
+        out = forward(model, input_ids, *args, position_ids=position_ids, logits_to_keep=logits_to_keep, **kwargs)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        if logits_to_keep is not None:  # the logits of those positions only (a decoding step reads one block)
+            position_ids = position_ids[:, logits_to_keep]
         rows, cols = torch.nonzero(position_ids + offset >= prompt_len, as_tuple=True)
         at = (position_ids[rows, cols] + offset - prompt_len).clamp(max=len(script) - 1)
         out.logits[rows, cols, script[at]] = 1e4
