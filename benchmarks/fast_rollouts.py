@@ -47,6 +47,7 @@ from stabledrl_bench.reporting.frame import check_consistency, records_frame
 from stabledrl_bench.reporting.leaderboard import Block, measured_blocks
 from stabledrl_bench.reporting.markdown import markdown_rows
 from stabledrl_bench.reporting.measured import MeasuredRow, run_change, starting_points
+from stabledrl_bench.reporting.provenance import cpu_model, git_state
 from stabledrl_bench.reporting.results import load_results
 from stabledrl_bench.reporting.runlevel import MIN_RUNS, RunInterval
 from stabledrl_bench.training.runlog import read_log
@@ -209,7 +210,17 @@ def analyse(
             for mode, by_task in logs.items()
         }
         methods.append({"baseline": baseline, "columns": columns, "logs": per_mode, "curves": curves})
-    return {"table": table, "comparisons": names, "tasks": list(tasks), "seeds": list(seeds), "methods": methods}
+    git = git_state()
+    return {
+        "table": table,
+        "comparisons": names,
+        "tasks": list(tasks),
+        "seeds": list(seeds),
+        "methods": methods,
+        "machine": f"{cpu_model()} ({os.cpu_count()} cores)",
+        "commit": f"{(git.get('commit') or 'unknown')[:7]}{' (dirty)' if git.get('dirty') else ''}",
+        "load_average": list(os.getloadavg()),
+    }
 
 
 def _cell(entry: Mapping[str, Any] | None) -> str:
@@ -229,7 +240,12 @@ def report(document: Mapping[str, Any], plot: Path | None) -> str:
         f"Written by `benchmarks/fast_rollouts.py`: `{names['exact']}` (exact rollouts) against `{names['fast']}` "
         f"(Fast-dLLM rollouts: dual cache, threshold 0.9, EOS stop), tasks {', '.join(document['tasks'])}, seeds "
         f"{', '.join(map(str, document['seeds']))}. Changes are test points with the two-level interval over runs "
-        '(seeds, then test items); a cell marked "not resolved" has an interval that includes 0.',
+        '(seeds, then test items); a cell marked "not resolved" has an interval that includes 0 (always, with one '
+        "run).",
+        "",
+        f"Machine: {document['machine']}; code at {document['commit']}; load average when the report was written: "
+        + " / ".join(f"{x:.2f}" for x in document["load_average"])
+        + ". Step times come from the runs themselves (two workers side by side, one thread each).",
         "",
         "## Test accuracy",
         "",
@@ -309,7 +325,6 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     curves = {label: curve for method in document["methods"] for label, curve in method["curves"].items()}
     plot = plot_runs(curves, out.with_suffix(".png"), window=5, title="training reward, mean over runs")
-    document["load_average"] = os.getloadavg()
     atomic_write_text(out.with_suffix(".json"), json.dumps(document, indent=1))
     text = report(document, plot)
     atomic_write_text(out.with_suffix(".md"), text)
