@@ -295,10 +295,11 @@ def test_checkers_find_what_a_broken_tree_breaks(tmp_path: Path) -> None:
 
 
 def test_checkers_catch_a_broken_copy_of_the_real_docs(tmp_path: Path, files: list[Path]) -> None:
-    """Copy the tracked text files (and the plots the leaderboard shows), then break one heading, one page, one
-    section and add one leaked citation: the copy passes before and each check fails after."""
+    """Copy the tracked text files (and the plots the leaderboard and the benchmark reports show), then break one
+    heading, one page, one section and add one leaked citation: the copy passes before and each check fails after."""
     copies = []
-    for path in [*_citing(files), *ROOT.glob("results/**/*.png")]:  # the plots are what leaderboard.md links to
+    plots = [*ROOT.glob("results/**/*.png"), *ROOT.glob("benchmarks/reports/*.png")]  # what the pages link to
+    for path in [*_citing(files), *plots]:
         target = tmp_path / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
