@@ -592,10 +592,12 @@ class _FullContext(_WorkingBatch):
         if self.cache_mode == "none":
             self.nfe += 2 if self.cfg_scale > 0 else 1
             key_valid = self.key_valid[self.rows]
-            if not self.keep_full:  # the block's logits only
-                return _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale, span)
-            self.full_logits = _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale)
-            return self.full_logits[:, span]
+            keep = None if self.keep_full else span  # an observer reads the whole forward, decoding the block
+            logits = _llada_step_logits(self.model, x, key_valid, self.prompt_real[self.rows], self.cfg_scale, keep)
+            if not self.keep_full:
+                return logits
+            self.full_logits = logits
+            return logits[:, span]
         if first_step:
             return self._refresh(x, span)
         mask = self._pattern(torch.cat((self._cached_positions(span), self.queries)), len(self.queries))
