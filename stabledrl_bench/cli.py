@@ -89,6 +89,12 @@ def _comparison_options(p) -> None:
         help="run independent stages (methods, seeds, tasks, evaluations) side by side in N processes with the "
         "threads of their model's size each; records are the same as with 1 (default: as many as the cores hold)",
     )
+    p.add_argument(
+        "--train-starts",
+        action="store_true",
+        help="train every SFT warm start here instead of copying a committed one (results/starts) with its settings",
+    )
+    p.add_argument("--starts", metavar="DIR", help="committed warm starts to use (default: the repository's)")
     _add_skip_check(p)
     _add_trust(p)
 
@@ -283,6 +289,11 @@ def _add_misc(sub) -> None:
     )
     p.add_argument("--rerun-runs", metavar="DIR", help="with --rerun: a runs folder to reuse (default: a fresh one)")
     _add_trust(p)
+    p = sub.add_parser("starts", help="list the committed SFT warm starts, or commit finished ones (starts save)")
+    p.add_argument("action", nargs="?", choices=("list", "save"), default="list", help="list (default) or save")
+    p.add_argument("folders", nargs="*", metavar="SFT_FOLDER", help="save: runs/<comparison>/<task>/s<seed>/sft")
+    p.add_argument("--to", metavar="DIR", help="committed starts folder (default: the repository's results/starts)")
+    p.add_argument("--note", help="save: what else is known of where the start came from (kept in its start.json)")
     p = sub.add_parser("list", help="list the entries of a registry (built-ins and installed plugins)")
     p.add_argument("what", choices=tuple(REGISTRIES), help="which registry")
     p = sub.add_parser("grade", help="grade a JSONL of predictions with the task's graders")
@@ -350,6 +361,35 @@ def _cmd_list(args) -> int:
     if args.what == "protocols":  # built on request, so never in the registry
         print(f"{'<protocol>-n<N>-t<T>':26s} any protocol above decoded N times at temperature T: pass@k and maj@k")
     return 0
+
+
+def _cmd_starts(args) -> int:
+    from stabledrl_bench.experiments.starts import STARTS_DIR, committed_starts, read_start, save_start
+
+    root = Path(args.to) if args.to else STARTS_DIR
+    if args.action == "save":
+        if not args.folders:
+            raise UserError("starts save: name the warm starts to commit (runs/<comparison>/<task>/s<seed>/sft)")
+        for folder in args.folders:
+            print(f"committed: {save_start(Path(folder), root, note=args.note)}")
+        return 0
+    for spec_hash, folder in committed_starts(root).items():
+        record = read_start(folder)
+        sft, trained = record["spec"]["sft"], record.get("trained") or {}
+        where = _machine(trained) if trained else f"not recorded (saved on {_machine(record.get('saved') or {})})"
+        print(
+            f"{folder.name:36s} {sft['task']} seed {sft['seed']}, {sft['max_steps']} steps; settings {spec_hash}, "
+            f"weights {record.get('weights_sha256', '?')[:12]}; trained on {where}"
+        )
+        if record.get("note"):
+            print(f"{'':36s} {record['note']}")
+    return 0
+
+
+def _machine(environment: dict) -> str:
+    """``AMD EPYC (AVX512) at 8e17389``: the CPU, its kernels and the commit of a recorded environment."""
+    hardware, commit = environment.get("hardware") or {}, (environment.get("git") or {}).get("commit") or "?"
+    return f"{hardware.get('cpu') or '?'} ({hardware.get('capability') or '?'}) at {commit[:7]}"
 
 
 def _load_config(cls, args, flags: dict, defaults=None):
@@ -718,6 +758,8 @@ def _comparison(args):
         pass_k_lengths=args.pass_k_lengths,
         eval_every=args.eval_every,
         workers=args.workers,
+        starts=args.starts,
+        train_starts=args.train_starts,
     )
     require_folder(run.results, "--results")
     return run
@@ -736,6 +778,7 @@ COMMANDS = {
     "reproduce": _cmd_reproduce,
     "platforms": _cmd_platforms,
     "regress": _cmd_regress,
+    "starts": _cmd_starts,
 }
 
 

@@ -67,6 +67,15 @@ def small_budget(**overrides):
     return Budget(**{**fields, **overrides})
 
 
+def small_warm_start(steps: int = 2):
+    """The cheapest warm start: a fresh SMALL tiny model (seed 0), then ``steps`` SFT steps of 4 Sudoku canvases."""
+    from stabledrl_bench.experiments.runner import WarmStart
+    from stabledrl_bench.training.sft import SFTConfig
+
+    sft = SFTConfig(task="sudoku", max_steps=steps, batch_size=4, max_completion_length=16, progress=False)
+    return WarmStart(sft=sft, init={**SMALL, "seed": 0})
+
+
 @pytest.fixture(scope="session")
 def small_checkpoint(tmp_path_factory):
     """A saved small tiny model (seed 0); shared by many tests, so treat it as read-only."""

@@ -97,6 +97,9 @@ def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path:
     assert {json.dumps(r["environment"]["hardware"]["emulated"]) for r in emulated} == {
         json.dumps({"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"})
     }
+    # the platform trained its own warm start under its kernels (--train-starts), and the start says so
+    start = tmp_path / "runs" / "platforms" / "blas-sse42" / "table1-smoke" / "sudoku" / "s0" / "sft"
+    assert "emulated" in json.loads((start / "warm_start.json").read_text())["environment"]["hardware"]
     native = load_results(results)  # the comparison's own records only: the platforms' are not the board's
     assert len(native) == 6 and all("emulated" not in r["environment"]["hardware"] for r in native)
     assert findings(results)  # the board's comparisons over runs read the native records

@@ -167,10 +167,19 @@ def test_seeds_are_replicates_and_a_later_seed_adds_to_them(tmp_path, capsys):
     pd.testing.assert_frame_equal(rewards[rewards["seed"] == 0].reset_index(drop=True), seed0)
     assert set(rewards[rewards["seed"] == 1]["run"]) == {"grpo", "frozen"}
 
+    # seed 0's warm start committed (`starts save`), and its copy in the runs folder gone: the committed start is
+    # copied, not trained, and seed 0's RL runs and records, made from the same weights, are all reused
+    committed = tmp_path / "starts" / "table1-smoke__sudoku__s0"
     (tmp_path / "s0").rename(runs / "s0")
-    assert _run(tmp_path, "table1", *argv, "--seeds", "0,1") == 0
+    assert main(["starts", "save", str(runs / "s0" / "sft"), "--to", str(tmp_path / "starts")]) == 0
+    trained = (runs / "s0" / "sft" / "final" / "model.safetensors").read_bytes()
+    shutil.rmtree(runs / "s0" / "sft")
+    assert _run(tmp_path, "table1", *argv, "--seeds", "0,1", "--starts", str(tmp_path / "starts")) == 0
     out = capsys.readouterr().out
-    assert out.count("warm start: reused") == 2 and out.count("trained, reused") == 4  # grpo and control per seed
+    assert "warm start: copied from the committed start table1-smoke__sudoku__s0" in out
+    assert (runs / "s0" / "sft" / "final" / "model.safetensors").read_bytes() == trained
+    assert json.loads((runs / "s0" / "sft" / "warm_start.json").read_text())["committed"] == str(committed)
+    assert out.count("warm start: reused") == 1 and out.count("trained, reused") == 4  # grpo and control per seed
     assert all((runs / f"s{seed}" / name / "final").is_dir() for seed in (0, 1) for name in ("sft", "grpo", "frozen"))
     records = load_results(tmp_path / "results")
     assert sorted({(r["baseline"], r["seed"]) for r in records}) == [("grpo", 0), ("grpo", 1), ("sft", 0), ("sft", 1)]
@@ -202,6 +211,7 @@ def test_a_task_outside_the_default_run_runs_when_named(tmp_path, capsys):
         (["reproduce", "table1", "--preset", "smoke", "--seeds", "0,x"], "--seeds: expected comma-separated"),
         (["reproduce", "table1", "--preset", "paper"], "needs --model"),
         (["reproduce", "table1", "--preset", "smoke", "--baselines", "grpo,nope"], "unknown baseline"),
+        (["reproduce", "table1", "--preset", "smoke", "--starts", "/no/such/dir"], "--starts /no/such/dir: no such"),
         (["eval", "--model", "/no/such/dir", "--task", "sudoku"], "model path does not exist"),
         (["eval", "--model", "tiny", "--task", "nope"], "unknown task"),
         (["train", "--config", "/no/such.yaml"], "config file not found"),

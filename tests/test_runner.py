@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
+from conftest import small_warm_start
 
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments import runner
 from stabledrl_bench.experiments.runner import (
     TrainJob,
-    WarmStart,
     control_config,
     ensure_warm_start,
     run_jobs,
@@ -24,9 +24,7 @@ from stabledrl_bench.experiments.stress.common import NoiseInjection
 from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.optim import OptimConfig
 from stabledrl_bench.training.runlog import read_log
-from stabledrl_bench.training.sft import SFTConfig
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "seed": 0}
 BUDGET = Budget(
     max_steps=4,
     prompts_per_step=2,
@@ -43,15 +41,10 @@ BUDGET = Budget(
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def _warm_start(steps: int = 2) -> WarmStart:
-    sft = SFTConfig(task="sudoku", max_steps=steps, batch_size=4, max_completion_length=16, progress=False)
-    return WarmStart(sft=sft, init=SMALL)
-
-
 @pytest.fixture(scope="module")
 def start(tmp_path_factory):
     folder = tmp_path_factory.mktemp("warm") / "sft"
-    final, info = ensure_warm_start(_warm_start(), folder)
+    final, info = ensure_warm_start(small_warm_start(), folder)
     return final, info
 
 
@@ -74,12 +67,12 @@ def _config(model, out, **changes) -> TrainConfig:
 def test_warm_start_is_built_once_and_keyed_by_its_spec(start, tmp_path):
     final, info = start
     assert (final / "config.json").is_file() and info["built_now"] and info["sft_cpu_seconds"] > 0
-    again, cached = ensure_warm_start(_warm_start(), final.parent)
+    again, cached = ensure_warm_start(small_warm_start(), final.parent)
     assert again == final and not cached["built_now"] and cached["spec_hash"] == info["spec_hash"]
     with pytest.raises(UserError, match="other settings"):
-        ensure_warm_start(_warm_start(steps=3), final.parent)
+        ensure_warm_start(small_warm_start(steps=3), final.parent)
     # the folder is never where the identity comes from: the same spec elsewhere has the same hash
-    assert _warm_start().hash() == info["spec_hash"] != _warm_start(steps=3).hash()
+    assert small_warm_start().hash() == info["spec_hash"] != small_warm_start(steps=3).hash()
 
 
 def test_job_key_ignores_where_and_how_loudly_but_not_what(tmp_path):
@@ -172,7 +165,9 @@ def test_interrupted_warm_start_resumes_to_the_same_weights(start, tmp_path, mon
 
     from stabledrl_bench.training import sft as sft_module
 
-    spec = WarmStart(sft=dataclasses.replace(_warm_start(steps=5).sft, save_every=2), init=SMALL)
+    spec = dataclasses.replace(
+        small_warm_start(steps=5), sft=dataclasses.replace(small_warm_start(steps=5).sft, save_every=2)
+    )
     whole, _ = ensure_warm_start(spec, tmp_path / "whole")
     calls, original = [], sft_module.sft_loss
 
@@ -193,13 +188,13 @@ def test_interrupted_warm_start_resumes_to_the_same_weights(start, tmp_path, mon
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in read_log(tmp_path / "cut" / "log.jsonl")] == [1, 2, 3, 4, 5]
-    assert spec.hash() == _warm_start(steps=5).hash()  # how often it saves is not what it builds
+    assert spec.hash() == small_warm_start(steps=5).hash()  # how often it saves is not what it builds
 
 
 def test_sft_refuses_checkpoints_of_other_settings(tmp_path):
     from stabledrl_bench.training.sft import run_sft
 
-    cfg = dataclasses.replace(_warm_start(steps=3).sft, save_every=2, model="tiny", output_dir=str(tmp_path))
+    cfg = dataclasses.replace(small_warm_start(steps=3).sft, save_every=2, model="tiny", output_dir=str(tmp_path))
     run_sft(cfg)
     with pytest.raises(UserError, match="other settings"):
         run_sft(dataclasses.replace(cfg, seed=1))

@@ -21,6 +21,7 @@ from stabledrl_bench.core.models.fit import weight_shapes
 from stabledrl_bench.errors import INT64_LIMIT, UserError, comma_list
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol, sampled_protocol
 from stabledrl_bench.experiments.presets import Preset, choose_preset
+from stabledrl_bench.experiments.starts import STARTS_DIR, committed_starts
 from stabledrl_bench.processes import available_cores, launched, threads_for
 from stabledrl_bench.reporting.naming import ResultKey
 
@@ -58,6 +59,7 @@ class Comparison:
     eval_every: int = 0  # --eval-every: validation every N steps and the best checkpoint evaluated too (0: off)
     workers: int = 1  # --workers: stages run side by side in this many processes
     threads: int = 1  # each stage's intra-op threads: by the model's size (processes.threads_for)
+    starts: Path | None = STARTS_DIR  # committed warm starts copied instead of training (None: --train-starts)
 
     @property
     def name(self) -> str:
@@ -136,6 +138,8 @@ def comparison(
     pass_k_lengths: str | None = None,
     eval_every: int | None = None,
     workers: int | None = None,
+    starts: str | None = None,
+    train_starts: bool = False,
 ) -> Comparison:
     """The :class:`Comparison` the ``reproduce`` options ask for (the command line's text, checked here): every
     bad option is one line before anything runs, not after the first warm start.
@@ -173,6 +177,7 @@ def comparison(
         sampled=sampled,
         eval_every=chosen.validation.every if eval_every is None else eval_every,
         **_parallelism(model or str(chosen.model), workers),
+        starts=None if train_starts else _starts(starts),
     )
     unknown = sorted(set(chosen.validation.lengths) - set(chosen.lengths))
     if unknown:
@@ -181,6 +186,16 @@ def comparison(
     for baseline in built.baselines:  # a method that cannot learn under the budget fails before any warm start
         build_baseline(baseline).require_groups(chosen.budget.num_generations)
     return built
+
+
+def _starts(starts: str | None) -> Path:
+    """``--starts`` (default: the repository's committed starts, which may be absent, e.g. in a wheel)."""
+    if starts is None:
+        return STARTS_DIR
+    if not Path(starts).is_dir():
+        raise UserError(f"--starts {starts}: no such folder")
+    committed_starts(Path(starts))  # a broken start.json is an error now, not after other stages ran
+    return Path(starts)
 
 
 def _parallelism(model: str, workers: int | None) -> dict[str, int]:

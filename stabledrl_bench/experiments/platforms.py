@@ -21,7 +21,10 @@ only verdicts that are resolved on this machine's kernels and hold.
 
 runs ``reproduce table1 --tasks sudoku --seeds 0,1,2,3,4`` on this machine's kernels (into the usual ``--runs`` and
 ``--results`` folders, so the comparison's own runs are reused) and under every emulated platform (into
-``<runs>/platforms/<name>`` and ``<results>/platforms/<name>``, which the leaderboard does not read).
+``<runs>/platforms/<name>`` and ``<results>/platforms/<name>``, which the leaderboard does not read). Every
+emulated platform trains its own SFT warm starts (``--train-starts``), so the study measures what a change of
+machine does to the whole pipeline; a user who starts from the committed starts (:mod:`.starts`) sees only the RL
+part of that difference.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def run_study(run: Comparison, reproduce_argv: Sequence[str], platforms: Sequenc
         board = run.leaderboard if name == "native" else runs / "leaderboard.md"
         command = [sys.executable, "-m", "stabledrl_bench", "reproduce", *reproduce_argv]
         command += ["--runs", str(runs), "--results", str(results), "--leaderboard", str(board)]
+        command += ["--train-starts"]  # each platform trains its own starts: the whole pipeline's difference
         with on_interrupt(lambda: "re-run the same command: finished platforms and stages are reused"):
             done = subprocess.run(command, env={**os.environ, **platform.env})
         if done.returncode != 0:

@@ -178,8 +178,11 @@ def _start(replicate: Replicate, inputs: Sequence[Done]) -> str:
 def _warm_start(replicate: Replicate) -> Done:
     run = replicate.comparison
     spec = warm_start_spec(run.preset, replicate.task, run.model, replicate.seed)
-    final, info = ensure_warm_start(spec, replicate.runs / "sft", force=run.force)
+    final, info = ensure_warm_start(spec, replicate.runs / "sft", force=run.force, starts=run.starts)
     how = "built" if info["built_now"] else "reused"
+    if info.get("source") == "committed":  # the same weights on every machine: say which
+        name = Path(info["committed"]).name
+        how = f"copied from the committed start {name}" if info.get("copied_now") else f"reused, committed {name}"
     return Done(str(final), reused=not info["built_now"], lines=(f"  [{replicate.task}] warm start: {how} ({final})",))
 
 

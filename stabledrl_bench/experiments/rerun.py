@@ -62,6 +62,7 @@ def _remake(
         results=str(results),
         leaderboard=str(results / "leaderboard.md"),
         eval_every=None if validation is None else validation["every"],
+        train_starts=True,  # the start is remade too, not copied: the question is what this code produces
     )
     if baseline not in STARTS and record.get("budget") != run.preset.budget.to_dict():
         raise UserError(

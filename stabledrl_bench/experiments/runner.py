@@ -39,9 +39,10 @@ from stabledrl_bench.config import NOT_IDENTITY, stable_hash, to_dict
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.models import build_tiny, save_diffusion_lm
 from stabledrl_bench.errors import UserError
+from stabledrl_bench.experiments.starts import copy_start, find_start
 from stabledrl_bench.experiments.workers import Progress, Stage, run_graph
 from stabledrl_bench.processes import barrier, is_main_process
-from stabledrl_bench.reporting.provenance import git_state
+from stabledrl_bench.reporting.provenance import environment_info, git_state
 from stabledrl_bench.training.checkpoint import latest_checkpoint
 from stabledrl_bench.training.config import TrainConfig
 from stabledrl_bench.training.runlog import read_log
@@ -95,12 +96,18 @@ class WarmStart:
 
 
 def ensure_warm_start(
-    spec: WarmStart, folder: Path | str, *, force: bool = False, override: str | None = None
+    spec: WarmStart,
+    folder: Path | str,
+    *,
+    force: bool = False,
+    override: str | None = None,
+    starts: Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """The warm start's model folder (``folder/final``) and a description of it; built now unless cached.
 
-    ``override`` uses an existing model folder instead (``--warm-start PATH``). A folder built from another spec is
-    an error naming it (``force`` rebuilds it); an interrupted build resumes from its last SFT checkpoint.
+    ``override`` uses an existing model folder instead (``--warm-start PATH``). ``starts``: a folder of committed
+    starts (:mod:`.starts`); one trained with this spec is copied instead of training. A folder built from another
+    spec is an error naming it (``force`` rebuilds it); an interrupted build resumes from its last SFT checkpoint.
     """
     if override is not None:
         path = Path(override)
@@ -122,17 +129,35 @@ def ensure_warm_start(
             )
         if final.is_dir() and "sft_cpu_seconds" in cached:
             print(f"warm start: done ({final})")
-            cost = {k: cached.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}
-            return final, {**info, **cost, "built_now": False}
+            kept = {k: cached[k] for k in ("source", "committed", "sft_seconds", "sft_cpu_seconds") if k in cached}
+            return final, {**info, **kept, "built_now": False}
     barrier()  # every process has looked at the folder before the main process writes into it
+    committed = find_start(spec.hash(), starts) if starts is not None else None
+    if committed is not None:
+        return final, {**info, **_copy_committed(spec, folder, committed), "built_now": False, "copied_now": True}
     return final, {**info, **_build_warm_start(spec, folder), "built_now": True}
+
+
+def _copy_committed(spec: WarmStart, folder: Path, committed: Path) -> dict[str, Any]:
+    """Copy the committed start into ``folder/final`` and record where it came from (the main process copies)."""
+    record = {"spec": spec.identity(), "spec_hash": spec.hash(), "source": "committed", "committed": str(committed)}
+    if is_main_process():
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / WARM_START_FILE, json.dumps(record))  # first: a half-copied folder is still ours
+        start = copy_start(committed, folder / "final")
+        cost = {k: start.get(k) for k in ("sft_seconds", "sft_cpu_seconds")}  # what training it cost, where it was
+        record.update(cost, weights_sha256=start.get("weights_sha256"), trained=start.get("trained"))
+        atomic_write_text(folder / WARM_START_FILE, json.dumps(record))
+    barrier()
+    return json.loads((folder / WARM_START_FILE).read_text())
 
 
 def _build_warm_start(spec: WarmStart, folder: Path) -> dict[str, float]:
     """Initialise (if asked), SFT (resuming an interrupted one), and record the spec; returns the SFT wall and CPU
     seconds (of this call: a resumed build counts what it ran)."""
 
-    record = {"spec": spec.identity(), "spec_hash": spec.hash()}
+    # the machine and code that train it: a start is the same bit for bit only on the kind of CPU that trained it
+    record = {"spec": spec.identity(), "spec_hash": spec.hash(), "environment": environment_info()}
     if is_main_process():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(folder / WARM_START_FILE, json.dumps(record))  # first: a half-built folder is still ours

@@ -46,12 +46,14 @@ from stabledrl_bench.reporting.schema import (
 
 STABILITY_DIR = "stability"  # the stress tests' records: another schema, their own leaderboard section
 PLATFORMS_DIR = "platforms"  # the platform study's runs of a comparison under other kernels, and its report
+STARTS_SUBDIR = "starts"  # committed SFT warm starts (experiments/starts.py): models, not records
 
 
 def record_paths(root: Path) -> list[Path]:
     """Every result record's path under ``root`` (sorted), outside the folders that hold other things: the stress
-    tests' records and the platform study's (whose platforms are folders of records of their own)."""
-    skipped = [root / STABILITY_DIR, root / PLATFORMS_DIR]
+    tests' records, the platform study's (whose platforms are folders of records of their own) and the committed
+    warm starts."""
+    skipped = [root / STABILITY_DIR, root / PLATFORMS_DIR, root / STARTS_SUBDIR]
     return sorted(path for path in root.rglob("*.json") if not any(folder in path.parents for folder in skipped))
 
 
