@@ -7,9 +7,10 @@
 2. **Size.** The same stage idle at one thread and at every core for larger tiny models (wider and deeper): where a
    second thread starts to pay, which sets ``SMALL_MODEL_PARAMETERS`` (``stabledrl_bench/processes.py``).
 3. **The front door.** ``reproduce table1`` (the tiny preset's default: Sudoku, seed 0, five methods, the frozen
-   control, 18 evaluations) into an empty runs folder, so nothing is reused: at ``--workers 1`` and at the default
-   (as many workers as the cores hold), wall time each and when the warm start, which runs alone, ended
-   (``--parts front-door``; about 40 minutes on 2 cores; ``--front-door-workers default`` measures only the default).
+   control, 18 evaluations) into an empty runs folder, so no run or record is reused: at ``--workers 1`` and at the
+   default (as many workers as the cores hold), wall time each and when the warm start, which runs alone, ended,
+   and whether it was copied from the committed starts or trained (``--parts front-door``; ``--front-door-workers
+   default`` measures only the default).
 
 Every measurement runs in a fresh process (its thread count set before any work), the variants of a part alternate
 ``--repeats`` times, and the report gives medians, each run's time, and the load averages before and after. Run it
@@ -140,6 +141,7 @@ def front_door(repeats: int, variants: list[str]) -> dict[str, Any]:
     alone before it (every other stage needs it), so that is the part no number of workers shortens."""
     runs: dict[str, list[float]] = {VARIANTS[v][0]: [] for v in variants}
     warm_start: dict[str, list[float]] = {VARIANTS[v][0]: [] for v in variants}
+    how: dict[str, list[str]] = {VARIANTS[v][0]: [] for v in variants}  # the start copied (results/starts) or trained
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for repeat in range(repeats):
         for name, extra in (VARIANTS[v] for v in variants):
@@ -151,8 +153,9 @@ def front_door(repeats: int, variants: list[str]) -> dict[str, Any]:
             second = _SECOND_STAGE.search(done.stdout)
             if second:
                 warm_start[name].append(_elapsed(second))
-            print(f"front door {repeat + 1}/{repeats}: {name}: {runs[name][-1]:.0f} s")
-    return {"runs": runs, "warm_start": warm_start}
+            how[name].append("copied" if "warm start: copied from the committed start" in done.stdout else "trained")
+            print(f"front door {repeat + 1}/{repeats}: {name}: {runs[name][-1]:.0f} s (warm start {how[name][-1]})")
+    return {"runs": runs, "warm_start": warm_start, "start": how}
 
 
 def _median(values: list[float]) -> float:
@@ -222,7 +225,8 @@ def report(document: dict[str, Any]) -> str:
             "",
             _when(door),
             "",
-            "| workers | wall time | each run (s) | the warm start, alone before every other stage (s) |",
+            "| workers | wall time | each run (s) | the warm start, alone before every other stage (s; copied from "
+            "results/starts or trained) |",
             "| --- | --- | --- | --- |",
         ]
         medians = {}
@@ -230,9 +234,11 @@ def report(document: dict[str, Any]) -> str:
             medians[name] = _median(runs)
             label = "1" if name == "--workers 1" else f"default ({door['default_workers']})"
             starts = door.get("warm_start", {}).get(name) or []
+            how = door.get("start", {}).get(name) or ["trained"] * len(runs)  # reports before starts were committed
             lines.append(
                 f"| {label} | {medians[name]:.0f} s ({medians[name] / 60:.1f} min) | "
-                f"{', '.join(f'{v:.0f}' for v in runs)} | {', '.join(f'{v:.0f}' for v in starts) or '?'} |"
+                f"{', '.join(f'{v:.0f}' for v in runs)} | "
+                f"{', '.join(f'{v:.0f} ({h})' for v, h in zip(starts, how, strict=False)) or '?'} |"
             )
         lines.append("")
         if len(medians) == 2:
