@@ -61,6 +61,7 @@ def test_a_saved_start_records_its_settings_machine_and_both_hashes(committed):
         find_start(small_warm_start().hash(), starts) == folder
         and find_start(small_warm_start(steps=3).hash(), starts) is None
     )
+    assert committed_starts(starts.parent / "absent") == {}  # e.g. installed from a wheel: every start is trained
 
 
 def test_a_matching_start_is_copied_bit_for_bit_and_then_reused(committed, tmp_path, monkeypatch, capsys):
