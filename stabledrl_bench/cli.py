@@ -387,9 +387,11 @@ def _cmd_starts(args) -> int:
 
 
 def _machine(environment: dict) -> str:
-    """``AMD EPYC (AVX512) at 8e17389``: the CPU, its kernels and the commit of a recorded environment."""
-    hardware, commit = environment.get("hardware") or {}, (environment.get("git") or {}).get("commit") or "?"
-    return f"{hardware.get('cpu') or '?'} ({hardware.get('capability') or '?'}) at {commit[:7]}"
+    """``AMD EPYC (AVX512) at 8e17389``: the CPU, its kernels and the code (provenance.code_label) of an environment."""
+    from stabledrl_bench.reporting.provenance import code_label
+
+    hardware = environment.get("hardware") or {}
+    return f"{hardware.get('cpu') or '?'} ({hardware.get('capability') or '?'}) at {code_label(environment)}"
 
 
 def _load_config(cls, args, flags: dict, defaults=None):

@@ -36,6 +36,8 @@ def committed(tmp_path_factory):
     trained = root / "runs" / "table1-tiny" / "sudoku" / "s0" / "sft"
     ensure_warm_start(small_warm_start(), trained)
     assert start_name(trained) == "table1-tiny__sudoku__s0"
+    with pytest.raises(UserError, match="not a warm start's run folder"):
+        start_name(trained.parent.parent / "sft")  # runs/<comparison>/sudoku/sft: no seed folder
     save_start(trained, root / "starts")
     return trained, root / "starts"
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.atomic import atomic_folder, atomic_write_text
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.reporting.provenance import PACKAGE_DIR
+from stabledrl_bench.reporting.provenance import PACKAGE_DIR, environment_info
 from stabledrl_bench.reporting.results import STARTS_SUBDIR
 
 STARTS_DIR = PACKAGE_DIR.parent / "results" / STARTS_SUBDIR  # the repository's (a clone or an editable install)
@@ -85,7 +86,7 @@ def copy_start(folder: Path, final: Path) -> dict[str, Any]:
 def start_name(warm_start: Path) -> str:
     """``<comparison>__<task>__s<seed>`` of a run folder ``runs/<comparison>/<task>/s<seed>/sft``."""
     parts = warm_start.resolve().parts
-    if len(parts) < 4 or not parts[-2].startswith("s"):
+    if len(parts) < 4 or parts[-1] != "sft" or not re.fullmatch(r"s\d+", parts[-2]):
         raise UserError(f"{warm_start}: not a warm start's run folder (runs/<comparison>/<task>/s<seed>/sft)")
     return "__".join(parts[-4:-1])
 
@@ -95,9 +96,9 @@ def save_start(warm_start: Path, root: Path = STARTS_DIR, name: str | None = Non
     ``root/name`` (default :func:`start_name`): its model and a ``start.json`` with its settings, provenance and
     hashes, and ``note`` (what else is known of where it came from, e.g. for a start built before its machine was
     recorded)."""
-    from stabledrl_bench.evaluation.native import weights_sha256  # torch: only when a start is saved
-    from stabledrl_bench.experiments.runner import WARM_START_FILE
-    from stabledrl_bench.reporting.provenance import environment_info
+    from stabledrl_bench.core.models import load_diffusion_lm  # torch: only when a start is saved
+    from stabledrl_bench.evaluation.native import weights_sha256
+    from stabledrl_bench.experiments.runner import WARM_START_FILE  # (runner imports this module)
 
     info_path, final = warm_start / WARM_START_FILE, warm_start / "final"
     if not info_path.is_file() or not (final / WEIGHTS_FILE).is_file():
@@ -106,8 +107,6 @@ def save_start(warm_start: Path, root: Path = STARTS_DIR, name: str | None = Non
     if info.get("source") == "committed":  # copied from a committed start: its record already says where it came from
         raise UserError(f"{warm_start}: this warm start is a copy of the committed start {info.get('committed')}")
     name = name or start_name(warm_start)
-    from stabledrl_bench.core.models import load_diffusion_lm
-
     record = {
         "spec": info["spec"],
         "spec_hash": info["spec_hash"],
