@@ -137,3 +137,28 @@ def test_records_that_cannot_be_rederived_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{")
     problems, _ = recheck(tmp_path / "bad.json")
     assert len(problems) == 1 and "bad.json" in problems[0]
+
+
+def test_stress_rederive_rewrites_what_the_analysis_derives_and_nothing_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An edited summary is recomputed from the stored curves (the record then re-derives), the stored data and the
+    record's own date stay, the rewrite is recorded; a record that already agrees is left byte for byte."""
+    path = _edited(tmp_path, "longrun", _set_collapsed)
+    _edited(tmp_path / "other", "drift", lambda record: None)
+    shutil.copy(tmp_path / "other" / "results" / "stability" / "drift.json", path.parent)
+    before = json.loads(path.read_text())
+    drift = (path.parent / "drift.json").read_text()
+    results = str(tmp_path / "results")
+    assert main(["stress", "rederive", "--results", results, "--no-leaderboard"]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: " in out and "derived field(s) recomputed" in out
+    assert f"{path.parent / 'drift.json'}: unchanged" in out and (path.parent / "drift.json").read_text() == drift
+    after = json.loads(path.read_text())
+    assert recheck(path) == ([], [])
+    assert _stabledrl(after)["collapsed"] == 0
+    assert after["runs"][0]["curves"] == before["runs"][0]["curves"] and after["created"] == before["created"]
+    assert set(after["rederived"]) == {"created", "git"}
+    written = path.read_text()
+    assert main(["stress", "rederive", "--results", results, "--no-leaderboard"]) == 0
+    assert f"{path}: unchanged" in capsys.readouterr().out and path.read_text() == written

@@ -43,7 +43,7 @@ from stabledrl_bench.experiments.stress.common import (
     stress_warm_start,
 )
 from stabledrl_bench.experiments.stress.recheck import recheck
-from stabledrl_bench.experiments.stress.sweep import add_costs
+from stabledrl_bench.experiments.stress.sweep import add_costs, analyze, change_over_runs
 from stabledrl_bench.experiments.stress.tables import _setting_line
 from stabledrl_bench.experiments.stress.update_norms import log_weight_noise, measure_update_norms
 from stabledrl_bench.training.runlog import read_log
@@ -304,9 +304,14 @@ def test_grpo_update_leaves_the_per_token_bound_under_exploding_noise():
 
 
 # ------------------------------------------------------------------------------------------- leaderboard section
-def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5, spikes=0.0, above=None):
+def _summary(
+    label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5, spikes=0.0, above=None, verdict="gained"
+):
     def b(v):
         return {"mean": v, "min": v, "max": v, "n": seeds}
+
+    change = final - initial
+    runs = {"mean": change, "low": change - 0.05, "high": change + 0.05, "runs": seeds, "verdict": verdict}
 
     return {
         "label": label,
@@ -323,6 +328,7 @@ def _summary(label, condition, collapsed, steps, seeds=3, initial=0.4, final=0.5
         "initial_reward": b(initial),
         "final_reward": b(final),
         "final_vs_frozen": b(final - initial),
+        "final_vs_frozen_runs": runs,
         "grad_norm_median": b(1.0),
         "grad_norm_max": b(2.0),
         "shared_with_normal": label == "spg" and condition == "exploding",
@@ -375,23 +381,59 @@ def test_stability_section_verdicts_come_from_the_numbers(tmp_path):
     assert clip_line.startswith("* **partly agrees**") and "C=100: exploding 0/3 collapsed" in clip_line
     assert "not run (`python -m stabledrl_bench stress drift`)" in text
     assert "| stabledrl | exploding | 0/3 |" in text
+    assert "+0.100 [+0.050, +0.150] gained (3 runs); seeds 0.1, 3/3 above |" in text
+
+
+def test_a_gain_that_the_runs_do_not_resolve_is_no_improvement(tmp_path):
+    """StableDRL stable under both conditions, every seed above the frozen control, but the exploding condition's
+    interval over runs includes 0: the claim "improves stably" is only partly met."""
+    budget = {"max_steps": 80, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 40}
+    budget |= {"diffusion_steps": 10, "num_iterations": 2}
+    summary = [
+        _summary("stabledrl", "normal", 0, []),
+        _summary("stabledrl", "exploding", 0, [], verdict="not resolved"),
+    ]
+    _write(tmp_path / "stability", "exploding", {"budget": budget, "budget_hash": "abc", "summary": summary})
+    (line,) = [line for line in stability_section(tmp_path).splitlines() if "StableDRL improves stably" in line]
+    assert line.startswith("* **partly agrees**") and "no gain resolved over runs" in line
+    assert "exploding 0/3 collapsed, last − frozen +0.100 [+0.050, +0.150] over 3 runs (not resolved)" in line
+
+
+def test_the_change_over_runs_pairs_each_runs_last_rollouts_with_its_control():
+    """A run's last ``reward_window`` rollouts with a finite reward, each minus the frozen control's reward at the
+    same step; then the runs' mean with its interval over runs, and a verdict only where it excludes 0."""
+    steps = [1, 2, 3, 4]
+    curves = {"step": steps, "grad_norm": [1.0] * 4, "reward_step": steps, "reward_mean": [0.1, 0.5, 0.6, None]}
+    run = {"curves": curves, "last_step": 4, "diverged_at": None}
+    frozen = {"reward_step": steps, "reward_mean": [0.2, 0.2, 0.4, 0.5]}
+    changes = analyze(run, frozen, Definitions(reward_window=2), planned_steps=4)["final_changes"]
+    assert changes == pytest.approx([0.5 - 0.2, 0.6 - 0.4])  # step 4 has no reward: steps 2 and 3
+
+    both = change_over_runs([[0.2, 0.4], [0.1, 0.1], []])  # the run without rollouts is left out
+    assert both["mean"] == pytest.approx((0.3 + 0.1) / 2) and both["runs"] == 2 and both["verdict"] == "gained"
+    assert both["low"] <= both["mean"] <= both["high"]
+    assert change_over_runs([[0.2, 0.4]])["verdict"] == "not resolved"  # one run: its rollouts only
+    assert change_over_runs([[0.3, -0.2], [-0.1, 0.2]])["verdict"] == "not resolved"
+    assert change_over_runs([[], []]) is None
 
 
 @pytest.mark.parametrize(
-    ("stabledrl", "grpo", "above", "verdict"),
+    ("stabledrl", "grpo", "change", "verdict"),
     [
-        ((0, []), (2, [300, 500]), 2, "agrees"),
-        ((0, []), (0, []), 2, "disagrees"),
-        ((1, [400]), (2, [300, 500]), 2, "disagrees"),
-        ((0, []), (2, [300, 500]), 1, "not tested"),  # no method ends above the frozen control on every seed
+        ((0, []), (2, [300, 500]), "gained", "agrees"),
+        ((0, []), (0, []), "gained", "disagrees"),
+        ((1, [400]), (2, [300, 500]), "gained", "disagrees"),
+        # Every seed ended above the frozen control, but the interval over runs includes 0: nothing is learned that
+        # the runs resolve, so stability is not tested.
+        ((0, []), (2, [300, 500]), "not resolved", "not tested"),
     ],
 )
-def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, above, verdict):
+def test_long_run_verdict_comes_from_the_numbers(tmp_path, stabledrl, grpo, change, verdict):
     budget = {"max_steps": 500, "prompts_per_step": 4, "num_generations": 8, "max_completion_length": 48}
     budget |= {"diffusion_steps": 12, "num_iterations": 2}
     summary = [
-        _summary("grpo", "normal", *grpo, seeds=2, above=above),
-        _summary("stabledrl", "normal", *stabledrl, seeds=2, above=above),
+        _summary("grpo", "normal", *grpo, seeds=2, verdict=change),
+        _summary("stabledrl", "normal", *stabledrl, seeds=2, verdict=change),
     ]
     record = {"budget": budget, "budget_hash": "abc", "summary": summary}
     optimizer = {"learning_rate": 3e-5, "max_grad_norm": 0.2, "weight_decay": 0.1, "lr_scheduler_type": "linear"}

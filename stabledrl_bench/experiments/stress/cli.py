@@ -25,6 +25,7 @@ from stabledrl_bench.experiments.stress.options import EXPERIMENTS, StressOption
 from stabledrl_bench.experiments.stress.report import stability_section
 
 T = TypeVar("T")
+REDERIVE_OPTIONS = ("results", "leaderboard", "no_leaderboard")  # `stress rederive` reads and writes records only
 
 
 def _add_arguments(parser: argparse.ArgumentParser, options: Iterable[tuple[dataclasses.Field, Any]]) -> None:
@@ -72,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="experiment", required=True)
     for name, experiment in EXPERIMENTS.items():
         _add_experiment(sub.add_parser(name, help=experiment.help), experiment.options())
+    p = sub.add_parser(
+        "rederive",
+        help="recompute every record's derived fields (summaries, verdicts' numbers) from its stored curves, after "
+        "the analysis changed; trains nothing",
+    )
+    _add_arguments(p, [(f, d) for f, d in option_fields(StressOptions()) if f.name in REDERIVE_OPTIONS])
     p = sub.add_parser("all", help="every experiment in turn with its default settings")
     _add_arguments(p, option_fields(StressOptions()))
     p.add_argument("--jobs", type=positive_int, default=2, help="parallel worker processes of the training sweeps")
@@ -126,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.experiment == "rederive":
+        from stabledrl_bench.experiments.stress.recheck import rederive_records
+
+        for line in rederive_records(args.results):
+            print(line)
+        _refresh_leaderboard(StressOptions(**{name: getattr(args, name) for name in REDERIVE_OPTIONS}))
+        return 0
     torch.set_num_threads(1)
     if args.trust_remote_code:  # as the other commands' flag: this process and the job processes it starts
         from stabledrl_bench.core.models.backends import REMOTE_CODE_ENV

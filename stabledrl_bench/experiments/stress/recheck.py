@@ -11,20 +11,25 @@ this repository.
 Where the run folders a training record names are on this machine (the run cache), their logs are read again
 (:func:`~.sweep.reread`), so the stored curves are compared with the runs they name too; the folders are not
 committed, so elsewhere that link is not proven.
+
+The same derivation rewrites records (:func:`rederive_records`, ``stress rederive``) when the analysis itself
+changes (a new statistic, a mended definition): the derived fields are recomputed from the stored data, nothing is
+trained again, and the record says when and by which code (``rederived``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from stabledrl_bench.errors import UserError
-from stabledrl_bench.experiments.stress.common import read_record
+from stabledrl_bench.experiments.stress.common import SCHEMA, read_record, stability_dir
 from stabledrl_bench.experiments.stress.options import EXPERIMENTS
-from stabledrl_bench.reporting.provenance import unknown_commit
-from stabledrl_bench.reporting.results import plain_json
+from stabledrl_bench.reporting.provenance import git_state, unknown_commit
+from stabledrl_bench.reporting.results import plain_json, write_json_record
 
 TOLERANCE = 1e-9
 
@@ -82,3 +87,24 @@ def recheck(path: Path) -> tuple[list[str], list[str]]:
         *unknown_commit(record),
         *(line for key in derived for line in differences(record.get(key), derived[key], key)),
     ], []
+
+
+def rederive_records(results: Path | str) -> list[str]:
+    """Rewrite the derived fields of every stability record under ``results`` from its stored data (its experiment's
+    ``rederive``), and say per record what changed; a record whose derivation already agrees is left as it is."""
+    lines = []
+    for path in sorted(stability_dir(results).glob("*.json")):
+        record = read_record(path)
+        experiment = EXPERIMENTS.get(record["experiment"]) if record.get("experiment") in EXPERIMENTS else None
+        if experiment is None or experiment.rederive is None:
+            lines.append(f"{path}: left as it is (no rederive for {record.get('experiment')!r})")
+            continue
+        derived = plain_json(experiment.rederive(record))
+        changed = [line for key in derived for line in differences(record.get(key), derived[key], key)]
+        if not changed:
+            lines.append(f"{path}: unchanged")
+            continue
+        when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        write_json_record(path, SCHEMA, {**record, **derived, "rederived": {"created": when, "git": git_state()}})
+        lines.append(f"{path}: {len(changed)} derived field(s) recomputed (first: {changed[0]})")
+    return lines

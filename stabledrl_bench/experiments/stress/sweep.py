@@ -37,6 +37,7 @@ from stabledrl_bench.experiments.stress.common import (
 )
 from stabledrl_bench.experiments.stress.settings import TrainSettings
 from stabledrl_bench.reporting.provenance import code_counts
+from stabledrl_bench.reporting.runlevel import two_level_bootstrap
 from stabledrl_bench.training.runlog import read_log
 
 if TYPE_CHECKING:  # the runner (the training stack) is imported where jobs are made: see settings.py
@@ -138,6 +139,8 @@ def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions, pla
     last_steps = c["reward_step"][-d.reward_window :]
     frozen_final = band([frozen_at[step] for step in last_steps if step in frozen_at])["mean"]
     final = band(rewards[-d.reward_window :])["mean"]
+    last = [(step, r) for step, r in zip(c["reward_step"], c["reward_mean"], strict=True) if finite(r)]
+    final_changes = [r - frozen_at[step] for step, r in last[-d.reward_window :] if finite(frozen_at.get(step))]
     return {
         "spike_steps": spikes,
         "spike_count": len(spikes),
@@ -148,14 +151,35 @@ def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions, pla
         "final_reward": final,
         "frozen_final_reward": frozen_final,
         "final_vs_frozen": None if final is None or frozen_final is None else final - frozen_final,
+        "final_changes": final_changes,
         "mean_reward": band(rewards)["mean"],
         "grad_norm_median": sorted(norms)[len(norms) // 2] if norms else None,
         "grad_norm_max": max(norms) if norms else None,
     }
 
 
+def change_over_runs(runs: Sequence[Sequence[float]]) -> dict[str, Any] | None:
+    """The last rollouts' change from the frozen control over runs: the mean over runs of each run's mean of its
+    paired per-rollout differences, with the two-level 95% interval (runs resampled, then their last rollouts;
+    :func:`~stabledrl_bench.reporting.runlevel.two_level_bootstrap`) and the verdict it supports: ``gained`` or
+    ``lost`` where the interval excludes 0, else ``not resolved`` (always with one run). None without a run that
+    has one. The seeds' [min, max] band beside it says how far runs spread, not how sure the mean is."""
+    measured = [[list(changes)] for changes in runs if changes]
+    if not measured:
+        return None
+    interval = two_level_bootstrap(measured)
+    return {
+        "mean": interval.mean,
+        "low": interval.low,
+        "high": interval.high,
+        "runs": interval.runs,
+        "verdict": interval.verdict("gained", "lost"),
+    }
+
+
 def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Sequence[str]) -> list[dict[str, Any]]:
-    """Per label x condition: how many seeds collapsed and when, spike counts, reward bands."""
+    """Per label x condition: how many seeds collapsed and when, spike counts, reward bands, and the change from the
+    frozen control over runs (:func:`change_over_runs`), the one a stability verdict reads."""
     table = []
     for label in labels:
         for condition in conditions:
@@ -180,6 +204,7 @@ def aggregate(rows: list[dict[str, Any]], labels: Sequence[str], conditions: Seq
                     "initial_reward": band([r["initial_reward"] for r in group]),
                     "final_reward": band([r["final_reward"] for r in group]),
                     "final_vs_frozen": band([r["final_vs_frozen"] for r in group]),
+                    "final_vs_frozen_runs": change_over_runs([r["final_changes"] for r in group]),
                     "grad_norm_median": band([r["grad_norm_median"] for r in group]),
                     "grad_norm_max": band([r["grad_norm_max"] for r in group]),
                     "shared_with_normal": any(r.get("shared_with_normal") for r in group),

@@ -38,6 +38,19 @@ def fmt_band(b: Mapping[str, Any] | None) -> str:
     return f"{fmt(b['mean'])} [{fmt(b['min'])}, {fmt(b['max'])}]"
 
 
+def fmt_change(entry: Mapping[str, Any]) -> str:
+    """The last rollouts' change from the frozen control: over runs with its interval and verdict where the record
+    has it (``final_vs_frozen_runs``), the seeds' [min, max] band and how many seeds ended above."""
+    runs = entry.get("final_vs_frozen_runs")
+    seeds = f"{entry['above_frozen']}/{entry['seeds']} above"
+    if not runs:  # a record written before the change over runs was stored
+        return f"{fmt_band(entry.get('final_vs_frozen'))}; {seeds}"
+    return (
+        f"{runs['mean']:+.3f} [{runs['low']:+.3f}, {runs['high']:+.3f}] {runs['verdict']} ({runs['runs']} runs); "
+        f"seeds {fmt_band(entry.get('final_vs_frozen'))}, {seeds}"
+    )
+
+
 def _image(link_base: str, name: str | None, alt: str) -> str:
     return f"![{alt}]({link_base}/{name})" if name else ""
 
@@ -144,7 +157,7 @@ def training_block(record: Mapping[str, Any], link_base: str, label_name: str = 
                 f"{fmt_band(s['spikes'])} ({fmt_band(s.get('spike_rate'))})",
                 fmt_band(s["nonfinite_steps"]),
                 f"{fmt_band(s['initial_reward'])} → {fmt_band(s['final_reward'])}",
-                f"{fmt_band(s.get('final_vs_frozen'))}; {s['above_frozen']}/{s['seeds']} above",
+                fmt_change(s),
                 fmt_band(s["grad_norm_median"]),
                 fmt_band(s["grad_norm_max"]),
             ]
@@ -172,7 +185,9 @@ def training_block(record: Mapping[str, Any], link_base: str, label_name: str = 
             markdown_rows(header, rows),
             "Spikes and non-finite steps are counts per run (mean [min, max] over seeds); rewards are the mean of the "
             "first and of the last rollouts (see the collapse definition for the windows); *last − frozen* compares "
-            "the last rollouts with the never-updated warm start on the same prompts (positive = learned something); "
+            "the last rollouts with the never-updated warm start on the same prompts (positive = learned something): "
+            "the mean over runs with its 95% interval over runs (seeds resampled, then their last rollouts), *gained* "
+            "or *lost* only where that interval excludes 0, then the seeds' mean [min, max] and how many ended above; "
             "grad norms are pre-clip.",
             " ".join(_image(link_base, plots.get(k), f"{record['experiment']} {k}") for k in ("reward", "gradnorm")),
         ]
