@@ -7,8 +7,11 @@ computed span by span (``stabledrl_bench/core/logprobs.py``).
 model has LLaDA's 126,464 (its decoder blocks are one of ``bench_plan``'s sizes, the embedding and output head at
 that vocabulary), and each side runs in a fresh process with one thread:
 
-- *before*: the package at ``--before``, checked out into a temporary git worktree and put first on ``PYTHONPATH``
-  (this script runs unchanged against it: it uses only what both versions have);
+- *before*: the package at ``--before``, checked out into a temporary git worktree, installed from it (``pip
+  install --target``, no dependencies) into a temporary folder and put first on ``PYTHONPATH`` (this script runs
+  unchanged against it: it uses only what both versions have). An install and not the worktree itself: ``baselines/``,
+  ``tasks/`` and ``configs/`` are imported as ``stabledrl_bench.baselines`` and so on, names that only an install
+  maps; with the worktree alone they would come from this checkout's editable install;
 - *after*: this checkout.
 
 Each process builds the model from the same seed, draws random prompts and completions, and takes two optimizer
@@ -164,7 +167,7 @@ def write_report(result: dict, out: str) -> str:
         f"(d1's one-step estimator): {args['rows']} completions of {args['length']} tokens after "
         f"{args['prompt']}-token prompts, activation checkpointing {checkpointing}; the second of two optimizer "
         "steps (forward, backward, gradient clipping, AdamW). Before: the package at "
-        f"`{result['before_rev']}` (a git worktree first on `PYTHONPATH`); after: this checkout at "
+        f"`{result['before_rev']}` (installed from a git worktree, first on `PYTHONPATH`); after: this checkout at "
         f"`{result['after_rev']}`.",
         "",
         "| peak, by category at that moment (MiB) | before | after | after - before |",
@@ -215,10 +218,12 @@ def main() -> int:
     from stabledrl_bench.atomic import atomic_write_text
 
     with tempfile.TemporaryDirectory() as tmp:
-        worktree = Path(tmp) / "before"
+        worktree, site = Path(tmp) / "before", Path(tmp) / "site"
         git("worktree", "add", "--detach", str(worktree), args.before)
         try:
-            before = run_side(worktree, args)
+            pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+            subprocess.run([*pip, "--target", str(site), str(worktree)], check=True, cwd=tmp)
+            before = run_side(site, args)
         finally:
             git("worktree", "remove", "--force", str(worktree))
     after = run_side(REPO, args)
