@@ -124,3 +124,27 @@ def test_rejects_what_it_cannot_read():
         chosen_token_logps(logits[0], targets[0])
     with pytest.raises(ValueError, match="span"):
         chosen_token_logps(logits[:, CONTEXT - LENGTH :], targets, span=0)
+
+
+@pytest.mark.parametrize(
+    ("rows", "length", "vocab", "pieces"),
+    [
+        (24, 48, 112, [(slice(0, 24), slice(0, 48))]),  # the tiny preset's micro-batch: one piece, no loop cost
+        (3, 128, 126_464, [(slice(r, r + 1), slice(0, 128)) for r in range(3)]),  # LLaDA: one 128-token row each
+        (
+            1,
+            300,
+            126_464,
+            [(slice(0, 1), slice(0, 132)), (slice(0, 1), slice(132, 264)), (slice(0, 1), slice(264, 300))],
+        ),
+    ],
+)
+def test_a_default_piece_holds_at_most_span_values(rows, length, vocab, pieces):
+    """The default cut is by values (positions x vocabulary), not positions: at LLaDA's vocabulary two 128-token rows
+    in one piece doubled its float32 tensors and lifted a 20M-block step's peak back to the whole-tensor one."""
+    from stabledrl_bench.core.logprobs import SPAN_VALUES, _spans, span_positions
+
+    assert span_positions(126_464) == 132 and span_positions(10**9) == 1
+    got = list(_spans(rows, length, span_positions(vocab)))
+    assert got == pieces
+    assert all((r.stop - r.start) * (c.stop - c.start) * vocab <= SPAN_VALUES for r, c in got)

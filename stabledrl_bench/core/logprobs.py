@@ -23,9 +23,16 @@ from collections.abc import Iterator
 
 import torch
 
-# Positions per span: at LLaDA's vocabulary one span's float32 log-softmax is 256 x 126,464 x 4 B = 124 MiB, and its
-# backward holds about three such tensors at once.
-SPAN_POSITIONS = 256
+# Values (positions x vocabulary) per piece: one piece's float32 log-softmax is at most 2^24 x 4 B = 64 MiB, and its
+# backward holds about three such tensors at once. A bound in values, not positions, because the cost is the
+# vocabulary's: LLaDA's 126,464 entries give one piece per 128-token row (132 positions fit), the tiny tokenizer's
+# 112 a whole micro-batch in one piece (as fast as the whole-tensor log-softmax: many small pieces cost time).
+SPAN_VALUES = 1 << 24
+
+
+def span_positions(vocab: int) -> int:
+    """Positions one piece may hold at a vocabulary of ``vocab`` entries (:data:`SPAN_VALUES`), at least one."""
+    return max(1, SPAN_VALUES // vocab)
 
 
 def log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -81,16 +88,18 @@ class _ChosenTokenLogps(torch.autograd.Function):
         return grad_logits, None, None
 
 
-def chosen_token_logps(logits: torch.Tensor, targets: torch.Tensor, span: int = SPAN_POSITIONS) -> torch.Tensor:
+def chosen_token_logps(logits: torch.Tensor, targets: torch.Tensor, span: int | None = None) -> torch.Tensor:
     """log softmax(logits)[targets]: [R, L] from logits [R, L, V] (any strides) and targets [R, L] (int64).
 
     Bitwise ``torch.log_softmax(logits.to(log_prob_dtype(logits.dtype)), -1).gather(-1, targets[..., None])[..., 0]``
     and its gradient, at a fraction of the memory: at most ``span`` positions' float32 log-softmax exist at a time
-    (forward and backward), and the backward pass keeps the logits in their dtype instead of the float32
-    log-softmax (module docstring).
+    (forward and backward; by default :func:`span_positions` of the vocabulary), and the backward pass keeps the
+    logits in their dtype instead of the float32 log-softmax (module docstring).
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(f"logits [R, L, V] and targets [R, L], got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    if span is None:
+        span = span_positions(logits.shape[-1])
     if span < 1:
         raise ValueError(f"span must be a positive number of positions, got {span}")
     return _ChosenTokenLogps.apply(logits, targets, span)
