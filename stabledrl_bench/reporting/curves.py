@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from stabledrl_bench.plots import LOG_AXIS_MAX, log_axis_values, new_figure, save_png
+from stabledrl_bench.plots import LOG_AXIS_MAX, grid_margins, log_axis_values, new_figure, save_png
 
 # Curves plotted for every run, when present in the log (the rest stays in the JSONL).
 DEFAULT_CURVES = (
@@ -46,14 +46,15 @@ def plot_curves(
             ys, clipped = log_axis_values(ys)
         ax.plot(xs, ys, lw=1.2)
         ax.set_title(f"{key} (drawn at most {LOG_AXIS_MAX:g})" if clipped else key, fontsize=9)
-        ax.tick_params(labelsize=7)
         if log:
             ax.set_yscale("log")
+        ax.tick_params(which="both", labelsize=7)  # a log axis labels minor ticks too
     for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
-    return save_png(fig, out_png)
+    grid_margins(fig)
+    return save_png(fig, out_png, tight=False)
 
 
 def plot_runs(

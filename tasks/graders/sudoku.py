@@ -47,9 +47,17 @@ def is_valid_grid(grid: str) -> bool:
 
 @lru_cache(maxsize=1)
 def all_grids() -> tuple[str, ...]:
-    """The 288 valid 4x4 grids in lexicographic order (rows drawn from the 24 permutations of 1-4)."""
+    """The 288 valid 4x4 grids in lexicographic order (rows drawn from the 24 permutations of 1-4).
+
+    Row by row, a row that repeats a digit of its column above is skipped before the rows below it are tried: the
+    same grids in the same order as testing all 24^4 stacks, from 576 candidates (the 4x4 Latin squares) instead of
+    331,776 (a second of every process that generates puzzles)."""
     rows = ["".join(p) for p in permutations("1234")]
-    grids = [a + b + c + d for a in rows for b in rows for c in rows for d in rows]
+
+    def below(stack: tuple[str, ...]) -> list[str]:
+        return [row for row in rows if all(row[i] != above[i] for above in stack for i in range(4))]
+
+    grids = [a + b + c + d for a in rows for b in below((a,)) for c in below((a, b)) for d in below((a, b, c))]
     return tuple(g for g in grids if is_valid_grid(g))
 
 
