@@ -159,3 +159,30 @@ def test_validation_docs_drop_test_items_whatever_the_source_holds(monkeypatch) 
     assert sorted(doc["doc_id"] for doc in drawn) == sorted(doc["doc_id"] for doc in fresh)
     with pytest.raises(UserError, match="split 'test' is held out for testing"):
         task.validation_docs(4, seed=0, source="test")
+
+
+def test_a_generated_training_pool_is_made_once_per_process_and_each_caller_owns_its_docs(monkeypatch) -> None:
+    """The methods of one seed train on the same pool: the second ask for the same task, seed, size and options
+    reuses the first's docs (no second generation); other options make another pool; a caller that edits its docs
+    does not edit the next caller's."""
+    from stabledrl_bench.tasks.sudoku import SudokuTask
+    from stabledrl_bench.training.data import _generated_pool, training_docs
+
+    calls = []
+    original = SudokuTask.generate
+
+    def counted(self, n, seed, **options):
+        calls.append((n, seed, options))
+        return original(self, n, seed, **options)
+
+    monkeypatch.setattr(SudokuTask, "generate", counted)
+    _generated_pool.cache_clear()
+    task = get_task("sudoku")
+    first = training_docs(task, "generated", seed=5, pool_size=50)
+    first[0]["puzzle"] = "edited"
+    again = training_docs(get_task("sudoku"), "generated", seed=5, pool_size=50)
+    assert calls == [(50, 5, {})] and again[0]["puzzle"] != "edited"
+    assert again == original(task, 50, 5)
+    harder = training_docs(task, "generated", seed=5, pool_size=50, generator_options={"num_blanks": 12})
+    assert calls[-1] == (50, 5, {"num_blanks": 12}) and harder != again
+    _generated_pool.cache_clear()

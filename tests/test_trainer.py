@@ -42,23 +42,6 @@ def small_models(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(scope="module", autouse=True)
-def generated_pool_once():
-    """Every trainer here draws the same procedural Countdown pool (10,000 puzzles, ~6 s of CPU each time): it is
-    generated once and each trainer gets its own copy of the docs, which is what a fresh generation returns."""
-    original, pools = trainer_module.training_docs, {}
-
-    def once(task, split, seed, **options):
-        key = (task.name, split, seed, repr(options))
-        if key not in pools:
-            pools[key] = original(task, split, seed, **options)
-        return [dict(doc) for doc in pools[key]]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trainer_module, "training_docs", once)
-        yield
-
-
 def _config(model: Path, out: Path, baseline: str = "stabledrl", steps: int = 2, **overrides) -> TrainConfig:
     budget = small_budget(max_steps=steps)
     fields = {

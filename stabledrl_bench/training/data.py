@@ -7,6 +7,8 @@ current permutation are part of every checkpoint.
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -21,11 +23,13 @@ def training_docs(
 ) -> list[dict]:
     """Docs for RL/SFT: a named split, or ``generated`` = a deterministic procedural pool (Countdown, Sudoku).
 
-    ``generator_options`` go to the task's generator (e.g. ``num_numbers: [3]`` for d1's 3-number Countdown).
+    ``generator_options`` go to the task's generator (e.g. ``num_numbers: [3]`` for d1's 3-number Countdown). A
+    generated pool is made once per process for the same task, seed, size and options (:func:`_generated_pool`).
     """
     if split == GENERATED:
         try:
-            return task.generate(pool_size, seed=seed, **(generator_options or {}))
+            options = json.dumps(generator_options or {}, sort_keys=True)
+            return [dict(doc) for doc in _generated_pool(type(task), pool_size, seed, options)]  # callers own copies
         except NotImplementedError as exc:
             raise UserError(f"task {task.name!r} has no generator; use a data split such as 'train'") from exc
         except TypeError as exc:
@@ -34,6 +38,15 @@ def training_docs(
     if not docs:
         raise UserError(f"task {task.name!r} split {split!r} is empty")
     return docs
+
+
+@lru_cache(maxsize=4)
+def _generated_pool(task_type: type, pool_size: int, seed: int, options: str) -> tuple[dict, ...]:
+    """``task_type().generate(pool_size, seed, **options)``, kept for the next run of this process that asks for the
+    same pool: the methods of one seed share it, and a worker of ``reproduce`` trains them one after another (10,000
+    Sudoku puzzles with their solution counts take about half a second, Countdown's 1-3 s). Keyed by the task's
+    class: a registry task has no state beyond it (``get_task`` builds each with its defaults)."""
+    return tuple(task_type().generate(pool_size, seed=seed, **json.loads(options)))
 
 
 class PromptStream:
