@@ -170,7 +170,7 @@ def test_stress_help_names_every_experiment(capsys) -> None:
         main(["stress", "--help"])
     text = capsys.readouterr().out
     lists = [set(found.split(",")) for found in re.findall(r"\{([\w,-]+)\}", text)]
-    assert lists and all(names == {*EXPERIMENTS.entries(), "all"} for names in lists)
+    assert lists and all(names == {*EXPERIMENTS.entries(), "rederive", "all"} for names in lists)
 
 
 def test_listing_and_stress_help_load_neither_transformers_nor_pandas() -> None:
