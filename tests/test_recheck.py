@@ -162,3 +162,5 @@ def test_stress_rederive_rewrites_what_the_analysis_derives_and_nothing_else(
     written = path.read_text()
     assert main(["stress", "rederive", "--results", results, "--no-leaderboard"]) == 0
     assert f"{path}: unchanged" in capsys.readouterr().out and path.read_text() == written
+    assert main(["stress", "rederive", "--results", str(tmp_path / "none"), "--no-leaderboard"]) == 2
+    assert "no stability records in" in capsys.readouterr().err

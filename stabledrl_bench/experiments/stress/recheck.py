@@ -92,8 +92,11 @@ def recheck(path: Path) -> tuple[list[str], list[str]]:
 def rederive_records(results: Path | str) -> list[str]:
     """Rewrite the derived fields of every stability record under ``results`` from its stored data (its experiment's
     ``rederive``), and say per record what changed; a record whose derivation already agrees is left as it is."""
+    paths = sorted(stability_dir(results).glob("*.json"))
+    if not paths:
+        raise UserError(f"no stability records in {stability_dir(results)}: nothing to re-derive")
     lines = []
-    for path in sorted(stability_dir(results).glob("*.json")):
+    for path in paths:
         record = read_record(path)
         experiment = EXPERIMENTS.get(record["experiment"]) if record.get("experiment") in EXPERIMENTS else None
         if experiment is None or experiment.rederive is None:
