@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from stabledrl_bench.experiments.stress.tables import fmt, fmt_band
+from stabledrl_bench.experiments.stress.tables import fmt, fmt_band, fmt_interval
 
 IMMEDIATE_FRACTION = 0.25  # "collapses immediately": within the first quarter of the run
 
@@ -37,10 +37,8 @@ def _change_text(entry: Mapping[str, Any]) -> str:
     gives the seeds' band, which supports no verdict."""
     runs = entry.get("final_vs_frozen_runs")
     if runs:
-        return (
-            f", last − frozen {runs['mean']:+.3f} [{runs['low']:+.3f}, {runs['high']:+.3f}] over {runs['runs']} "
-            f"runs ({runs['verdict']})"
-        )
+        interval = fmt_interval(runs["mean"], runs["low"], runs["high"])
+        return f", last − frozen {interval} over {runs['runs']} runs ({runs['verdict']})"
     versus = entry.get("final_vs_frozen") or {}
     if versus.get("mean") is None:
         return ""

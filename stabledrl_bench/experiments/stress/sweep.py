@@ -134,13 +134,13 @@ def analyze(summary: dict[str, Any], frozen: dict[str, Any], d: Definitions, pla
         diverged_at=summary["diverged_at"],
         d=d,
     )
-    rewards = [r for r in c["reward_mean"] if finite(r)]
+    rewarded = [(step, r) for step, r in zip(c["reward_step"], c["reward_mean"], strict=True) if finite(r)]
+    rewards = [r for _, r in rewarded]
     norms = [g for g in c["grad_norm"] if finite(g)]
     last_steps = c["reward_step"][-d.reward_window :]
     frozen_final = band([frozen_at[step] for step in last_steps if step in frozen_at])["mean"]
     final = band(rewards[-d.reward_window :])["mean"]
-    last = [(step, r) for step, r in zip(c["reward_step"], c["reward_mean"], strict=True) if finite(r)]
-    final_changes = [r - frozen_at[step] for step, r in last[-d.reward_window :] if finite(frozen_at.get(step))]
+    final_changes = [r - frozen_at[step] for step, r in rewarded[-d.reward_window :] if finite(frozen_at.get(step))]
     return {
         "spike_steps": spikes,
         "spike_count": len(spikes),

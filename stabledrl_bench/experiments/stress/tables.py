@@ -15,6 +15,7 @@ from typing import Any
 
 from stabledrl_bench.reporting.markdown import MISSING, markdown_rows
 from stabledrl_bench.reporting.provenance import hardware_label
+from stabledrl_bench.reporting.stats import Interval
 
 
 # ------------------------------------------------------------------------------------------------ formatting
@@ -38,6 +39,11 @@ def fmt_band(b: Mapping[str, Any] | None) -> str:
     return f"{fmt(b['mean'])} [{fmt(b['min'])}, {fmt(b['max'])}]"
 
 
+def fmt_interval(mean: float, low: float, high: float) -> str:
+    """``+0.175 [+0.124, +0.239]``: a change with its interval, as every stability table and verdict writes one."""
+    return Interval(mean, low, high).text("+.3f", scale=1.0)
+
+
 def fmt_change(entry: Mapping[str, Any]) -> str:
     """The last rollouts' change from the frozen control: over runs with its interval and verdict where the record
     has it (``final_vs_frozen_runs``), the seeds' [min, max] band and how many seeds ended above."""
@@ -46,7 +52,7 @@ def fmt_change(entry: Mapping[str, Any]) -> str:
     if not runs:  # a record written before the change over runs was stored
         return f"{fmt_band(entry.get('final_vs_frozen'))}; {seeds}"
     return (
-        f"{runs['mean']:+.3f} [{runs['low']:+.3f}, {runs['high']:+.3f}] {runs['verdict']} ({runs['runs']} runs); "
+        f"{fmt_interval(runs['mean'], runs['low'], runs['high'])} {runs['verdict']} ({runs['runs']} runs); "
         f"seeds {fmt_band(entry.get('final_vs_frozen'))}, {seeds}"
     )
 
@@ -202,7 +208,7 @@ def lrsweep_block(record: Mapping[str, Any], link_base: str) -> str:
         if not m or m.get("change") is None:
             return MISSING
         mark = " (below)" if m["falls_below"] else (" (gains)" if m["gains"] else "")
-        return f"{m['change']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}]{mark}"
+        return f"{fmt_interval(m['change'], m['low'], m['high'])}{mark}"
 
     rows = [[label, *(cell(record["by_lr"][lr].get(label)) for lr in rates)] for label in labels]
     # Every setting but the rate is shared; the rate is the column.
