@@ -54,6 +54,12 @@ def _spans(rows: int, length: int, span: int) -> Iterator[tuple[slice, slice]]:
             yield slice(row, row + 1), slice(start, min(start + span, length))
 
 
+def largest_piece(rows: int, length: int, vocab: int) -> int:
+    """Positions in the largest piece :func:`chosen_token_logps` cuts [rows, length] into by default (what the
+    memory plan counts one piece's float32 tensors by)."""
+    return max((r.stop - r.start) * (c.stop - c.start) for r, c in _spans(rows, length, span_positions(vocab)))
+
+
 def _span_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log_softmax(logits)[targets] of one piece [r, n, V] -> [r, n], in :func:`log_prob_dtype` of the logits."""
     logp = torch.log_softmax(logits.to(log_prob_dtype(logits.dtype)), dim=-1)

@@ -38,7 +38,7 @@ from typing import Any
 from stabledrl_bench.core.baseline import build_baseline
 from stabledrl_bench.core.budget import Budget
 from stabledrl_bench.core.estimators import Estimator, TraceReplay
-from stabledrl_bench.core.logprobs import span_positions
+from stabledrl_bench.core.logprobs import largest_piece
 from stabledrl_bench.core.models import DiffusionLM
 from stabledrl_bench.errors import UserError
 from stabledrl_bench.evaluation.protocols import EvalProtocol, get_protocol
@@ -301,14 +301,12 @@ def logits_bytes(rows: int, tokens: int, scored: int, vocab: int, compute_bytes:
 
     At the end of the forward pass the model's logits of every position (the prompt's too) and the copy of the scored
     positions' kept for the backward pass exist together, in the compute dtype; in the backward pass that copy and its
-    gradient, then the gradient of every position, hold as much or less. One piece's float32 tensors (at most
-    ``span_positions(vocab)`` positions: whole rows where a row fits) come on top. Before the spans, the scored
-    positions' float32 log-softmax and its gradient were kept instead: compute + 8 bytes per scored value, and the
-    backward's peak (12 bytes per scored value) above the forward's.
+    gradient, then the gradient of every position, hold as much or less. One piece's float32 tensors (its
+    positions: :func:`~stabledrl_bench.core.logprobs.largest_piece`, whole rows where a row fits) come on top.
+    Before the spans, the scored positions' float32 log-softmax and its gradient were kept instead: compute + 8
+    bytes per scored value, and the backward's peak (12 bytes per scored value) above the forward's.
     """
-    fit = span_positions(vocab)
-    piece = scored * min(rows, fit // scored) if scored <= fit else fit  # as logprobs._spans cuts them
-    span = SPAN_FLOAT32_TENSORS * 4 * piece * vocab
+    span = SPAN_FLOAT32_TENSORS * 4 * largest_piece(rows, scored, vocab) * vocab
     return rows * (tokens + scored) * vocab * compute_bytes + span
 
 
