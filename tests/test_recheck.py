@@ -164,3 +164,9 @@ def test_stress_rederive_rewrites_what_the_analysis_derives_and_nothing_else(
     assert f"{path}: unchanged" in capsys.readouterr().out and path.read_text() == written
     assert main(["stress", "rederive", "--results", str(tmp_path / "none"), "--no-leaderboard"]) == 2
     assert "no stability records in" in capsys.readouterr().err
+    broken = _edited(tmp_path / "broken", "longrun", lambda record: record.pop("frozen"))
+    kept = broken.read_text()
+    assert main(["stress", "rederive", "--results", str(tmp_path / "broken" / "results"), "--no-leaderboard"]) == 2
+    err = capsys.readouterr().err
+    assert f"{broken}: cannot recompute its summary from the stored data (KeyError: 'frozen')" in err
+    assert len(err.strip().splitlines()) == 1 and broken.read_text() == kept

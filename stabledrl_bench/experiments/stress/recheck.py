@@ -68,6 +68,18 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
+UNDERIVABLE = (KeyError, TypeError, ValueError)  # what a rederive raises on stored data it cannot read
+
+
+def _underivable(exc: Exception) -> str:
+    return f"cannot recompute its summary from the stored data ({type(exc).__name__}: {exc})"
+
+
+def _differing(record: Mapping[str, Any], derived: Mapping[str, Any]) -> list[str]:
+    """Where the recomputed ``derived`` fields differ from those ``record`` stores (:func:`differences`)."""
+    return [line for key in derived for line in differences(record.get(key), derived[key], key)]
+
+
 def recheck(path: Path) -> tuple[list[str], list[str]]:
     """(problems, notes) of one stability record."""
     try:
@@ -81,12 +93,9 @@ def recheck(path: Path) -> tuple[list[str], list[str]]:
         derived = plain_json(rederive(record))
     except UserError as exc:
         return [str(exc)], []
-    except (KeyError, TypeError, ValueError) as exc:
-        return [f"cannot recompute its summary from the stored data ({type(exc).__name__}: {exc})"], []
-    return [
-        *unknown_commit(record),
-        *(line for key in derived for line in differences(record.get(key), derived[key], key)),
-    ], []
+    except UNDERIVABLE as exc:
+        return [_underivable(exc)], []
+    return [*unknown_commit(record), *_differing(record, derived)], []
 
 
 def rederive_records(results: Path | str) -> list[str]:
@@ -102,8 +111,11 @@ def rederive_records(results: Path | str) -> list[str]:
         if experiment is None or experiment.rederive is None:
             lines.append(f"{path}: left as it is (no rederive for {record.get('experiment')!r})")
             continue
-        derived = plain_json(experiment.rederive(record))
-        changed = [line for key in derived for line in differences(record.get(key), derived[key], key)]
+        try:
+            derived = plain_json(experiment.rederive(record))
+        except UNDERIVABLE as exc:
+            raise UserError(f"{path}: {_underivable(exc)}; nothing was rewritten from here on") from exc
+        changed = _differing(record, derived)
         if not changed:
             lines.append(f"{path}: unchanged")
             continue
