@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from stabledrl_bench.reporting.overruns import START, Finding, row_over_runs
 from stabledrl_bench.reporting.runlevel import (
     NOT_RESOLVED,
     RunInterval,
@@ -177,3 +178,22 @@ def test_aggregate_intervals_contain_their_estimates_and_are_reproducible() -> N
     assert iqm_interval(x) == iqm_interval(x)
     constant = iqm_interval(np.ones((3, 2)))
     assert (constant.low, constant.mean, constant.high) == (1.0, 1.0, 1.0)
+
+
+def test_a_row_over_runs_says_when_its_cells_rest_on_different_numbers_of_runs() -> None:
+    """A method run on five Sudoku seeds and three Countdown ones: one count beside the row would claim five runs
+    for the Countdown cells, so the label is the range and the three-run cell says so."""
+
+    def finding(column: str, low: float, runs: int) -> Finding:
+        interval = RunInterval(mean=low + 0.01, low=low, high=low + 0.02, runs=runs)
+        return Finding("c", "b", "grpo", START, column, interval)
+
+    label, cells = row_over_runs({"Sudoku": finding("Sudoku", 0.01, 5), "Countdown": finding("Countdown", -0.05, 3)})
+    assert label == "3-5"
+    assert cells == {
+        "Sudoku": "+2.0 [+1.0, +3.0] above",
+        "Countdown": "-4.0 [-5.0, -3.0] below (3 runs)",
+    }
+    label, cells = row_over_runs({"Sudoku": finding("Sudoku", 0.01, 5), "Countdown": None})
+    assert (label, cells["Countdown"]) == ("5", "–")
+    assert row_over_runs({"Sudoku": None})[0] == "0"

@@ -116,6 +116,31 @@ def _name(row: MeasuredRow) -> str:
     return name if row.info["Checkpoint"] in ("final", "start") else f"{name} ({row.info['Checkpoint']})"
 
 
+RUNS_COLUMN = (
+    "Runs: how many (a range where the row's cells rest on different numbers of seeds; a cell with fewer than the "
+    "row's most says how many)."
+)
+
+
+def row_over_runs(findings: Mapping[str, Finding | None]) -> tuple[str, dict[str, str]]:
+    """A row's ``Runs`` label and its cells (header -> ``estimate [low, high] verdict``) over runs.
+
+    Why: one row can rest on different numbers of runs in different cells (a method run on five Sudoku seeds and
+    three Countdown ones), and a single count beside the row would claim more runs than some cells have. The label
+    is then the range (``3-5``), and every cell with fewer runs than the row's most says how many it has."""
+    counts = [f.interval.runs for f in findings.values() if f is not None]
+    most = max(counts, default=0)
+    label = str(most) if len(set(counts)) <= 1 else f"{min(counts)}-{most}"
+
+    def cell(finding: Finding | None) -> str:
+        if finding is None:
+            return MISSING
+        text = finding.interval.cell(ABOVE, BELOW)
+        return text if finding.interval.runs == most else f"{text} ({finding.interval.runs} runs)"
+
+    return label, {header: cell(finding) for header, finding in findings.items()}
+
+
 def run_change_table(
     starts: Mapping[str, MeasuredRow],
     others: Sequence[MeasuredRow],
@@ -127,29 +152,23 @@ def run_change_table(
     found = {(f.subject, f.column): f for f in found if f.other == START}
     if not found:
         return ""
-    runs = {subject: max(f.interval.runs for (s, _), f in found.items() if s == subject) for subject, _ in found}
-
-    def cell(row: MeasuredRow, column: Column) -> str:
-        finding = found.get((_name(row), column.header))
-        return MISSING if finding is None else finding.interval.cell(ABOVE, BELOW)
-
-    display = pd.DataFrame(
-        [
+    rows = []
+    for row in others:
+        runs, cells = row_over_runs({c.header: found.get((_name(row), c.header)) for c in columns})
+        rows.append(
             {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"]}
             | ({"Protocol": row.info["Protocol"]} if len(starts) > 1 else {})
-            | {"Runs": str(runs.get(_name(row), 0))}
-            | {c.header: cell(row, c) for c in columns}
-            for row in others
-        ]
-    )
+            | {"Runs": runs}
+            | cells
+        )
     caption = (
         "**Change from the start over runs**: each training seed's change from its own start (a seed repeats warm "
         "start, RL and evaluation), paired by test item, in percentage points, with a two-level bootstrap 95% "
-        "interval that resamples the runs (seeds), then the test items within each drawn run; Runs: how many. "
+        f"interval that resamples the runs (seeds), then the test items within each drawn run; {RUNS_COLUMN} "
         "`above` / `below`: the row is above / below its start, the interval excludes 0. `not resolved`: the "
         "interval includes 0, so the runs do not tell at this budget (and never from one run).\n"
     )
-    return caption + "\n" + markdown_table(display)
+    return caption + "\n" + markdown_table(pd.DataFrame(rows))
 
 
 # ------------------------------------------------------------------------------------------------ method vs method

@@ -27,7 +27,7 @@ from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.frame import ROW_KEY, checkpoint_label, join_unique, row_name, row_order
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
 from stabledrl_bench.reporting.naming import slugify
-from stabledrl_bench.reporting.overruns import ABOVE, BELOW, START, Finding
+from stabledrl_bench.reporting.overruns import RUNS_COLUMN, START, Finding, row_over_runs
 from stabledrl_bench.reporting.passk import k_values, per_problem, votes_by_problem
 from stabledrl_bench.reporting.results import load_samples
 from stabledrl_bench.reporting.runlevel import RunInterval, paired_differences, two_level_bootstrap
@@ -148,25 +148,17 @@ def _findings(comparison: str, others: Sequence[SampledRow], start: SampledRow, 
 def _runs_table(others: Sequence[SampledRow], columns: Sequence[tuple[Cell, str]], found: Sequence[Finding]) -> str:
     """Each RL row's change from the start over runs, with its verdict, per cell and metric."""
     by_cell = {(f.subject, f.column): f for f in found}
-
-    def over_runs(row: SampledRow, header: str) -> str:
-        finding = by_cell.get((row.info["Baseline"], header))
-        return MISSING if finding is None else finding.interval.cell(ABOVE, BELOW)
-
-    def runs(row: SampledRow) -> str:
-        return str(max((f.interval.runs for f in found if f.subject == row.info["Baseline"]), default=0))
-
-    table = pd.DataFrame(
-        [
-            {"Baseline": row.info["Baseline"], "Checkpoint": row.info["Checkpoint"], "Runs": runs(row)}
-            | {_header(cell, metric): over_runs(row, _header(cell, metric)) for cell, metric in columns}
-            for row in others
-        ]
-    )
+    rows = []
+    for row in others:
+        name = row.info["Baseline"]
+        headers = [_header(cell, metric) for cell, metric in columns]
+        runs, cells = row_over_runs({header: by_cell.get((name, header)) for header in headers})
+        rows.append({"Baseline": name, "Checkpoint": row.info["Checkpoint"], "Runs": runs} | cells)
+    table = pd.DataFrame(rows)
     return (
         "**Change from the start over runs**: each seed's change from its own start, paired by problem, with a "
-        "two-level bootstrap 95% interval (the seeds resampled, then the problems within each); `above` / `below` "
-        "where it excludes 0, else `not resolved` at this budget.\n\n" + markdown_table(table)
+        f"two-level bootstrap 95% interval (the seeds resampled, then the problems within each); {RUNS_COLUMN} "
+        "`above` / `below` where it excludes 0, else `not resolved` at this budget.\n\n" + markdown_table(table)
     )
 
 
