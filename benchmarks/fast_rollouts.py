@@ -109,7 +109,9 @@ def share_warm_starts(runs: Path, exact: str, fast: str, tasks: Sequence[str], s
 
 
 def log_statistics(log: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """One run's log reduced to :data:`LOG_STATISTICS`, the final training reward and the median step time."""
+    """One run's log reduced to :data:`LOG_STATISTICS`, the first and the final training reward, whether any rollout
+    earned a reward (``rewarded``: 1 or 0; a run whose rollouts never do has all-zero advantages and learns nothing,
+    so its KL and ratio statistics stay at their no-update values) and the median step time."""
     out: dict[str, float] = {}
     for key, how, _ in LOG_STATISTICS:
         values = [float(r[key]) for r in log if isinstance(r.get(key), int | float)]
@@ -117,7 +119,9 @@ def log_statistics(log: Sequence[Mapping[str, Any]]) -> dict[str, float]:
             out[key] = max(values) if how == "max" else float(np.mean(values))
     rewards = [float(r["reward_mean"]) for r in log if "reward_std" in r]  # rollout steps only
     if rewards:
+        out["first_reward"] = rewards[0]
         out["final_reward"] = float(np.mean(rewards[-FINAL_STEPS:]))
+        out["rewarded"] = float(max(rewards) > 0)
     seconds = [float(r["seconds"]) for r in log if isinstance(r.get("seconds"), int | float)]
     if seconds:
         out["seconds"] = statistics.median(seconds)
@@ -197,19 +201,41 @@ def analyse(
         logs = {
             mode: {task: run_logs(runs, name, task, baseline, seeds) for task in tasks} for mode, name in names.items()
         }
+        per_run = {
+            mode: {
+                f"{task} s{seed}": log_statistics(log)
+                for task, by_seed in by_task.items()
+                for seed, log in by_seed.items()
+            }
+            for mode, by_task in logs.items()
+        }
         per_mode = {}
-        for mode, by_task in logs.items():
-            stats = [log_statistics(log) for task_logs in by_task.values() for log in task_logs.values()]
+        for mode, by_run in per_run.items():
+            stats = list(by_run.values())
             per_mode[mode] = {
                 key: statistics.median(s[key] for s in stats if key in s)
                 for key in ("final_reward", "seconds", *(k for k, _, _ in LOG_STATISTICS))
                 if any(key in s for s in stats)
-            } | {"runs": len(stats)}
+            } | {"runs": len(stats), "rewarded_runs": int(sum(s.get("rewarded", 0.0) for s in stats))}
+        speedups = [
+            exact["seconds"] / fast["seconds"]
+            for run, exact in per_run["exact"].items()
+            if (fast := per_run["fast"].get(run)) and exact.get("seconds") and fast.get("seconds")
+        ]
         curves = {
             f"{baseline} {mode}": mean_curve([log for by_seed in by_task.values() for log in by_seed.values()])
             for mode, by_task in logs.items()
         }
-        methods.append({"baseline": baseline, "columns": columns, "logs": per_mode, "curves": curves})
+        methods.append(
+            {
+                "baseline": baseline,
+                "columns": columns,
+                "logs": per_mode,
+                "runs": per_run,
+                "speedup": statistics.median(speedups) if speedups else None,
+                "curves": curves,
+            }
+        )
     git = git_state()
     return {
         "table": table,
@@ -229,6 +255,12 @@ def _cell(entry: Mapping[str, Any] | None) -> str:
     resolved = entry["runs"] >= MIN_RUNS and (entry["low"] > 0 or entry["high"] < 0)
     text = f"{100 * entry['estimate']:+.1f} [{100 * entry['low']:+.1f}, {100 * entry['high']:+.1f}]"
     return text + ("" if resolved else " (not resolved)")
+
+
+def _rewards(stats: Mapping[str, float]) -> str:
+    if "final_reward" not in stats:
+        return "-"
+    return f"{stats['first_reward']:.2f} -> {stats['final_reward']:.2f}" + ("" if stats["rewarded"] else " (never)")
 
 
 def report(document: Mapping[str, Any], plot: Path | None) -> str:
@@ -265,22 +297,34 @@ def report(document: Mapping[str, Any], plot: Path | None) -> str:
     lines.append(markdown_rows(["method", "column", "exact: change from start", "fast: change", "fast - exact"], rows))
     lines += ["", "## Training, from the runs' logs (medians over runs)", ""]
     keys = ("final_reward", *(key for key, _, _ in LOG_STATISTICS), "seconds")
-    header = ["method", "mode", "runs", *keys, "speed-up (exact / fast seconds per step)"]
+    header = ["method", "mode", "runs", "rewarded runs", *keys, "speed-up (exact / fast seconds per step)"]
     rows = []
     for method in document["methods"]:
         logs = method["logs"]
-        speed = (
-            f"{logs['exact']['seconds'] / logs['fast']['seconds']:.2f}"
-            if logs["exact"].get("seconds") and logs["fast"].get("seconds")
-            else "-"
-        )
+        speed = "-" if method["speedup"] is None else f"{method['speedup']:.2f}"
         for mode in ("exact", "fast"):
             values = [f"{logs[mode][key]:.4g}" if key in logs[mode] else "-" for key in keys]
-            rows.append([method["baseline"], mode, logs[mode]["runs"], *values, speed if mode == "fast" else ""])
+            counts = [logs[mode]["runs"], logs[mode]["rewarded_runs"]]
+            rows.append([method["baseline"], mode, *counts, *values, speed if mode == "fast" else ""])
     lines.append(markdown_rows(header, rows))
     lines += [""] + [f"- `{key}`: {label}" for key, _, label in LOG_STATISTICS]
+    lines.append("- `rewarded runs`: runs in which some rollout earned a reward (the others learned nothing)")
     lines.append(f"- `final_reward`: mean training reward of the last {FINAL_STEPS} rollout steps")
     lines.append("- `seconds`: median wall time of an optimizer step (rollout steps and reuse steps together)")
+    lines.append("- speed-up: the median over runs of each run's exact / fast step time, paired by seed")
+    lines += ["", "## Per run: training reward at the first and the last rollout steps, and step time", ""]
+    rows = []
+    for method in document["methods"]:
+        for run, exact in method["runs"]["exact"].items():
+            fast = method["runs"]["fast"].get(run, {})
+            rows.append(
+                [method["baseline"], run]
+                + [_rewards(stats) for stats in (exact, fast)]
+                + [f"{stats['seconds']:.3g}" if "seconds" in stats else "-" for stats in (exact, fast)]
+                + [f"{exact['seconds'] / fast['seconds']:.2f}" if exact.get("seconds") and fast.get("seconds") else "-"]
+            )
+    header = ["method", "run", "exact: first -> last reward", "fast: first -> last reward"]
+    lines.append(markdown_rows([*header, "exact s/step", "fast s/step", "speed-up"], rows))
     if plot is not None:
         lines += ["", f"![training reward, exact and fast rollouts]({plot.name})"]
     return "\n".join(lines) + "\n"

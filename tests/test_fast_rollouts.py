@@ -38,6 +38,10 @@ def test_a_runs_log_statistics_by_hand() -> None:
     assert stats["kl"] == pytest.approx(0.6 / 30) and stats["ratio_max"] == pytest.approx(1.3)
     assert stats["clip_ratio"] == pytest.approx(0.3 / 15)  # logged on the reuse steps only
     assert stats["seconds"] == 2.0 and "drift" not in stats
+    assert stats["first_reward"] == pytest.approx(0.1) and stats["rewarded"] == 1.0
+    never = study.log_statistics(_log([0.0] * 3, [0.0] * 3, [1.0] * 3))
+    assert never["rewarded"] == 0.0 and never["final_reward"] == 0.0
+    assert study._rewards(never) == "0.00 -> 0.00 (never)" and study._rewards(stats) == "0.10 -> 0.20"
 
 
 def test_the_mean_curve_averages_the_runs_that_logged_a_step() -> None:
@@ -72,8 +76,10 @@ def test_the_study_pairs_the_two_comparisons_by_seed_and_item(tmp_path: Path) ->
                 store(results, [bool(x) for x in solved[mode]], baseline="grpo", budget=budget, **common)
             folder = runs / comparison / "sudoku" / f"s{seed}" / "grpo"
             folder.mkdir(parents=True)
-            seconds = [4.0] if mode == "exact" else [1.0]
-            folder.joinpath("log.jsonl").write_text("\n".join(json.dumps(r) for r in _log([0.5], [0.01], seconds)))
+            # seconds per step: seed 0 exact 4 / fast 1, seed 1 exact 2 / fast 2; the paired ratios are 4 and 1
+            seconds = [(4.0, 2.0)[seed]] if mode == "exact" else [(1.0, 2.0)[seed]]
+            reward = 0.5 if seed == 0 or mode == "exact" else 0.0  # fast rollouts on seed 1 never earn a reward
+            folder.joinpath("log.jsonl").write_text("\n".join(json.dumps(r) for r in _log([reward], [0.01], seconds)))
     document = study.analyse(results, runs, "table1", "tiny", "tiny-fast", ["sudoku"], [0, 1], ["grpo", "spg"])
     (method,) = document["methods"]  # spg has no records: left out
     assert method["baseline"] == "grpo" and len(method["columns"]) == 4  # three lengths and their average
@@ -81,8 +87,13 @@ def test_the_study_pairs_the_two_comparisons_by_seed_and_item(tmp_path: Path) ->
         assert column["exact change"]["estimate"] == pytest.approx(0.25)
         assert column["fast change"]["estimate"] == pytest.approx(0.5)
         assert column["fast - exact"]["estimate"] == pytest.approx(0.25) and column["fast - exact"]["runs"] == 2
-    assert method["logs"]["exact"]["seconds"] == 4.0 and method["logs"]["fast"]["runs"] == 2
+    assert method["logs"]["exact"]["seconds"] == 3.0 and method["logs"]["fast"]["runs"] == 2
+    assert (method["logs"]["exact"]["rewarded_runs"], method["logs"]["fast"]["rewarded_runs"]) == (2, 1)
+    # the median of the paired ratios (4, 1), not the ratio of the medians (3 / 1.5 = 2)
+    assert method["speedup"] == pytest.approx(2.5)
     text = study.report(document, None)
-    assert "+25.0" in text and "| grpo | fast | 2 |" in text and "4.00" in text  # the speed-up exact / fast
+    assert "+25.0" in text and "| grpo | fast | 2 | 1 |" in text and "| 2.50 |" in text
+    assert "| grpo | sudoku s0 | 0.50 -> 0.50 | 0.50 -> 0.50 | 4 | 1 | 4.00 |" in text
+    assert "| grpo | sudoku s1 | 0.50 -> 0.50 | 0.00 -> 0.00 (never) | 2 | 2 | 1.00 |" in text
     with pytest.raises(study.UserError, match="no records"):
         study.analyse(results, runs, "table1", "tiny", "tiny-fast", ["countdown"], [0, 1], ["grpo"])
