@@ -134,6 +134,11 @@ def run_logs(runs: Path, comparison: str, task: str, baseline: str, seeds: Seque
     return {seed: read_log(path) for seed, path in paths.items() if path.is_file()}
 
 
+def run_speedup(exact: Mapping[str, float], fast: Mapping[str, float]) -> float | None:
+    """One seed's exact / fast step time (:func:`log_statistics`' ``seconds``), None where either run lacks it."""
+    return exact["seconds"] / fast["seconds"] if exact.get("seconds") and fast.get("seconds") else None
+
+
 def mean_curve(logs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, float]]:
     """The training reward at each rollout step, averaged over the runs that logged that step."""
     by_step: dict[int, list[float]] = {}
@@ -218,9 +223,9 @@ def analyse(
                 if any(key in s for s in stats)
             } | {"runs": len(stats), "rewarded_runs": int(sum(s.get("rewarded", 0.0) for s in stats))}
         speedups = [
-            exact["seconds"] / fast["seconds"]
+            ratio
             for run, exact in per_run["exact"].items()
-            if (fast := per_run["fast"].get(run)) and exact.get("seconds") and fast.get("seconds")
+            if (ratio := run_speedup(exact, per_run["fast"].get(run, {}))) is not None
         ]
         curves = {
             f"{baseline} {mode}": mean_curve([log for by_seed in by_task.values() for log in by_seed.values()])
@@ -317,11 +322,12 @@ def report(document: Mapping[str, Any], plot: Path | None) -> str:
     for method in document["methods"]:
         for run, exact in method["runs"]["exact"].items():
             fast = method["runs"]["fast"].get(run, {})
+            ratio = run_speedup(exact, fast)
             rows.append(
                 [method["baseline"], run]
                 + [_rewards(stats) for stats in (exact, fast)]
                 + [f"{stats['seconds']:.3g}" if "seconds" in stats else "-" for stats in (exact, fast)]
-                + [f"{exact['seconds'] / fast['seconds']:.2f}" if exact.get("seconds") and fast.get("seconds") else "-"]
+                + ["-" if ratio is None else f"{ratio:.2f}"]
             )
     header = ["method", "run", "exact: first -> last reward", "fast: first -> last reward"]
     lines.append(markdown_rows([*header, "exact s/step", "fast s/step", "speed-up"], rows))

@@ -148,10 +148,10 @@ def _findings(comparison: str, others: Sequence[SampledRow], start: SampledRow, 
 def _runs_table(others: Sequence[SampledRow], columns: Sequence[tuple[Cell, str]], found: Sequence[Finding]) -> str:
     """Each RL row's change from the start over runs, with its verdict, per cell and metric."""
     by_cell = {(f.subject, f.column): f for f in found}
+    headers = [_header(cell, metric) for cell, metric in columns]
     rows = []
     for row in others:
         name = row.info["Baseline"]
-        headers = [_header(cell, metric) for cell, metric in columns]
         runs, cells = row_over_runs({header: by_cell.get((name, header)) for header in headers})
         rows.append({"Baseline": name, "Checkpoint": row.info["Checkpoint"], "Runs": runs} | cells)
     table = pd.DataFrame(rows)
