@@ -14,7 +14,7 @@ import pytest
 import worker_jobs
 
 from stabledrl_bench.errors import UserError, rerun_notes
-from stabledrl_bench.experiments.workers import Progress, Stage, run_graph
+from stabledrl_bench.experiments.workers import Progress, Stage, critical_path, run_graph
 
 
 class Recorder(Progress):
@@ -157,3 +157,26 @@ def test_stages_that_others_wait_for_start_first(tmp_path: Path) -> None:
     run_graph(stages, 2, threads=1, progress=progress)
     began = [key for kind, key, _ in progress.events if kind == "begin"]
     assert began[0] == "start" and began[1] == "leaf0"
+
+
+def test_the_critical_path_is_a_stages_work_plus_the_longest_chain_that_needs_it() -> None:
+    after = {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c"), "e": ()}
+    work = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 3.0, "e": 4.0}
+    # by hand: d = 3; b = 5 + 3; c = 2 + 3; a = 1 + max(8, 5); e = 4 (nothing needs it)
+    assert critical_path(after, work) == {"a": 9.0, "b": 8.0, "c": 5.0, "d": 3.0, "e": 4.0}
+
+
+def test_long_stages_start_before_short_ones_listed_before_them() -> None:
+    """A short evaluation listed first, then a long stage nothing waits for (a frozen control) and a training an
+    evaluation waits for: on two workers the two long chains start first, the short stage last, so no long stage is
+    left to run alone at the end."""
+    stages = [
+        Stage("eval-start", worker_jobs.add, (1,), work=1.0),
+        Stage("control", worker_jobs.add, (2,), work=3.0),
+        Stage("train", worker_jobs.add, (3,), work=2.0),
+        Stage("eval-train", worker_jobs.add, (4,), after=("train",), work=1.0),
+    ]
+    progress = Recorder()
+    run_graph(stages, 2, threads=1, progress=progress)
+    began = [key for kind, key, _ in progress.events if kind == "begin"]
+    assert began[:2] == ["control", "train"] and began[2] == "eval-start"

@@ -141,7 +141,7 @@ def _graph(run: Comparison) -> tuple[list[Planned], list[Stage]]:
         after = tuple(f"{replicate.task}/s{replicate.seed}/{need}" for need in stage.after)
         plan.append(Planned(key, f"{replicate.task}:{what}", f"{replicate.where}: {label}", work, after))
         log = run.runs / LOGS / f"{replicate.task}-s{replicate.seed}-{name}.log"
-        graph.append(dataclasses.replace(stage, key=key, after=after, log=log))
+        graph.append(dataclasses.replace(stage, key=key, after=after, log=log, work=work))
 
     for task in run.tasks:
         evaluation = eval_work(run.evaluations(), len(get_task(task).eval_docs(limit=run.eval_limit)), prompt)

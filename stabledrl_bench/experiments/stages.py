@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stabledrl_bench.experiments.workers import Progress, waiting_on
+from stabledrl_bench.experiments.workers import Progress, critical_path
 
 
 def duration(seconds: float) -> str:
@@ -62,9 +62,9 @@ class Stages(Progress):
         if len(self.plan) != len(plan) or not all(stage.work > 0 for stage in plan):
             raise ValueError(f"a plan needs {len(plan)} distinct keys, each with a positive amount of work")
         self.workers = max(1, workers)
-        # the scheduler's order: stages others wait for first, then plan order (workers.run_graph)
-        waiting = waiting_on({stage.key: stage.after for stage in plan})
-        self._order = sorted(self.plan, key=lambda key: (-waiting[key], list(self.plan).index(key)))
+        # the scheduler's order: the longest chain of work first, then plan order (workers.run_graph)
+        chains = critical_path({s.key: s.after for s in plan}, {s.key: s.work for s in plan})
+        self._order = sorted(self.plan, key=lambda key: (-chains[key], list(self.plan).index(key)))
         self._clock, self._out = clock, out
         self._start = clock()
         self._started: dict[str, float] = {}  # key -> when it began (running stages)

@@ -222,6 +222,7 @@ class Stage:
     args: tuple = ()
     after: tuple[str, ...] = ()
     log: Path | None = None  # where its output goes when it runs in a worker
+    work: float = 1.0  # its expected cost, in any unit shared by the graph's stages (the scheduler's priority)
 
 
 class Progress:
@@ -267,31 +268,35 @@ def run_graph(stages: Sequence[Stage], workers: int, threads: int, progress: Pro
     return results
 
 
-def waiting_on(after: Mapping[str, Sequence[str]]) -> dict[str, int]:
-    """For every stage (key -> the stages it needs), how many stages wait for it, directly or through others."""
+def critical_path(after: Mapping[str, Sequence[str]], work: Mapping[str, float]) -> dict[str, float]:
+    """For every stage (key -> the stages it needs), the work of the longest chain that starts with it: its own work
+    plus the longest chain among the stages that need it. No schedule ends before the longest chain, and starting
+    the stages on long chains first (a warm start before the evaluations of another seed, a training before a frozen
+    control, a control before the short evaluations) keeps every worker busy until the end instead of leaving one
+    long stage to run alone."""
     needed_by: dict[str, set[str]] = {key: set() for key in after}
     for key, needs in after.items():
         for need in needs:
             needed_by[need].add(key)
-    counts: dict[str, set[str]] = {}
+    chains: dict[str, float] = {}
 
-    def behind(key: str) -> set[str]:
-        if key not in counts:
-            counts[key] = set().union(*(behind(other) | {other} for other in needed_by[key]))
-        return counts[key]
+    def chain(key: str) -> float:
+        if key not in chains:
+            chains[key] = work[key] + max((chain(other) for other in needed_by[key]), default=0.0)
+        return chains[key]
 
-    return {key: len(behind(key)) for key in after}
+    return {key: chain(key) for key in after}
 
 
 def _drive(pool: WorkerPool, pending: list[Stage], results: dict[str, Any], progress: Progress) -> Outcome | None:
-    """Submit the stages whose inputs are ready to the free workers until all have run, those that others wait for
-    first (a warm start before the evaluations of another seed: the later seeds' work is not left to the end), then
-    in plan order; the first job that does not end normally stops it (returned)."""
+    """Submit the stages whose inputs are ready to the free workers until all have run, those on the longest chain
+    of work first (:func:`critical_path`), then in plan order; the first job that does not end normally stops it
+    (returned)."""
     order = {stage.key: i for i, stage in enumerate(pending)}
-    waiting = waiting_on({stage.key: stage.after for stage in pending})
+    chains = critical_path({s.key: s.after for s in pending}, {s.key: s.work for s in pending})
     while pending or pool.running:
         ready = [s for s in pending if all(need in results for need in s.after)]
-        for stage in sorted(ready, key=lambda s: (-waiting[s.key], order[s.key])):
+        for stage in sorted(ready, key=lambda s: (-chains[s.key], order[s.key])):
             if not pool.free:
                 break
             pending.remove(stage)
