@@ -612,6 +612,7 @@ def test_every_label_of_a_sweep_gets_its_own_colour_in_its_plots(tmp_path, monke
 
     def record(ax, series, color, log=False):
         drawn.append((series.label, color))
+        ax.plot([0], [1], color=color, label=series.label)  # as the real one draws: the legend has its entries
         return True
 
     monkeypatch.setattr(sweep_mod, "seed_band", record)
