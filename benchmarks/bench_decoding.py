@@ -15,6 +15,14 @@ that hold the same token. Random weights never emit EOS, so the EOS stop saves n
     python benchmarks/bench_decoding.py --config 26M --family llada            # the same on the native LLaDA
     python benchmarks/bench_decoding.py --config 26M --upstream DIR --modes exact,prefix   # native vs remote code
 
+``--sft-steps N`` trains the random weights of ``--config`` on ``--task`` first (the tiny preset's Sudoku warm start
+scaled down to 16 rows per step, canvases of 48-128 tokens so the model pads with EOS at any length), so that the
+confidence threshold and the EOS stop fire on a model large enough for compute to dominate; ``--out PATH`` writes
+the table with the command, commit, machine and date to PATH:
+
+    python benchmarks/bench_decoding.py --config 26M --family llada --task sudoku --sft-steps 300 \
+        --max-completion-length 256 --batch 16 --repeats 1 --out benchmarks/reports/decoding_26M_trained.md
+
 ``--upstream DIR`` (a folder holding LLaDA's published ``configuration_llada.py`` and ``modeling_llada.py``, e.g.
 dLLM-RL's ``models/llada``; transformers 4.52-4.53, the ``remote-code`` extra) writes the same weights as one
 LLaDA folder with those files beside them and times the native implementation against the published file
@@ -65,9 +73,35 @@ def agreement(model: DiffusionLM, out: GenerationOutput, exact: GenerationOutput
     return sum(rows) / len(rows), float(same.sum() / ref.sum())
 
 
+def _trained(args: argparse.Namespace) -> str:
+    """``--sft-steps``: the random weights of ``--config`` after that many SFT steps on ``--task``; returns the final
+    model folder. In ``--sft-dir`` (default: a temporary folder) a finished run of the same settings is reused."""
+    from stabledrl_bench.training.optim import OptimConfig
+    from stabledrl_bench.training.sft import SFTConfig, run_sft
+
+    root = Path(args.sft_dir or tempfile.mkdtemp(prefix="bench-sft-"))
+    init = root / "init"
+    if not (init / "config.json").is_file():
+        save_diffusion_lm(build_tiny(attention="full", seed=0, **CONFIGS[args.config]), init)
+    optim = OptimConfig(learning_rate=3e-4, weight_decay=0.0, lr_scheduler_type="constant_with_warmup", warmup_steps=20)
+    sft = SFTConfig(
+        task=args.task,
+        model=str(init),
+        max_steps=args.sft_steps,
+        batch_size=16,
+        max_completion_length=128,
+        min_completion_length=48,
+        optim=optim,
+        save_every=100,
+        output_dir=str(root / "sft"),
+    )
+    return str(run_sft(sft))
+
+
 def _model(args: argparse.Namespace) -> DiffusionLM:
-    """The tiny model (random weights of ``--config``, or ``--checkpoint``); with ``--family llada|dream`` the same
-    weights as that family's folder, run by the native implementation (``core/models/convert.py``)."""
+    """The tiny model (random weights of ``--config``, ``--checkpoint``, or the ``--sft-steps`` run's); with
+    ``--family llada|dream`` the same weights as that family's folder, run by the native implementation
+    (``core/models/convert.py``)."""
     dlm = (
         load_diffusion_lm(args.checkpoint)
         if args.checkpoint
@@ -141,17 +175,19 @@ def bench_decoding(args: argparse.Namespace) -> None:
         {name: (model, dataclasses.replace(base, **MODES[name])) for name in names}, ids, mask, args.repeats
     )
     params = sum(p.numel() for p in model.model.parameters())
-    source = args.checkpoint or f"random weights, config {args.config}"
+    source = f"config {args.config} after {args.sft_steps} SFT steps" if args.sft_steps else None
+    source = source or args.checkpoint or f"random weights, config {args.config}"
     source += f", {args.task} prompts" if args.task else ", random prompts"
     source += f", as a {args.family} folder on the native {type(model).__name__}" if args.family != "tiny" else ""
-    print(
+    lines = [
         f"model: {source} ({params / 1e6:.1f}M parameters); L={args.max_completion_length} B={args.batch} "
         f"prompt={ids.shape[1]} block={args.block_length} steps={base.steps}; threads={torch.get_num_threads()} "
-        f"device={args.device}; median of {args.repeats} interleaved runs"
-    )
-    print(load)
-    print("| mode | settings | s (median) | tokens/s | NFE | vs exact | rows agree | tokens agree |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+        f"device={args.device}; median of {args.repeats} interleaved runs",
+        load,
+        "",
+        "| mode | settings | s (median) | tokens/s | NFE | vs exact | rows agree | tokens agree |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     exact_time = statistics.median(times["exact"]) if "exact" in times else None
     for name in names:
         seconds = statistics.median(times[name])
@@ -159,10 +195,29 @@ def bench_decoding(args: argparse.Namespace) -> None:
         ratio = f"{exact_time / seconds:.2f}x" if exact_time else "-"
         rows, tokens = agreement(model, outs[name], outs["exact"]) if "exact" in outs else (float("nan"),) * 2
         tok_s = args.batch * args.max_completion_length / seconds
-        print(
+        lines.append(
             f"| {name} | {fields} | {seconds:.2f} | {tok_s:.0f} | {outs[name].nfe} | {ratio} | {rows:.2f} | "
             f"{tokens:.3f} |"
         )
+    print("\n".join(lines))
+    if args.out:
+        _write_report(args, lines)
+
+
+def _write_report(args: argparse.Namespace, lines: list[str]) -> None:
+    """``--out``: the table under a line naming the command, the commit, the machine and the date."""
+    import platform
+    import time
+
+    from stabledrl_bench.reporting.provenance import cpu_model, git_state
+
+    command = " ".join(["python", "benchmarks/bench_decoding.py", *sys.argv[1:]])
+    head = (
+        f"# Decoding modes against exact decoding\n\nWritten by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC')}"
+        f" at commit {(git_state()['commit'] or 'unknown')[:10]}, {cpu_model() or platform.processor()} "
+        f"({os.cpu_count()} cores). Times are of one process decoding the batch, the modes interleaved."
+    )
+    Path(args.out).write_text("\n\n".join([head, "\n".join(lines)]) + "\n")
 
 
 def bench_implementations(args: argparse.Namespace) -> None:
@@ -293,10 +348,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--upstream", help="folder with LLaDA's published modeling files: native vs remote code")
+    parser.add_argument(
+        "--sft-steps", type=int, help="train the random weights of --config on --task for this many SFT steps first"
+    )
+    parser.add_argument("--sft-dir", help="--sft-steps: the run's folder (reused when finished; default: temporary)")
+    parser.add_argument("--out", help="also write the table, with the command, commit and machine, to this file")
     parser.add_argument("--rl-step", action="store_true", help="time RL steps with exact vs fast rollouts instead")
     parser.add_argument("--rollout-modes", default="exact,fast", help=f"--rl-step: from {', '.join(DECODE_MODES)}")
     args = parser.parse_args()
+    if args.sft_steps and (args.checkpoint or not args.task):
+        parser.error("--sft-steps trains --config's random weights on --task: give --task, not --checkpoint")
     torch.set_num_threads(args.threads)
+    if args.sft_steps:
+        args.checkpoint = _trained(args)
     if args.rl_step:
         bench_rl_step(args)
     elif args.upstream:
