@@ -15,8 +15,9 @@ that hold the same token. Random weights never emit EOS, so the EOS stop saves n
     python benchmarks/bench_decoding.py --config 26M --family llada            # the same on the native LLaDA
     python benchmarks/bench_decoding.py --config 26M --upstream DIR --modes exact,prefix   # native vs remote code
 
-``--sft-steps N`` trains the random weights of ``--config`` on ``--task`` first (the tiny preset's Sudoku warm start
-scaled down to 16 rows per step, canvases of 48-128 tokens so the model pads with EOS at any length), so that the
+``--sft-steps N`` trains the random weights of ``--config`` on ``--task`` first (16 rows per step on canvases of 48-128
+tokens, so the model pads with EOS at any length; AdamW at a constant 3e-4 after 20 warm-up steps, no weight decay,
+gradients clipped at 0.2), so that the
 confidence threshold and the EOS stop fire on a model large enough for compute to dominate; ``--out PATH`` writes
 the table with the command, commit, machine and date to PATH:
 

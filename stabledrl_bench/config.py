@@ -102,12 +102,27 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     if missing:
         raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {name: _check_type(value, hints[name], f"{where}.{name}") for name, value in data.items()}
+    kwargs = {
+        name: _check_type(_over_default(fields[name], value), hints[name], f"{where}.{name}")
+        for name, value in data.items()
+    }
     try:
         obj = cls(**kwargs)
     except TypeError as exc:
         raise UserError(f"{where}: {exc}") from exc
     return obj
+
+
+def _over_default(field: dataclasses.Field, value: Any) -> Any:
+    """A mapping given for a field whose default is a dataclass instance, merged over that default: a partial
+    ``optim:`` (or ``--set optim.learning_rate=...``) of an SFT config changes those keys of the SFT's own optimizer
+    defaults, not of the optimizer class's (which are the RL recipe's: another schedule, clipping and warm-up)."""
+    if not isinstance(value, dict) or field.default_factory is dataclasses.MISSING:
+        return value
+    default = field.default_factory()
+    if not dataclasses.is_dataclass(default) or isinstance(default, type):
+        return value
+    return deep_merge(dataclasses.asdict(default), value)
 
 
 def require_finite(**values: float) -> None:

@@ -195,3 +195,16 @@ def test_set_overrides_any_field_by_its_path(tmp_path: Path) -> None:
         bad = build_parser().parse_args(["train", "--config", str(path), "--set", item])
         with pytest.raises(UserError, match=message):
             _load_config(TrainConfig, bad, {})
+
+
+def test_a_partial_optim_of_sft_changes_only_the_sfts_own_optimizer_defaults() -> None:
+    """`sft --set optim.learning_rate=...` (the help's example) changes that one field: the SFT's other optimizer
+    defaults (cosine, warm-up 20, weight decay 0.01, clipping at 1.0) stay, not the RL recipe's of OptimConfig
+    (linear, no warm-up, weight decay 0.1, clipping at 0.2), which a partial mapping used to fall back to."""
+    from stabledrl_bench.cli import _load_config, build_parser
+    from stabledrl_bench.training.sft import SFTConfig
+
+    args = build_parser().parse_args(["sft", "--set", "optim.learning_rate=1e-6"])
+    cfg = _load_config(SFTConfig, args, {})
+    assert cfg.optim == dataclasses.replace(SFTConfig().optim, learning_rate=1e-6)
+    assert (cfg.optim.warmup_steps, cfg.optim.max_grad_norm, cfg.optim.lr_scheduler_type) == (20, 1.0, "cosine")
