@@ -17,9 +17,8 @@ that hold the same token. Random weights never emit EOS, so the EOS stop saves n
 
 ``--sft-steps N`` trains the random weights of ``--config`` on ``--task`` first (16 rows per step on canvases of 48-128
 tokens, so the model pads with EOS at any length; AdamW at a constant 3e-4 after 20 warm-up steps, no weight decay,
-gradients clipped at 0.2), so that the
-confidence threshold and the EOS stop fire on a model large enough for compute to dominate; ``--out PATH`` writes
-the table with the command, commit, machine and date to PATH:
+gradients clipped at 0.2), so that the confidence threshold and the EOS stop fire on a model large enough for
+compute to dominate; ``--out PATH`` writes the table with the command, commit, machine and date to PATH:
 
     python benchmarks/bench_decoding.py --config 26M --family llada --task sudoku --sft-steps 300 \
         --max-completion-length 256 --batch 16 --repeats 1 --out benchmarks/reports/decoding_26M_trained.md
@@ -76,7 +75,8 @@ def agreement(model: DiffusionLM, out: GenerationOutput, exact: GenerationOutput
 
 def _trained(args: argparse.Namespace) -> str:
     """``--sft-steps``: the random weights of ``--config`` after that many SFT steps on ``--task``; returns the final
-    model folder. In ``--sft-dir`` (default: a temporary folder) a finished run of the same settings is reused."""
+    model folder. In ``--sft-dir`` (default: a temporary folder) a run of the same settings resumes from its last
+    checkpoint and ends with the weights of an uninterrupted one."""
     from stabledrl_bench.training.optim import OptimConfig
     from stabledrl_bench.training.sft import SFTConfig, run_sft
 
@@ -352,7 +352,9 @@ def main() -> None:
     parser.add_argument(
         "--sft-steps", type=int, help="train the random weights of --config on --task for this many SFT steps first"
     )
-    parser.add_argument("--sft-dir", help="--sft-steps: the run's folder (reused when finished; default: temporary)")
+    parser.add_argument(
+        "--sft-dir", help="--sft-steps: its run folder (resumed from its last checkpoint; default: a new one)"
+    )
     parser.add_argument("--out", help="also write the table, with the command, commit and machine, to this file")
     parser.add_argument("--rl-step", action="store_true", help="time RL steps with exact vs fast rollouts instead")
     parser.add_argument("--rollout-modes", default="exact,fast", help=f"--rl-step: from {', '.join(DECODE_MODES)}")
