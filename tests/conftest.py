@@ -137,8 +137,8 @@ SLOWEST_MODULES = (
     "test_stress.py",
 )
 # Last: the launches of 2 and 4 processes that wait for each other at every collective. Beside another worker's
-# busy processes they ran three times slower than alone (660 s against 221 s on 2 cores, one of its launches ten
-# times); collected last, they run when the other worker has little or nothing left.
+# busy processes they ran three times slower than alone (660 s against 221 s on 2 cores, one of its launches more
+# than ten times); collected last, they run when the other worker has little or nothing left.
 LAUNCHING_MODULES = ("test_multiprocess.py",)
 
 
