@@ -129,21 +129,19 @@ def install_plugin(root: Path, group: str, entry: str, target: str, module: str,
 
 # The modules whose tests take minutes in all, slowest first. pytest-xdist gives each worker a whole module at a time
 # (`--dist loadfile`, so a module-scoped fixture that launches runs runs once) in collection order
-# (`--no-loadscope-reorder`): these start first, and no worker ends the run alone with one of them.
+# (`--no-loadscope-reorder`): these start first, and no worker ends the run alone with one of them. (Collecting the
+# launching module last instead, so that its launches would run when the other worker had little left, was tried:
+# three runs took 664, 829 and 868 s, as one worker then ended the run alone with it.)
 SLOWEST_MODULES = (
+    "test_multiprocess.py",
     "test_reproduce.py",
     "test_regress.py",
     "test_platforms.py",
     "test_stress.py",
 )
-# Last: the launches of 2 and 4 processes that wait for each other at every collective. Beside another worker's
-# busy processes they ran three times slower than alone (660 s against 221 s on 2 cores, one of its launches more
-# than ten times); collected last, they run when the other worker has little or nothing left.
-LAUNCHING_MODULES = ("test_multiprocess.py",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slowest modules first, the launching ones last, every module's tests in their own order."""
+    """The slowest modules first, every module's tests in their own order."""
     rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
-    last = len(rank) + 1
-    items.sort(key=lambda item: last if item.path.name in LAUNCHING_MODULES else rank.get(item.path.name, len(rank)))
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
