@@ -74,29 +74,27 @@ def agreement(model: DiffusionLM, out: GenerationOutput, exact: GenerationOutput
 
 
 def _trained(args: argparse.Namespace) -> str:
-    """``--sft-steps``: the random weights of ``--config`` after that many SFT steps on ``--task``; returns the final
-    model folder. In ``--sft-dir`` (default: a temporary folder) a run of the same settings resumes from its last
-    checkpoint and ends with the weights of an uninterrupted one."""
+    """``--sft-steps``: the random weights of ``--config`` after that many SFT steps on ``--task``, built as any warm
+    start is (:func:`~stabledrl_bench.experiments.runner.ensure_warm_start`); returns the final model folder. In
+    ``--sft-dir`` (default: a temporary folder) a finished start of the same settings is reused, an interrupted one
+    resumes from its last checkpoint."""
+    from stabledrl_bench.experiments.runner import WarmStart, ensure_warm_start
     from stabledrl_bench.training.optim import OptimConfig
-    from stabledrl_bench.training.sft import SFTConfig, run_sft
+    from stabledrl_bench.training.sft import SFTConfig
 
-    root = Path(args.sft_dir or tempfile.mkdtemp(prefix="bench-sft-"))
-    init = root / "init"
-    if not (init / "config.json").is_file():
-        save_diffusion_lm(build_tiny(attention="full", seed=0, **CONFIGS[args.config]), init)
     optim = OptimConfig(learning_rate=3e-4, weight_decay=0.0, lr_scheduler_type="constant_with_warmup", warmup_steps=20)
     sft = SFTConfig(
         task=args.task,
-        model=str(init),
         max_steps=args.sft_steps,
         batch_size=16,
         max_completion_length=128,
         min_completion_length=48,
         optim=optim,
         save_every=100,
-        output_dir=str(root / "sft"),
     )
-    return str(run_sft(sft))
+    spec = WarmStart(sft=sft, init={"attention": "full", "seed": 0, **CONFIGS[args.config]})
+    final, _ = ensure_warm_start(spec, args.sft_dir or tempfile.mkdtemp(prefix="bench-sft-"))
+    return str(final)
 
 
 def _model(args: argparse.Namespace) -> DiffusionLM:
@@ -213,8 +211,9 @@ def _write_report(args: argparse.Namespace, lines: list[str]) -> None:
     from stabledrl_bench.reporting.provenance import cpu_model, git_state
 
     command = " ".join(["python", "benchmarks/bench_decoding.py", *sys.argv[1:]])
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     head = (
-        f"# Decoding modes against exact decoding\n\nWritten by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC')}"
+        f"# Decoding modes against exact decoding\n\nWritten by `{command}` on {when}"
         f" at commit {(git_state()['commit'] or 'unknown')[:10]}, {cpu_model() or platform.processor()} "
         f"({os.cpu_count()} cores). Times are of one process decoding the batch, the modes interleaved."
     )
@@ -353,7 +352,7 @@ def main() -> None:
         "--sft-steps", type=int, help="train the random weights of --config on --task for this many SFT steps first"
     )
     parser.add_argument(
-        "--sft-dir", help="--sft-steps: its run folder (resumed from its last checkpoint; default: a new one)"
+        "--sft-dir", help="--sft-steps: its warm start's folder (a finished one is reused; default: a new one)"
     )
     parser.add_argument("--out", help="also write the table, with the command, commit and machine, to this file")
     parser.add_argument("--rl-step", action="store_true", help="time RL steps with exact vs fast rollouts instead")
