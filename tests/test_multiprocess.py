@@ -391,7 +391,7 @@ def reproduced_once(tmp_path_factory) -> Path:
     """``reproduce table1 --preset smoke`` (two baselines) on one process, in a fresh interpreter."""
     root = tmp_path_factory.mktemp("reproduce-one")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "stabledrl_bench", *_reproduce_args(root)]
+    cmd = [sys.executable, "-m", "stabledrl_bench", *_reproduce_args(root), "--workers", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root

@@ -88,7 +88,7 @@ def test_a_verdict_holds_only_with_one_sign_on_every_platform(tmp_path: Path) ->
 def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path: Path, capsys) -> None:
     results = tmp_path / "results"
     argv = ["platforms", "table1", "--preset", "smoke", "--baselines", "grpo", "--seeds", "0", "--limit", "4"]
-    argv += ["--platforms", "native,blas-sse42", "--workers", "2", "--runs", str(tmp_path / "runs")]
+    argv += ["--platforms", "native,blas-sse42", "--workers", "1", "--runs", str(tmp_path / "runs")]
     assert main([*argv, "--results", str(results), "--leaderboard", str(tmp_path / "lb.md")]) == 0
     out = capsys.readouterr().out
     assert "[platform 2/2] blas-sse42: MKL at SSE4.2" in out

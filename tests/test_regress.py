@@ -18,7 +18,17 @@ from conftest import install_plugin
 
 from stabledrl_bench.cli import main
 from stabledrl_bench.core.baseline import BASELINES
-from stabledrl_bench.regression.golden import Row, compare_case, platform_info, same_platform
+from stabledrl_bench.regression.cases import GROUPS, all_cases
+from stabledrl_bench.regression.command import compare, report, run_cases
+from stabledrl_bench.regression.golden import (
+    REFERENCES,
+    Observation,
+    Row,
+    compare_case,
+    platform_info,
+    same_platform,
+    write_references,
+)
 
 # the shipped methods; other test modules register stand-ins into the same registry when they are collected
 BUILT_IN = [name for name in BASELINES if BASELINES.get(name).__module__.startswith("stabledrl_bench.")]
@@ -35,36 +45,37 @@ def failing_rows(capsys) -> list[list[str]]:
 
 
 # ------------------------------------------------------------------------------------------------ committed references
-@pytest.mark.parametrize(
-    "selection",
-    [
-        ["--baselines", ",".join(BUILT_IN)],  # every built-in method's rl and forced cases (plugins have their own)
-        ["--groups", "sft,samplers,eval,graders"],  # the cases no method owns
-    ],
-    ids=["methods", "the-rest"],
-)
-def test_the_committed_references_hold(selection, capsys) -> None:
-    """The whole check: every golden case of the current code against the committed references, in two parts
-    (``--baselines`` selects the methods' cases only, so the warm start, samplers, evaluations and graders need the
-    second)."""
-    status = main(["regress", *selection])
+@pytest.fixture(scope="module")
+def measured() -> dict[str, Observation]:
+    """Every golden case of the shipped code, run once in this process (one thread, as ``regress --jobs 1``): the
+    committed check compares all of them, and the mutation tests pin a few of them as their own references. (The
+    stand-ins other test modules register into the same registry have no committed references: left out.)"""
+    cases = [case for case in all_cases() if case.params.get("baseline") in (None, *BUILT_IN)]
+    return run_cases(cases, jobs=1, progress=False)
+
+
+def test_the_committed_references_hold(measured, capsys) -> None:
+    """The whole check, as ``regress`` runs it without a selection: every case agrees with its committed reference,
+    and no committed reference is left without its case."""
+    status = report(compare(REFERENCES, measured, filtered=False), verbose=False, references=REFERENCES)
     out = capsys.readouterr().out
     assert status == 0, out[-6000:]
-    assert "cases agree" in out and " 0 of " not in out
+    assert f"regress: {len(measured)} of {len(measured)} cases agree" in out
+    assert {path.parent.name for path in REFERENCES.glob("*/*.json")} == set(GROUPS)
 
 
 # ------------------------------------------------------------------------------------------------ mutations
 @pytest.fixture(scope="module")
-def pinned(tmp_path_factory) -> Path:
-    """The cases the mutations touch, pinned from the unmutated code."""
+def pinned(measured, tmp_path_factory) -> Path:
+    """The cases the mutations touch, pinned from the unmutated code's measurements, as ``regress --update`` pins
+    them."""
     root = tmp_path_factory.mktemp("references")
-    assert (
-        regress("--update", "--reason", "unmutated", "--references", str(root), "--groups", "forced,samplers,sft") == 0
-    )
-    assert (
-        regress("--update", "--reason", "unmutated", "--references", str(root), "--baselines", "grpo", "--groups", "rl")
-        == 0
-    )
+    kept = {
+        key: values
+        for key, values in measured.items()
+        if key.split("/")[0] in ("forced", "samplers", "sft") or key.startswith(("rl/grpo@", "rl/grpo+"))
+    }
+    write_references(root, kept, {}, "unmutated")
     return root
 
 
@@ -325,6 +336,7 @@ def test_the_cheap_invariance_classes_hold(capsys) -> None:
 def test_verify_rerun_remakes_a_record_and_names_what_differs(tmp_path, capsys) -> None:
     results, runs = tmp_path / "results", tmp_path / "runs"
     common = ["--preset", "smoke", "--tasks", "sudoku", "--seeds", "0", "--runs", str(runs), "--limit", "2"]
+    common += ["--workers", "1"]  # in this process: worker processes would each import everything again
     assert (
         main(
             [
