@@ -243,6 +243,12 @@ def _add_regress(sub) -> None:
     )
     p.add_argument("--baselines", help="comma-separated methods: only their rl and forced cases (plugins included)")
     p.add_argument("--groups", help="comma-separated groups: rl, forced, sft, samplers, eval, graders (default: all)")
+    p.add_argument(
+        "--cases",
+        metavar="PATTERNS",
+        help="comma-separated case names or shell patterns, within the other selections: e.g. 'rl/grpo@*' or the "
+        "failing case of the last run",
+    )
     p.add_argument("--update", action="store_true", help="pin what this code produces as the references")
     p.add_argument("--reason", default="", help="with --update: why the numbers may change (recorded)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")

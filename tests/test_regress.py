@@ -145,14 +145,16 @@ def test_a_changed_optimizer_step_fails_sft_and_rl(pinned, monkeypatch, capsys) 
 
     for module in ("stabledrl_bench.training.sft", "stabledrl_bench.training.assembly"):
         monkeypatch.setattr(f"{module}.build_optimizer", mutated)
-    assert regress("--references", str(pinned), "--groups", "sft") == 1
+    # the two cases it is about (`--cases`): the other warm starts would show the same
+    assert regress("--references", str(pinned), "--cases", "sft/full,sft/warm-start:table1-sudoku") == 1
     rows = failing_rows(capsys)
+    assert {row[0] for row in rows} == {"sft/full", "sft/warm-start:table1-sudoku"}, rows
     assert ["sft/full", "step", "2", "loss"] in [row[:4] for row in rows], rows
     assert ["sft/warm-start:table1-sudoku", "step", "2", "loss"] in [row[:4] for row in rows], rows
     for row in rows:  # the move is far beyond rounding: a platform's kernels cannot hide it
         if row[:4] == ["sft/full", "step", "2", "loss"]:
             assert abs(float(row[4]) - float(row[5])) > 1e-5 * abs(float(row[4])), row
-    assert regress("--references", str(pinned), "--baselines", "grpo", "--groups", "rl") == 1
+    assert regress("--references", str(pinned), "--cases", "rl/grpo@tiny-full") == 1
     # the first optimizer step moves the weights, so the second step's numbers differ
     assert any(row[0] == "rl/grpo@tiny-full" and row[1:3] == ["step", "2"] for row in failing_rows(capsys))
 
@@ -240,6 +242,7 @@ def test_usage_errors_are_one_line(tmp_path, capsys) -> None:
         (["--groups", "nope"], "unknown regress group"),
         (["--baselines", "ppo"], "unknown baseline 'ppo'"),
         (["--invariance", "nope"], "unknown invariance class"),
+        (["--groups", "sft", "--cases", "sft/full,rl/*"], "--cases: no case matches rl/* (`regress --list`)"),
     ):
         assert regress("--references", str(tmp_path), *args) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -9,6 +9,7 @@ thread each: the numbers do not depend on how many.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import multiprocessing
 import tempfile
 from collections.abc import Sequence
@@ -53,6 +54,8 @@ def command(args: argparse.Namespace) -> int:
     if args.reason and not args.update:
         raise UserError("--reason goes with --update (it records why the references were rewritten)")
     cases = all_cases(_names(args.baselines), _names(args.groups))
+    if args.cases:
+        cases = matching(cases, _names(args.cases) or [])
     if args.list:
         for case in cases:
             print(f"{case.key:44s} {case.description}")
@@ -70,8 +73,17 @@ def command(args: argparse.Namespace) -> int:
         for case in changed:
             print(f"  changed: {case}")
         return 0
-    rows = compare(args.references, observations, filtered=bool(args.baselines or args.groups))
+    rows = compare(args.references, observations, filtered=bool(args.baselines or args.groups or args.cases))
     return report(rows, verbose=args.verbose, references=args.references)
+
+
+def matching(cases: Sequence[Case], patterns: Sequence[str]) -> list[Case]:
+    """The cases whose ``group/name`` matches one of ``patterns`` (shell-style, ``fnmatch``), in case order; a
+    pattern that matches none is a usage error (a typo would otherwise pass as "0 cases, nothing differs")."""
+    unmatched = [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(c.key, pattern) for c in cases)]
+    if unmatched or not patterns:
+        raise UserError(f"--cases: no case matches {', '.join(unmatched) or 'an empty list'} (`regress --list`)")
+    return [case for case in cases if any(fnmatch.fnmatchcase(case.key, pattern) for pattern in patterns)]
 
 
 def run_cases(cases: Sequence[Case], jobs: int = 1, progress: bool = True) -> dict[str, Observation]:
