@@ -95,6 +95,17 @@ def launch_command(
     return [*command, "--main_process_port", str(port)]
 
 
+def _without_deepspeed_cpu_kernels() -> None:
+    """DeepSpeed on a machine without a GPU compiles its shared-memory CPU collective (C++ with ninja: about a minute
+    on 2 cores, in every fresh environment, and only where a compiler is installed) as its process group starts. Only
+    its CPU inference all-reduce uses that kernel, never ZeRO training and never the GPU path this rehearses, so it is
+    marked unbuildable (DeepSpeed keeps the dict of buildable ops it probed in one place and reads it there) and the
+    rehearsal's collectives are gloo's, as under the other configs."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def process_state():
     """accelerate's ``PartialState`` of this process, set up the same way whoever asks first.
 
@@ -105,6 +116,8 @@ def process_state():
     if not cpu_rehearsal():
         state = PartialState(cpu=not torch.cuda.is_available())
     else:
+        if _env_flag("ACCELERATE_USE_DEEPSPEED"):
+            _without_deepspeed_cpu_kernels()
         with _as_gpu_processes():
             state = PartialState()
     if state.num_processes > 1:

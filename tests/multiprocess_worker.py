@@ -35,6 +35,8 @@ def main(models_json: str, out_dir: str, names: list[str]) -> None:
     out = Path(out_dir)
     state = process_state()
     report: dict[str, object] = {"world_size": state.num_processes}
+    # DeepSpeed's shared-memory CPU collective, which it compiles when its process group starts unless told not to
+    report["deepspeed_cpu_kernel"] = hasattr(torch.ops.deepspeed, "inference_all_reduce_")
     report["rank0_weights"] = gather_object([_loads_real_weights(models["native"])])
     bf16 = os.environ.get("ACCELERATE_MIXED_PRECISION") == "bf16"  # what --mixed_precision says
     probe = lambda trainer: _facts(trainer, gather_object)  # noqa: E731
