@@ -1,0 +1,159 @@
+"""Where the test suite's time goes: CPU seconds per test module, not only wall seconds.
+
+pytest's ``--durations`` lists wall time, which under ``-n auto`` says little: a test that starts processes of its
+own (a launch, ``reproduce`` workers, the grader pool) shares the cores with the other pytest worker, and a wait
+looks like work. With both cores busy almost throughout, the suite's time is about its CPU seconds over the cores,
+so that is what this measures: the README's test command, with a plugin (this file) that records each test's wall
+time, its worker's CPU time and the CPU time of the processes it waited for.
+
+    python benchmarks/bench_suite.py --out benchmarks/reports/suite.md   # the whole suite, about 10 minutes here
+
+Run it on an idle machine: the report records the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS_ENV = "STABLEDRL_SUITE_ROWS"  # the folder each pytest worker writes its rows into
+
+
+# ------------------------------------------------------------------------------------------------ the pytest plugin
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    """Around each test's setup, call and teardown: one row into this worker's file."""
+    del nextitem
+    start, before = time.monotonic(), os.times()
+    yield
+    after = os.times()
+    row = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "wall": time.monotonic() - start,
+        "self": after.user - before.user + after.system - before.system,
+        "children": after.children_user - before.children_user + after.children_system - before.children_system,
+    }
+    with open(Path(os.environ[ROWS_ENV]) / f"{row['worker']}.jsonl", "a") as out:
+        out.write(json.dumps(row) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark
+def run_suite(rows: Path) -> tuple[float, str]:
+    """The README's test command with this file as a plugin; its wall time and last output line."""
+    env = {**os.environ, ROWS_ENV: str(rows), "PYTHONPATH": str(REPO / "benchmarks")}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "bench_suite", "-p", "no:cacheprovider"]
+    start = time.monotonic()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
+    if done.returncode != 0:
+        raise SystemExit(f"the suite failed ({last}); nothing written")
+    return wall, last
+
+
+def summary(rows: list[dict[str, Any]], wall: float, last: str) -> dict[str, Any]:
+    cpu = collections.Counter()
+    for row in rows:
+        cpu[row["test"].split("::")[0]] += row["self"] + row["children"]
+    per_worker = collections.Counter()
+    for row in rows:
+        per_worker[row["worker"]] += row["wall"]
+    slowest = sorted(rows, key=lambda row: -(row["self"] + row["children"]))[:15]
+    return {
+        "wall_s": round(wall, 1),
+        "result": last,
+        "cpu_s": round(sum(cpu.values()), 1),
+        "workers_wall_s": {worker: round(seconds, 1) for worker, seconds in sorted(per_worker.items())},
+        "modules": [{"module": m, "cpu_s": round(s, 1)} for m, s in cpu.most_common()],
+        "tests": [
+            {"test": row["test"], "cpu_s": round(row["self"] + row["children"], 1), "wall_s": round(row["wall"], 1)}
+            for row in slowest
+        ],
+    }
+
+
+def report(document: dict[str, Any]) -> str:
+    meta = document["measured"]
+    lines = [
+        "# The test suite's time, by CPU seconds",
+        "",
+        f"`{meta['command']}` -- the README's test command with a plugin that records each test's CPU seconds "
+        "(its pytest worker's and those of the processes it waited for).",
+        "",
+        f"Measured {meta['date']} at commit {meta['commit']} on {meta['machine']} ({meta['cores']} cores); load "
+        f"average before {meta['load_before']}, after {meta['load_after']}.",
+        "",
+        f"- result: {document['result']}",
+        f"- wall time of the command: {document['wall_s']:.0f} s; the tests' CPU time: {document['cpu_s']:.0f} s "
+        f"(over {meta['cores']} cores: at least {document['cpu_s'] / meta['cores']:.0f} s of wall time)",
+        "- each pytest worker's tests, wall time: "
+        + ", ".join(f"{w} {s:.0f} s" for w, s in document["workers_wall_s"].items()),
+        "",
+        "| module | CPU s | share |",
+        "|---|---:|---:|",
+    ]
+    for module in document["modules"][:15]:
+        lines.append(f"| `{module['module']}` | {module['cpu_s']:.0f} | {module['cpu_s'] / document['cpu_s']:.0%} |")
+    lines += ["", "The 15 tests with the most CPU seconds:", "", "| test | CPU s | wall s |", "|---|---:|---:|"]
+    lines += [f"| `{t['test']}` | {t['cpu_s']:.1f} | {t['wall_s']:.1f} |" for t in document["tests"]]
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    return out.stdout.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="write the report here (and its JSON beside it)")
+    args = parser.parse_args()
+    load_before, commit = ", ".join(f"{x:.2f}" for x in os.getloadavg()), _commit()  # the tree the suite ran
+    with tempfile.TemporaryDirectory(prefix="suite-rows-") as tmp:
+        wall, last = run_suite(Path(tmp))
+        rows = [json.loads(line) for path in Path(tmp).glob("*.jsonl") for line in path.read_text().splitlines()]
+    document = summary(rows, wall, last)
+    document["measured"] = {
+        "command": "python -m pytest -q",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "machine": f"{_cpu_model()}, {platform.machine()}",
+        "cores": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+    text = report(document)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name and its widest vector instructions (what decides a platform's rounding, and speed)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    return f"{name} ({'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'})"
+
+
+if __name__ == "__main__":
+    main()
