@@ -66,11 +66,9 @@ def run_suite(rows: Path) -> tuple[float, str]:
 
 
 def summary(rows: list[dict[str, Any]], wall: float, last: str) -> dict[str, Any]:
-    cpu = collections.Counter()
+    cpu, per_worker = collections.Counter(), collections.Counter()
     for row in rows:
         cpu[row["test"].split("::")[0]] += row["self"] + row["children"]
-    per_worker = collections.Counter()
-    for row in rows:
         per_worker[row["worker"]] += row["wall"]
     slowest = sorted(rows, key=lambda row: -(row["self"] + row["children"]))[:15]
     return {
@@ -113,17 +111,15 @@ def report(document: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
-    return out.stdout.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the report here (and its JSON beside it)")
     args = parser.parse_args()
-    load_before, commit = ", ".join(f"{x:.2f}" for x in os.getloadavg()), _commit()  # the tree the suite ran
+    from stabledrl_bench.reporting.provenance import cpu_numerics, git_state
+
+    git = git_state()  # the tree the suite runs, taken before it runs
+    commit = (git["commit"] or "unknown")[:7] + (" (with uncommitted changes)" if git["dirty"] else "")
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="suite-rows-") as tmp:
         wall, last = run_suite(Path(tmp))
         rows = [json.loads(line) for path in Path(tmp).glob("*.jsonl") for line in path.read_text().splitlines()]
@@ -132,7 +128,7 @@ def main() -> None:
         "command": "python -m pytest -q",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit,
-        "machine": f"{_cpu_model()}, {platform.machine()}",
+        "machine": "{cpu} ({capability}), ".format(**cpu_numerics()) + platform.machine(),
         "cores": os.cpu_count(),
         "load_before": load_before,
         "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -142,17 +138,6 @@ def main() -> None:
     if args.out:
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
-
-
-def _cpu_model() -> str:
-    """The CPU's model name and its widest vector instructions (what decides a platform's rounding, and speed)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    return f"{name} ({'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'})"
 
 
 if __name__ == "__main__":
