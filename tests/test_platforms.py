@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_results import store
 
 from stabledrl_bench.cli import main
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.comparison import comparison
-from stabledrl_bench.experiments.platforms import analyse, folders, report
+from stabledrl_bench.experiments.platforms import analyse, folders, report, run_study
 from stabledrl_bench.reporting.leaderboard import findings
 from stabledrl_bench.reporting.results import load_results
 
@@ -103,9 +105,74 @@ def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path:
     native = load_results(results)  # the comparison's own records only: the platforms' are not the board's
     assert len(native) == 6 and all("emulated" not in r["environment"]["hardware"] for r in native)
     assert findings(results)  # the board's comparisons over runs read the native records
-    study = (results / "platforms" / "study.md").read_text()
+    study = (results / "platforms" / "table1-smoke__sudoku.md").read_text()
     assert study.startswith("# Platform study: `table1-smoke`") and "`blas-sse42`: MKL at SSE4.2" in study
-    assert json.loads((results / "platforms" / "study.json").read_text())["seeds"] == [0]
+    assert "--platforms native,blas-sse42`" in study and "not run by this study" not in study
+    document = json.loads((results / "platforms" / "table1-smoke__sudoku.json").read_text())
+    assert document["seeds"] == [0] and document["platforms"]["native"]["rerun"]
+    # native left out: its records are read as they are, not made again, and the report says by which commit
+    again = [*argv[:-4], "--platforms", "blas-sse42", "--workers", "1", "--runs", str(tmp_path / "runs")]
+    assert main([*again, "--results", str(results), "--leaderboard", str(tmp_path / "lb.md")]) == 0
+    out = capsys.readouterr().out
+    assert "[platform native] not run" in out and "[platform 1/1] blas-sse42" in out and "measured (" not in out
+    assert load_results(results) == native
+    document = json.loads((results / "platforms" / "table1-smoke__sudoku.json").read_text())
+    assert list(document["platforms"]) == ["native", "blas-sse42"] and not document["platforms"]["native"]["rerun"]
+    commit = native[0]["environment"]["git"]["commit"][:10]
+    study = (results / "platforms" / "table1-smoke__sudoku.md").read_text()
+    assert f"not run by this study: the comparison's records as they were, measured at commit(s) {commit}" in study
+
+
+def test_a_study_without_native_needs_its_records_for_every_method_and_seed(tmp_path: Path) -> None:
+    """native left out of --platforms is read from --results: a missing record stops the study before any platform
+    runs (hours, on a real comparison), naming what is missing."""
+    run = _study(tmp_path)
+    _platform(run.results, {"sft": {0: ON, 1: ON, 2: ON}, "test_rl_a": {0: ON, 1: ON, 2: ON}, "test_rl_b": {0: ON}})
+    with pytest.raises(UserError, match=r"no records of table1-smoke for sudoku seed 1 test_rl_b, sudoku seed 2 "):
+        run_study(run, ["table1"], ["avx2"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_comparison_missing_on_a_platform_neither_holds_nor_fails(tmp_path: Path) -> None:
+    """A comparison found on one platform only (here the training rewards, which only this machine's run recorded)
+    is not said to hold: its ``holds`` is None, shown n/a, and a doc stating it is told it was not measured on every
+    platform."""
+    import pandas as pd
+
+    from stabledrl_bench.experiments.platforms import stated_problems
+    from stabledrl_bench.reporting.training import training_path
+
+    run = _study(tmp_path)
+    seeds = (0, 1, 2)
+    flags = {
+        "sft": dict.fromkeys(seeds, OFF),
+        "test_rl_a": dict.fromkeys(seeds, ON),
+        "test_rl_b": dict.fromkeys(seeds, ON),
+    }
+    for name in ("native", "avx2"):
+        _platform(folders(run, name)[1], flags)
+    rewards = [
+        ("sudoku", seed, name, step, reward)
+        for seed in seeds
+        for name, reward in (("frozen", 0.25), ("test_rl_a", 0.5), ("test_rl_b", 0.5))
+        for step in range(1, 11)
+    ]
+    path = training_path(run.results, run.name, "sudoku")
+    path.parent.mkdir(parents=True)
+    pd.DataFrame(rewards, columns=["task", "seed", "run", "step", "reward_mean"]).to_csv(path, index=False)
+    document = analyse(run, ["native", "avx2"])
+    rows = {tuple(row["comparison"]): row for row in document["findings"]}
+    assert rows[("change from the start", "test_rl_a", "its start", "Sudoku avg")]["holds"] is True
+    control = rows[("training reward", "test_rl_a", "the frozen control", "Sudoku")]
+    assert control["native"]["verdict"] == "above" and control["avx2"] is None and control["holds"] is None
+    text = report({**document, "command": "python -m stabledrl_bench platforms table1"})
+    assert "| test_rl_a vs the frozen control (Sudoku) | +0.250 [+0.250, +0.250] above | – |" in text
+    assert text.count("| n/a |") == 2  # both methods' control comparisons
+    stated = "- test_rl_a is above the frozen control in Sudoku: +0.250 [+0.250, +0.250] over 3 runs\n"
+    assert stated_problems(stated, [document], "doc.md") == [
+        "doc.md: test_rl_a is above the frozen control in Sudoku: +0.250 [+0.250, +0.250]: not measured on every "
+        "platform of the study"
+    ]
 
 
 def test_a_stated_verdict_must_be_the_studys_and_hold() -> None:
@@ -137,7 +204,7 @@ def test_a_stated_verdict_must_be_the_studys_and_hold() -> None:
 - `trado` is below its start in Sudoku 128: +41.7 [+1.1, +89.5]
 - grpo is above its start in Sudoku 512: +1.0 [+0.1, +2.0]
 """
-    problems = stated_problems(text, study, "doc.md")
+    problems = stated_problems(text, [study], "doc.md")
     assert len(problems) == 3 and problems[0].startswith("doc.md: espo is better than spg")
     assert "does not hold on every platform" in problems[0]
     assert "the study has above +41.7 [+1.1, +89.5] on native" in problems[1]
@@ -145,13 +212,13 @@ def test_a_stated_verdict_must_be_the_studys_and_hold() -> None:
 
 
 def test_the_docs_state_only_verdicts_the_committed_study_backs() -> None:
-    """Every verdict docs/tiny-preset.md states for the committed comparison is the committed platform study's
-    (the same interval on this machine's kernels) and keeps its sign on every platform the study ran."""
+    """Every verdict docs/tiny-preset.md states for a committed comparison is a committed platform study's (the
+    same interval on this machine's kernels) and keeps its sign on every platform that study ran."""
     from stabledrl_bench.experiments.platforms import STATED, stated_problems
 
     root = Path(__file__).resolve().parents[1]
-    study = json.loads((root / "results" / "platforms" / "study.json").read_text())
+    studies = [json.loads(path.read_text()) for path in sorted((root / "results" / "platforms").glob("*.json"))]
     text = (root / "docs" / "tiny-preset.md").read_text()
     assert len(STATED.findall(text)) >= 3  # the docs do state verdicts: the check below is not vacuous
-    assert stated_problems(text, study, "docs/tiny-preset.md") == []
-    assert len(study["platforms"]) >= 2 and study["seeds"] == [0, 1, 2, 3, 4]
+    assert stated_problems(text, studies, "docs/tiny-preset.md") == []
+    assert studies and all(len(s["platforms"]) >= 2 and s["seeds"] == [0, 1, 2, 3, 4] for s in studies)

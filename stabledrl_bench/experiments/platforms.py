@@ -13,9 +13,9 @@ into its own folders, and then every comparison over runs the leaderboard report
 * pooled, every platform's runs treated as further runs (a platform's seed is another run);
 * how far a change of platform moves one seed's change from its start, beside how far a change of seed moves it.
 
-A verdict *holds* when its estimate has the same sign on every platform. The report (``<results>/platforms/
-study.md`` and ``study.json``) lists every verdict resolved on some platform and whether it holds; the docs state
-only verdicts that are resolved on this machine's kernels and hold.
+A verdict *holds* when it was measured on every platform and its estimate has the same sign on each. The report
+(``<results>/platforms/<comparison>__<tasks>.md`` and ``.json``, one per study) lists every verdict resolved on some
+platform and whether it holds; the docs state only verdicts that are resolved on this machine's kernels and hold.
 
     python -m stabledrl_bench platforms table1 --tasks sudoku --seeds 0,1,2,3,4
 
@@ -25,6 +25,11 @@ runs ``reproduce table1 --tasks sudoku --seeds 0,1,2,3,4`` on this machine's ker
 emulated platform trains its own SFT warm starts (``--train-starts``), so the study measures what a change of
 machine does to the whole pipeline; a user who starts from the committed starts (:mod:`.starts`) sees only the RL
 part of that difference.
+
+``native`` is always the study's reference. Left out of ``--platforms``, it is not run again: its records are the
+comparison's as they are in ``--results`` (the committed ones, say, measured with the committed starts), and the
+report says which commits measured them. That is how a study is added to a comparison measured earlier without
+spending its hours twice.
 """
 
 from __future__ import annotations
@@ -88,7 +93,12 @@ PLATFORMS = {
     )
 }
 DEFAULT_PLATFORMS = ("native", "avx2", "scalar")
-REPORT = "study"  # <results>/platforms/study.md and .json
+REFERENCE = "native"
+
+
+def report_path(run: Comparison) -> Path:
+    """The study's report, without its suffix (``.md`` and ``.json``): one per comparison and set of tasks."""
+    return run.results / PLATFORMS_DIR / f"{run.name}__{'+'.join(run.tasks)}"
 
 
 def folders(run: Comparison, platform: str) -> tuple[Path, Path]:
@@ -99,8 +109,13 @@ def folders(run: Comparison, platform: str) -> tuple[Path, Path]:
 
 
 def run_study(run: Comparison, reproduce_argv: Sequence[str], platforms: Sequence[str]) -> Path:
-    """Run the comparison on every platform (each in its own process, its kernels forced by its environment), then
-    write and return the report."""
+    """Run the comparison on every platform named (each in its own process, its kernels forced by its environment),
+    then write and return the report. ``native`` is analysed first whether named or not (not named: its records in
+    ``--results`` as they are, checked before anything runs)."""
+    studied = [REFERENCE, *(name for name in platforms if name != REFERENCE)]
+    if REFERENCE not in platforms:
+        print(f"[platform native] not run: the comparison's records in {run.results} as they are", flush=True)
+        measure(run, run.results)  # fails now, not after hours of the other platforms, if they are not there
     for k, name in enumerate(platforms, 1):
         platform = PLATFORMS[name]
         runs, results = folders(run, name)
@@ -114,9 +129,11 @@ def run_study(run: Comparison, reproduce_argv: Sequence[str], platforms: Sequenc
             done = subprocess.run(command, env={**os.environ, **platform.env})
         if done.returncode != 0:
             raise UserError(f"the comparison on platform {name} failed (exit code {done.returncode}); see above")
-    document = analyse(run, platforms)
+    document = analyse(run, studied, rerun=platforms)
     document["command"] = " ".join(["python -m stabledrl_bench platforms", *reproduce_argv])
-    out = run.results / PLATFORMS_DIR / REPORT
+    if list(platforms) != list(DEFAULT_PLATFORMS):
+        document["command"] += f" --platforms {','.join(platforms)}"
+    out = report_path(run)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps(document, indent=1) + "\n")
     atomic_write_text(out.with_suffix(".md"), report(document))
@@ -131,6 +148,7 @@ class Measured:
 
     blocks: list[Block]
     training: dict[str, pd.DataFrame]  # task -> rewards of the study's seeds and runs
+    commits: list[str]  # the commits that measured the records (their ``environment.git``)
 
 
 def measure(run: Comparison, results: Path) -> Measured:
@@ -146,6 +164,18 @@ def measure(run: Comparison, results: Path) -> Measured:
     ]
     if not records:
         raise UserError(f"{results}: no records of {run.name} for the study's tasks and seeds")
+    starts = ("sft", "base")
+    found = {(r["task"], int(r["seed"]), "start" if r["baseline"] in starts else r["baseline"]) for r in records}
+    missing = [
+        f"{task} seed {seed} {name}"
+        for task in run.tasks
+        for seed in run.seeds
+        for name in ("start", *run.baselines)
+        if (task, seed, name) not in found
+    ]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise UserError(f"{results}: no records of {run.name} for {shown}")
     frame = records_frame(records)
     check_consistency(frame)
     training = {}
@@ -154,7 +184,8 @@ def measure(run: Comparison, results: Path) -> Measured:
         if path.is_file():
             rewards = read_training(path)
             training[task] = rewards[rewards["seed"].isin(run.seeds) & rewards["run"].isin([*run.baselines, "frozen"])]
-    return Measured(measured_blocks(run.table, frame, records), training)
+    commits = sorted({str(r.get("environment", {}).get("git", {}).get("commit"))[:10] for r in records})
+    return Measured(measured_blocks(run.table, frame, records), training, commits)
 
 
 def findings_of(measured: Measured, comparison: str) -> list[Finding]:
@@ -219,8 +250,11 @@ def _only(row: MeasuredRow, seed: int) -> MeasuredRow:
     return MeasuredRow(row.info, {}, {}, {seed: row.per_seed[seed]}, row.protocols)
 
 
-def analyse(run: Comparison, platforms: Sequence[str]) -> dict[str, Any]:
-    """Findings on every platform and pooled, which verdicts hold, and how far platforms and seeds move a run."""
+def analyse(run: Comparison, platforms: Sequence[str], rerun: Sequence[str] | None = None) -> dict[str, Any]:
+    """Findings on every platform and pooled, which verdicts hold, and how far platforms and seeds move a run.
+
+    ``rerun``: the platforms the study ran (default: all); the others' records were there before it. A comparison
+    missing on some platform does not hold (``holds`` None: not measured everywhere)."""
     measurements = {name: measure(run, folders(run, name)[1]) for name in platforms}
     per_platform = {name: {_key(f): f for f in findings_of(m, run.name)} for name, m in measurements.items()}
     together = {_key(f): f for f in pooled(list(measurements.values()), run.name)}
@@ -232,8 +266,11 @@ def analyse(run: Comparison, platforms: Sequence[str]) -> dict[str, Any]:
             finding = per_platform[name].get(key)
             entry[name] = None if finding is None else _entry(finding)
         entry["pooled"] = _entry(together[key]) if key in together else None
-        signs = {np.sign(entry[name]["mean"]) for name in platforms if entry[name] is not None}
-        entry["holds"] = len(signs) == 1 and 0 not in signs
+        if any(entry[name] is None for name in platforms):
+            entry["holds"] = None
+        else:
+            signs = {np.sign(entry[name]["mean"]) for name in platforms}
+            entry["holds"] = len(signs) == 1 and 0 not in signs
         rows.append(entry)
     spread = _spread({name: seed_changes(m) for name, m in measurements.items()})
     first = platforms[0]
@@ -247,13 +284,19 @@ def analyse(run: Comparison, platforms: Sequence[str]) -> dict[str, Any]:
         "seeds": list(run.seeds),
         "baselines": list(run.baselines),
         "platforms": {
-            name: {"description": PLATFORMS[name].description, "env": dict(PLATFORMS[name].env)} for name in platforms
+            name: {
+                "description": PLATFORMS[name].description,
+                "env": dict(PLATFORMS[name].env),
+                "rerun": rerun is None or name in rerun,
+                "commits": measurements[name].commits,
+            }
+            for name in platforms
         },
         "findings": rows,
         "summary": {
             "comparisons": len(rows),
             f"resolved on {first}": len(resolved),
-            f"resolved on {first} that hold on every platform": sum(row["holds"] for row in resolved),
+            f"resolved on {first} that hold on every platform": sum(bool(row["holds"]) for row in resolved),
             "resolved on every platform": sum(
                 all(row[name] and row[name]["verdict"] != NOT_RESOLVED for name in platforms) for row in rows
             ),
@@ -322,12 +365,13 @@ STATED = re.compile(
 )
 
 
-def stated_problems(text: str, study: Mapping[str, Any], where: str) -> list[str]:
-    """Every verdict ``text`` states (bullets worded as the verdict lists word them) that the platform study does not
-    back: not one of its comparisons, another verdict or interval on this machine's kernels, or not holding on every
-    platform. Empty when each stated verdict is resolved here and holds everywhere."""
-    first = next(iter(study["platforms"]))
-    rows = {tuple(row["comparison"][1:]): row for row in study["findings"]}  # (subject, other, column)
+def stated_problems(text: str, studies: Sequence[Mapping[str, Any]], where: str) -> list[str]:
+    """Every verdict ``text`` states (bullets worded as the verdict lists word them) that the platform studies do not
+    back: not one of their comparisons, another verdict or interval on this machine's kernels, or not holding on
+    every platform. Empty when each stated verdict is resolved here and holds everywhere. (A column names its task,
+    so each comparison is in one study.)"""
+    first = REFERENCE
+    rows = {tuple(row["comparison"][1:]): row for study in studies for row in study["findings"]}  # subject, other, col
     problems = []
     for match in STATED.finditer(text):
         other = match["method"] or match["other"]
@@ -341,6 +385,8 @@ def stated_problems(text: str, study: Mapping[str, Any], where: str) -> list[str
         interval = f"{scale * native['mean']:{spec}} [{scale * native['low']:{spec}}, {scale * native['high']:{spec}}]"
         if native["verdict"] != match["verdict"] or interval != match["interval"]:
             problems.append(f"{said}: the study has {native['verdict']} {interval} on {first}")
+        elif row["holds"] is None:
+            problems.append(f"{said}: not measured on every platform of the study")
         elif not row["holds"]:
             problems.append(f"{said}: does not hold on every platform of the study")
     return problems
@@ -363,6 +409,12 @@ def report(document: Mapping[str, Any]) -> str:
         *[
             f"- `{name}`: {info['description']}"
             + (f" (`{' '.join(f'{k}={v}' for k, v in info['env'].items())}`)" if info["env"] else "")
+            + (
+                ""
+                if info.get("rerun", True)
+                else f"; not run by this study: the comparison's records as they were, measured at commit(s) "
+                f"{', '.join(info['commits'])}"
+            )
             for name, info in document["platforms"].items()
         ],
         "",
@@ -392,7 +444,7 @@ def report(document: Mapping[str, Any]) -> str:
         f"{summary['resolved pooled']}.",
         "",
         "Every comparison resolved on some platform or pooled (estimate [95% interval over runs] and verdict; "
-        "points, rewards for the control):",
+        "points, rewards for the control; holds n/a: not measured on every platform):",
         "",
     ]
     table = []
@@ -406,10 +458,13 @@ def report(document: Mapping[str, Any]) -> str:
         table.append(
             {"comparison": what}
             | {name: _cell(row[name], scale, spec) for name in platforms}
-            | {"pooled": _cell(row["pooled"], scale, spec), "holds": "yes" if row["holds"] else "NO"}
+            | {"pooled": _cell(row["pooled"], scale, spec), "holds": HOLDS[row["holds"]]}
         )
     lines.append(markdown_table(pd.DataFrame(table)) if table else "none\n")
     return "\n".join(lines)
+
+
+HOLDS = {True: "yes", False: "NO", None: "n/a"}
 
 
 def _cell(entry: Mapping[str, Any] | None, scale: float, spec: str) -> str:
