@@ -165,8 +165,9 @@ def test_a_comparison_missing_on_a_platform_neither_holds_nor_fails(tmp_path: Pa
     assert rows[("change from the start", "test_rl_a", "its start", "Sudoku avg")]["holds"] is True
     control = rows[("training reward", "test_rl_a", "the frozen control", "Sudoku")]
     assert control["native"]["verdict"] == "above" and control["avx2"] is None and control["holds"] is None
+    assert control["pooled"] is None  # one platform's runs alone are no pool
     text = report({**document, "command": "python -m stabledrl_bench platforms table1"})
-    assert "| test_rl_a vs the frozen control (Sudoku) | +0.250 [+0.250, +0.250] above | – |" in text
+    assert "| test_rl_a vs the frozen control (Sudoku) | +0.250 [+0.250, +0.250] above | – | – | n/a |" in text
     assert text.count("| n/a |") == 2  # both methods' control comparisons
     stated = "- test_rl_a is above the frozen control in Sudoku: +0.250 [+0.250, +0.250] over 3 runs\n"
     assert stated_problems(stated, [document], "doc.md") == [

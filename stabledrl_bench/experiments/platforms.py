@@ -200,10 +200,13 @@ def findings_of(measured: Measured, comparison: str) -> list[Finding]:
 
 
 def pooled(measurements: Sequence[Measured], comparison: str) -> list[Finding]:
-    """Every comparison over runs with the platforms' runs pooled: platform k's seed s is run (k, s)."""
+    """Every comparison over runs with the platforms' runs pooled: platform k's seed s is run (k, s). Only blocks and
+    tasks every platform measured: one platform's runs alone are no pool."""
     found: list[Finding] = []
     for label in dict.fromkeys(block.label for block in measurements[0].blocks):
         blocks = [block for measured in measurements for block in measured.blocks if block.label == label]
+        if len(blocks) < len(measurements):
+            continue
         rows: dict[tuple, MeasuredRow] = {}
         for k, block in enumerate(blocks):
             for row in block.rows:
@@ -213,10 +216,11 @@ def pooled(measurements: Sequence[Measured], comparison: str) -> list[Finding]:
         merged_rows = list(rows.values())
         found += measured_findings(label, merged_rows, starting_points(merged_rows), blocks[0].columns)
     for task in measurements[0].training:
+        if not all(task in m.training for m in measurements):
+            continue
         frames = [
             m.training[task].assign(seed=m.training[task]["seed"].map(lambda s, k=k: _run_id(k, s)))
             for k, m in enumerate(measurements)
-            if task in m.training
         ]
         for change in training_changes(pd.concat(frames, ignore_index=True)).itertuples():
             found.append(
