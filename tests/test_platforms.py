@@ -87,6 +87,31 @@ def test_a_verdict_holds_only_with_one_sign_on_every_platform(tmp_path: Path) ->
     assert "| test_rl_b vs its start (Sudoku avg) |" in text and "| NO |" in text
 
 
+def test_the_leaderboard_says_which_verdicts_kept_their_sign_in_a_committed_study(tmp_path: Path) -> None:
+    """The study of the first test committed beside the records: the leaderboard's verdict list says test_rl_a's gain
+    kept its sign under AVX2 and test_rl_b's did not; once the records are other runs than the study's, it says so
+    instead of lending them the study's word."""
+    from stabledrl_bench.reporting.leaderboard import build_leaderboard
+
+    run = _study(tmp_path)
+    native = {"sft": OFF, "test_rl_a": ON, "test_rl_b": ON}
+    avx2 = {"sft": [1, 1, 0, 0], "test_rl_a": ON, "test_rl_b": OFF}
+    _platform(run.results, {name: dict.fromkeys((0, 1, 2), flags) for name, flags in native.items()})
+    _platform(folders(run, "avx2")[1], {name: dict.fromkeys((0, 1, 2), flags) for name, flags in avx2.items()})
+    study = run.results / "platforms" / "table1-smoke__sudoku.json"
+    study.write_text(json.dumps(analyse(run, ["native", "avx2"])))
+    lines = build_leaderboard(run.results).splitlines()
+    said = {line.split(":")[0]: line for line in lines if line.startswith("- test_rl_")}
+    assert said["- test_rl_a is above its start in Sudoku avg"].endswith("over 3 runs; same sign under avx2")
+    assert said["- test_rl_b is above its start in Sudoku avg"].endswith("over 3 runs; sign NOT kept under avx2")
+    summary = next(line for line in lines if line.startswith("**Verdicts over runs"))
+    assert f"A platform study (`{study.with_suffix('.md').as_posix()}`) ran 8 of the 8 listed again" in summary
+    assert summary.endswith("4 kept their sign there.")
+    _platform(run.results, {"test_rl_a": {0: [1, 1, 1, 0]}})  # seed 0 measured again, with another result
+    lines = build_leaderboard(run.results).splitlines()
+    assert any(line.endswith("over 3 runs; its platform study measured other runs") for line in lines)
+
+
 def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path: Path, capsys) -> None:
     results = tmp_path / "results"
     argv = ["platforms", "table1", "--preset", "smoke", "--baselines", "grpo", "--seeds", "0", "--limit", "4"]

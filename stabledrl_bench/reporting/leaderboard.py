@@ -78,6 +78,7 @@ from stabledrl_bench.reporting.overruns import (
     aggregate_table,
     measured_findings,
     pairwise_table,
+    platform_checks,
     profiles_plot,
     run_change_table,
     task_groups,
@@ -295,9 +296,10 @@ def _measured_blocks(
     markdown_dir: Path,
 ) -> str:
     sampled, sampled_found = sampled_blocks(table, frame, records, plots_dir, markdown_dir)
+    checks = platform_checks(results_dir)
     for comparison in sorted({finding.comparison for finding in sampled_found}):
         ours = [finding for finding in sampled_found if finding.comparison == comparison]
-        sampled += "\n" + verdict_list(ours, f"{comparison}, sampled decoding")
+        sampled += "\n" + verdict_list(ours, f"{comparison}, sampled decoding", checks)
     blocks = measured_blocks(table, frame, records)
     if not blocks:
         return sampled or "**Measured by this code**: no results for this table yet.\n"
@@ -340,7 +342,7 @@ def _measured_blocks(
             )
             if profiles is not None:
                 text += f"\n![{table} {comparison} profiles]({_link(profiles, markdown_dir)})\n"
-        listing = verdict_list(found, block.label)
+        listing = verdict_list(found, block.label, checks)
         if listing:
             text += "\n" + listing
         texts.append(text)

@@ -13,12 +13,15 @@ within each, with the number of runs shown, and a verdict only where that interv
 * :func:`aggregate_table`: per task, the interquartile mean of the runs' changes and P(run > start).
 * :func:`profiles_plot`: the distribution of the runs' changes (a performance profile per method), as a PNG.
 * :func:`verdict_list`: the verdicts that are resolved, in words; :func:`findings` gives the same as values for
-  every comparison of a results folder (the platform study compares them between platforms).
+  every comparison of a results folder (the platform study compares them between platforms). Where a committed
+  platform study (:func:`platform_checks`) measured the same runs, each verdict says whether it kept its sign under
+  the study's other kernels: a verdict that does not is a draw of this machine's rounding.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stabledrl_bench.errors import UserError
 from stabledrl_bench.plots import new_figure, save_png
 from stabledrl_bench.reporting.layout import Column
 from stabledrl_bench.reporting.markdown import MISSING, markdown_table, task_label
@@ -316,14 +320,66 @@ def profiles_plot(
 
 
 # ------------------------------------------------------------------------------------------------ verdicts
-def verdict_list(found: Sequence[Finding], comparison: str) -> str:
-    """The resolved verdicts of ``found`` as sentences; every other comparison is not resolved at this budget."""
+@dataclass(frozen=True)
+class PlatformCheck:
+    """What a platform study says of one comparison: its report, its platforms (the reference first), whether the
+    estimate kept its sign on each (None: not measured on every one) and the reference platform's estimate, which
+    tells whether the study measured the runs a page shows."""
+
+    report: str
+    platforms: tuple[str, ...]
+    holds: bool | None
+    reference: Mapping[str, float] | None
+
+    def note(self, finding: Finding) -> str:
+        """What the study says of ``finding``, to follow its sentence."""
+        ours, theirs = finding.interval, self.reference
+        if (
+            theirs is None
+            or theirs["runs"] != ours.runs
+            or any(abs(theirs[key] - getattr(ours, key)) > 1e-9 for key in ("mean", "low", "high"))
+        ):
+            return "; its platform study measured other runs"
+        others = ", ".join(self.platforms[1:])
+        return f"; same sign under {others}" if self.holds else f"; sign NOT kept under {others}"
+
+
+def platform_checks(results_dir: Path | str) -> dict[tuple[str, str, str, str, str], PlatformCheck]:
+    """Every comparison of the platform studies committed in ``<results>/platforms/`` (``platforms`` command), by
+    (comparison, block, subject, other, column)."""
+    checks = {}
+    for path in sorted((Path(results_dir) / "platforms").glob("*.json")):
+        try:
+            study = json.loads(path.read_text())
+            names = tuple(study["platforms"])
+            for row in study["findings"]:
+                block, subject, other, column = row["comparison"]
+                key = (study["comparison"], block, subject, other, column)
+                checks[key] = PlatformCheck(path.with_suffix(".md").as_posix(), names, row["holds"], row[names[0]])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{path}: unreadable platform study ({exc})") from exc
+    return checks
+
+
+def verdict_list(found: Sequence[Finding], comparison: str, checks: Mapping[tuple, PlatformCheck] | None = None) -> str:
+    """The resolved verdicts of ``found`` as sentences, each with what a platform study of ``checks`` says of it;
+    every other comparison is not resolved at this budget."""
     resolved = [finding for finding in found if finding.resolved]
     counted = len(found)
     if not counted:
         return ""
+    checks = checks or {}
     # a method better than another is listed once: its mirror ("worse than") says the same
-    lines = [f"- {finding.sentence()}" for finding in resolved if finding.verdict != WORSE] or ["- none"]
+    listed = [finding for finding in resolved if finding.verdict != WORSE]
+    studied = {
+        finding: check
+        for finding in listed
+        if (check := checks.get((finding.comparison, finding.block, finding.subject, finding.other, finding.column)))
+        and check.holds is not None  # not measured on every platform: the study says nothing of it
+    }
+    lines = [
+        f"- {finding.sentence()}{studied[finding].note(finding) if finding in studied else ''}" for finding in listed
+    ] or ["- none"]
     few = max(finding.interval.runs for finding in found) < MIN_RUNS
     hint = (
         " One run resolves nothing: every seed of `--seeds` is one more run (the tiny preset's committed comparisons "
@@ -331,6 +387,13 @@ def verdict_list(found: Sequence[Finding], comparison: str) -> str:
         if few
         else ""
     )
+    if studied:
+        reports = ", ".join(f"`{report}`" for report in sorted({check.report for check in studied.values()}))
+        kept = sum(check.note(finding).startswith("; same sign") for finding, check in studied.items())
+        hint += (
+            f" A platform study ({reports}) ran {len(studied)} of the {len(listed)} listed again under other kernels"
+            f" (emulated, as another kind of CPU rounds): {kept} kept their sign there."
+        )
     return (
         f"**Verdicts over runs, comparison `{comparison}`**: {len(resolved)} of the {counted} comparisons above are "
         f"resolved (their run-level 95% interval excludes 0); the others are not resolved at this budget.{hint}\n\n"
