@@ -388,11 +388,13 @@ def verdict_list(found: Sequence[Finding], comparison: str, checks: Mapping[tupl
         else ""
     )
     if studied:
-        reports = ", ".join(f"`{report}`" for report in sorted({check.report for check in studied.values()}))
+        reports = sorted({check.report for check in studied.values()})
         kept = sum(check.note(finding).startswith("; same sign") for finding, check in studied.items())
+        who = "Platform studies" if len(reports) > 1 else "A platform study"
         hint += (
-            f" A platform study ({reports}) ran {len(studied)} of the {len(listed)} listed again under other kernels"
-            f" (emulated, as another kind of CPU rounds): {kept} kept their sign there."
+            f" {who} ({', '.join(f'`{report}`' for report in reports)})"
+            f" ran {len(studied)} of the {len(listed)} listed again under other kernels (emulated, as another kind of"
+            f" CPU rounds): {kept} kept their sign there."
         )
     return (
         f"**Verdicts over runs, comparison `{comparison}`**: {len(resolved)} of the {counted} comparisons above are "
