@@ -15,6 +15,7 @@ from stabledrl_bench.errors import UserError
 from stabledrl_bench.experiments.comparison import comparison
 from stabledrl_bench.experiments.platforms import analyse, folders, report, run_study
 from stabledrl_bench.reporting.leaderboard import findings
+from stabledrl_bench.reporting.provenance import code_label
 from stabledrl_bench.reporting.results import load_results
 
 ON, OFF = [1, 1, 1, 1], [0, 0, 0, 0]
@@ -143,7 +144,7 @@ def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path:
     assert load_results(results) == native
     document = json.loads((results / "platforms" / "table1-smoke__sudoku.json").read_text())
     assert list(document["platforms"]) == ["native", "blas-sse42"] and not document["platforms"]["native"]["rerun"]
-    commit = native[0]["environment"]["git"]["commit"][:10]
+    commit = code_label(native[0]["environment"])
     study = (results / "platforms" / "table1-smoke__sudoku.md").read_text()
     assert f"not run by this study: the comparison's records as they were, measured at commit(s) {commit}" in study
 

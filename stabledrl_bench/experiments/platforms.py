@@ -56,7 +56,7 @@ from stabledrl_bench.reporting.leaderboard import Block, measured_blocks
 from stabledrl_bench.reporting.markdown import markdown_table, task_label
 from stabledrl_bench.reporting.measured import MeasuredRow, run_change, shared_seeds, starting_points
 from stabledrl_bench.reporting.overruns import CONTROL, START, Finding, measured_findings
-from stabledrl_bench.reporting.provenance import cpu_model, git_state
+from stabledrl_bench.reporting.provenance import code_label, cpu_model, git_state
 from stabledrl_bench.reporting.results import PLATFORMS_DIR, load_results
 from stabledrl_bench.reporting.runlevel import NOT_RESOLVED
 from stabledrl_bench.reporting.training import read_training, training_changes, training_path
@@ -148,7 +148,7 @@ class Measured:
 
     blocks: list[Block]
     training: dict[str, pd.DataFrame]  # task -> rewards of the study's seeds and runs
-    commits: list[str]  # the commits that measured the records (their ``environment.git``)
+    commits: list[str]  # the code that measured the records (provenance.code_label of each)
 
 
 def measure(run: Comparison, results: Path) -> Measured:
@@ -184,7 +184,7 @@ def measure(run: Comparison, results: Path) -> Measured:
         if path.is_file():
             rewards = read_training(path)
             training[task] = rewards[rewards["seed"].isin(run.seeds) & rewards["run"].isin([*run.baselines, "frozen"])]
-    commits = sorted({str(r.get("environment", {}).get("git", {}).get("commit"))[:10] for r in records})
+    commits = sorted({code_label(r.get("environment", {})) for r in records})
     return Measured(measured_blocks(run.table, frame, records), training, commits)
 
 
@@ -374,7 +374,6 @@ def stated_problems(text: str, studies: Sequence[Mapping[str, Any]], where: str)
     back: not one of their comparisons, another verdict or interval on this machine's kernels, or not holding on
     every platform. Empty when each stated verdict is resolved here and holds everywhere. (A column names its task,
     so each comparison is in one study.)"""
-    first = REFERENCE
     rows = {tuple(row["comparison"][1:]): row for study in studies for row in study["findings"]}  # subject, other, col
     problems = []
     for match in STATED.finditer(text):
@@ -384,11 +383,11 @@ def stated_problems(text: str, studies: Sequence[Mapping[str, Any]], where: str)
         if row is None:
             problems.append(f"{said}: not a comparison of the platform study")
             continue
-        native = row[first]
+        native = row[REFERENCE]
         scale, spec = (1.0, "+.3f") if row["comparison"][0] == "training reward" else (100.0, "+.1f")
         interval = f"{scale * native['mean']:{spec}} [{scale * native['low']:{spec}}, {scale * native['high']:{spec}}]"
         if native["verdict"] != match["verdict"] or interval != match["interval"]:
-            problems.append(f"{said}: the study has {native['verdict']} {interval} on {first}")
+            problems.append(f"{said}: the study has {native['verdict']} {interval} on {REFERENCE}")
         elif row["holds"] is None:
             problems.append(f"{said}: not measured on every platform of the study")
         elif not row["holds"]:

@@ -331,14 +331,18 @@ class PlatformCheck:
     holds: bool | None
     reference: Mapping[str, float] | None
 
+    def same_runs(self, finding: Finding) -> bool:
+        """Whether the study's reference estimate is ``finding``'s: it measured the runs the page shows."""
+        ours, theirs = finding.interval, self.reference
+        return (
+            theirs is not None
+            and theirs["runs"] == ours.runs
+            and all(abs(theirs[key] - getattr(ours, key)) <= 1e-9 for key in ("mean", "low", "high"))
+        )
+
     def note(self, finding: Finding) -> str:
         """What the study says of ``finding``, to follow its sentence."""
-        ours, theirs = finding.interval, self.reference
-        if (
-            theirs is None
-            or theirs["runs"] != ours.runs
-            or any(abs(theirs[key] - getattr(ours, key)) > 1e-9 for key in ("mean", "low", "high"))
-        ):
+        if not self.same_runs(finding):
             return "; its platform study measured other runs"
         others = ", ".join(self.platforms[1:])
         return f"; same sign under {others}" if self.holds else f"; sign NOT kept under {others}"
@@ -389,7 +393,7 @@ def verdict_list(found: Sequence[Finding], comparison: str, checks: Mapping[tupl
     )
     if studied:
         reports = sorted({check.report for check in studied.values()})
-        kept = sum(check.note(finding).startswith("; same sign") for finding, check in studied.items())
+        kept = sum(bool(check.holds) and check.same_runs(finding) for finding, check in studied.items())
         who = "Platform studies" if len(reports) > 1 else "A platform study"
         hint += (
             f" {who} ({', '.join(f'`{report}`' for report in reports)})"
