@@ -113,7 +113,10 @@ def test_the_leaderboard_says_which_verdicts_kept_their_sign_in_a_committed_stud
     assert any(line.endswith("over 3 runs; its platform study measured other runs") for line in lines)
 
 
-def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path: Path, capsys) -> None:
+def test_the_command_runs_every_platform_and_keeps_their_records_apart(tmp_path: Path, capsys, monkeypatch) -> None:
+    # a variable that forces kernels, left set by the caller's shell, reaches no platform: each runs exactly its own
+    # (the suite run under emulated AVX2 kernels found `blas-sse42` carrying it, and `native` too)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     results = tmp_path / "results"
     argv = ["platforms", "table1", "--preset", "smoke", "--baselines", "grpo", "--seeds", "0", "--limit", "4"]
     argv += ["--platforms", "native,blas-sse42", "--workers", "1", "--runs", str(tmp_path / "runs")]

@@ -35,7 +35,6 @@ spending its hours twice.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from stabledrl_bench.reporting.leaderboard import Block, measured_blocks
 from stabledrl_bench.reporting.markdown import markdown_table, task_label
 from stabledrl_bench.reporting.measured import MeasuredRow, run_change, shared_seeds, starting_points
 from stabledrl_bench.reporting.overruns import CONTROL, START, Finding, measured_findings
-from stabledrl_bench.reporting.provenance import code_label, cpu_model, git_state
+from stabledrl_bench.reporting.provenance import code_label, cpu_model, forced_environment, git_state
 from stabledrl_bench.reporting.results import PLATFORMS_DIR, load_results
 from stabledrl_bench.reporting.runlevel import NOT_RESOLVED
 from stabledrl_bench.reporting.training import read_training, training_changes, training_path
@@ -126,7 +125,7 @@ def run_study(run: Comparison, reproduce_argv: Sequence[str], platforms: Sequenc
         command += ["--runs", str(runs), "--results", str(results), "--leaderboard", str(board)]
         command += ["--train-starts"]  # each platform trains its own starts: the whole pipeline's difference
         with on_interrupt(lambda: "re-run the same command: finished platforms and stages are reused"):
-            done = subprocess.run(command, env={**os.environ, **platform.env})
+            done = subprocess.run(command, env=forced_environment(platform.env))
         if done.returncode != 0:
             raise UserError(f"the comparison on platform {name} failed (exit code {done.returncode}); see above")
     document = analyse(run, studied, rerun=platforms)

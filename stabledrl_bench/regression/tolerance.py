@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from stabledrl_bench.regression.golden import (
     read_reference,
     same_platform,
 )
-from stabledrl_bench.reporting.provenance import git_state
+from stabledrl_bench.reporting.provenance import forced_environment, git_state
 
 # Emulated platforms: environment variables that switch the kernels a run uses (unknown values are ignored by the
 # libraries, so a variant that changes nothing on some machine simply measures 0 there).
@@ -108,7 +107,7 @@ def _run_variant(folder: Path, env: dict[str, str], cases: Sequence[Case], jobs:
         "--jobs",
         str(jobs),
     ]
-    done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
+    done = subprocess.run(command, env=forced_environment(env), capture_output=True, text=True)
     if done.returncode != 0:
         raise UserError(f"--measure-tolerance: the run under {env} failed: {done.stderr.strip().splitlines()[-1:]}")
 

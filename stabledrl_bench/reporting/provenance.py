@@ -209,3 +209,12 @@ def unknown_commit(record: Mapping[str, Any]) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []  # no git here: nothing to compare with
     return [] if done.returncode == 0 else [f"recorded commit {commit[:12]} is not in this repository"]
+
+
+def forced_environment(forced: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment for a child that runs under exactly the kernels ``forced`` names: every other
+    :data:`EMULATION_VARIABLES` inherited from here is dropped. Otherwise a platform would silently carry what the
+    caller's shell forced (``ATEN_CPU_CAPABILITY=avx2`` left set, say): its records would name both and its name
+    would not say what ran."""
+    kept = {key: value for key, value in os.environ.items() if key not in EMULATION_VARIABLES}
+    return {**kept, **forced}
