@@ -8,7 +8,10 @@ time, its worker's CPU time and the CPU time of the processes it waited for.
 
     python benchmarks/bench_suite.py --out benchmarks/reports/suite.md   # the whole suite, about 10 minutes here
 
-Run it on an idle machine: the report records the load average before and after.
+Run it on an idle machine: the report records the load average before and after. ``--platform avx2`` runs the suite
+under another CPU's kernels, forced as the platform study forces them (``platforms --help``): what the suite costs
+and whether it passes where CI's AVX2 machines run it, as far as one machine can tell (their clock and caches are
+not emulated).
 """
 
 from __future__ import annotations
@@ -52,16 +55,20 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ the benchmark
-def run_suite(rows: Path) -> tuple[float, str]:
-    """The README's test command with this file as a plugin; its wall time and last output line."""
-    env = {**os.environ, ROWS_ENV: str(rows), "PYTHONPATH": str(REPO / "benchmarks")}
+def run_suite(rows: Path, forced: dict[str, str]) -> tuple[float, str]:
+    """The README's test command with this file as a plugin, under the kernels ``forced`` names (none: this
+    machine's); its wall time and last output line."""
+    from stabledrl_bench.reporting.provenance import forced_environment
+
+    env = {**forced_environment(forced), ROWS_ENV: str(rows), "PYTHONPATH": str(REPO / "benchmarks")}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "bench_suite", "-p", "no:cacheprovider"]
     start = time.monotonic()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.monotonic() - start
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
     if done.returncode != 0:
-        raise SystemExit(f"the suite failed ({last}); nothing written")
+        failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        raise SystemExit("\n".join([*failed, f"the suite failed ({last}); nothing written"]))
     return wall, last
 
 
@@ -86,14 +93,15 @@ def summary(rows: list[dict[str, Any]], wall: float, last: str) -> dict[str, Any
 
 def report(document: dict[str, Any]) -> str:
     meta = document["measured"]
+    forced = f", under {meta['platform']}" if meta.get("platform") else ""
     lines = [
         "# The test suite's time, by CPU seconds",
         "",
         f"`{meta['command']}` -- the README's test command with a plugin that records each test's CPU seconds "
         "(its pytest worker's and those of the processes it waited for).",
         "",
-        f"Measured {meta['date']} at commit {meta['commit']} on {meta['machine']} ({meta['cores']} cores); load "
-        f"average before {meta['load_before']}, after {meta['load_after']}.",
+        f"Measured {meta['date']} at commit {meta['commit']} on {meta['machine']} ({meta['cores']} cores){forced}; "
+        f"load average before {meta['load_before']}, after {meta['load_after']}.",
         "",
         f"- result: {document['result']}",
         f"- wall time of the command: {document['wall_s']:.0f} s; the tests' CPU time: {document['cpu_s']:.0f} s "
@@ -112,16 +120,25 @@ def report(document: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    from stabledrl_bench.experiments.platforms import PLATFORMS, REFERENCE
+    from stabledrl_bench.reporting.provenance import cpu_numerics, git_state
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the report here (and its JSON beside it)")
+    parser.add_argument(
+        "--platform",
+        choices=[name for name in PLATFORMS if name != REFERENCE],
+        help="run the suite under this emulated platform's kernels (default: this machine's)",
+    )
     args = parser.parse_args()
-    from stabledrl_bench.reporting.provenance import cpu_numerics, git_state
+    emulated = PLATFORMS[args.platform] if args.platform else None
+    forced = {"platform": f"`{emulated.name}`'s kernels, emulated ({emulated.description})"} if emulated else {}
 
     git = git_state()  # the tree the suite runs, taken before it runs
     commit = (git["commit"] or "unknown")[:7] + (" (with uncommitted changes)" if git["dirty"] else "")
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="suite-rows-") as tmp:
-        wall, last = run_suite(Path(tmp))
+        wall, last = run_suite(Path(tmp), dict(emulated.env) if emulated else {})
         rows = [json.loads(line) for path in Path(tmp).glob("*.jsonl") for line in path.read_text().splitlines()]
     document = summary(rows, wall, last)
     document["measured"] = {
@@ -130,6 +147,7 @@ def main() -> None:
         "commit": commit,
         "machine": "{cpu} ({capability}), ".format(**cpu_numerics()) + platform.machine(),
         "cores": os.cpu_count(),
+        **forced,
         "load_before": load_before,
         "load_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
